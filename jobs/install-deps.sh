@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs every Debian package fsdp-hpc needs to build, run and test. Idempotent and quiet:
+# packages already present are skipped by apt; the dpkg lock is waited on, not fought.
+set -euo pipefail
+
+packages=(
+  # build
+  g++ meson ninja-build pkg-config
+  # libraries found by dependency() in meson.build
+  openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools libucx-dev ucx-utils
+  libyaml-cpp-dev libboost-test-dev libopenblas-dev zlib1g-dev
+  # data: Fashion-MNIST (IDX, gzipped) and a text corpus (the fortune cookie files)
+  dataset-fashion-mnist fortunes fortunes-min
+  # reference checks against PyTorch (Debian's system python3, not pyenv's)
+  python3-torch python3-h5py python3-numpy
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq
+$SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,84 @@
+#pragma once
+// Datasets and the global-batch sampler. A dataset hands out samples by global index; the
+// sampler decides which global indices make step s of epoch e, the same whatever the world size,
+// and each rank takes its contiguous slice. The loss is then the mean over the global batch.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace fsdp {
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;           // number of samples
+  virtual Shape input_shape() const = 0;      // one sample: {1, 28, 28} images, {L} tokens
+  virtual DType input_dtype() const = 0;      // f32 images, i32 tokens
+  virtual Shape target_shape() const = 0;     // {} a class label, {L} next tokens
+  virtual int64_t num_classes() const = 0;    // 10 for Fashion-MNIST, 256 for bytes
+  // Writes samples `indices` into inputs (len, *input_shape) and targets (len, *target_shape),
+  // targets as i32. The tensors are allocated by the caller with exactly that first dimension.
+  virtual void fill(std::span<const int64_t> indices, Tensor& inputs, Tensor& targets) const = 0;
+};
+
+// Fashion-MNIST from the gzipped IDX files in `dir` (Debian: /usr/share/datasets/fashion-mnist).
+// train=true reads train-*, else t10k-*. Pixels -> (x/255 - 0.2860)/0.3530, f32 (1, 28, 28).
+// Missing dir/files: Error naming the path and the Debian package dataset-fashion-mnist.
+// Corrupt/truncated/mismatched files: Error naming the file and what is wrong.
+std::unique_ptr<Dataset> load_fashion_mnist(const std::string& dir, bool train);
+inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+
+// Byte-level text: `path` is a file or a folder (regular files in it, recursively, sorted by
+// path, symlinks and files containing NUL bytes skipped, concatenated). Vocab 256.
+// Sample i = bytes [i*L, i*L+L]: input the first L (i32), target the L bytes shifted by one.
+// The samples are split: the first (1 - eval_fraction) of them train, the rest evaluate.
+struct TextCorpusOptions {
+  std::string path;
+  int64_t seq_len = 256;
+  double eval_fraction = 0.05;
+};
+std::unique_ptr<Dataset> load_text_corpus(const TextCorpusOptions& options, bool train);
+inline constexpr const char* kTextCorpusDir = "/usr/share/games/fortunes";  // Debian: fortunes
+
+// Deterministic synthetic data for tests: images (classes, C, H, W) or tokens (vocab, L).
+// Sample i depends only on (seed, i). Images: class = i % classes, pixels N(0,1) plus a class
+// dependent offset, so a model can learn them. Tokens: a fixed random walk over the vocab.
+struct SyntheticOptions {
+  std::string kind = "images";  // images | tokens
+  int64_t samples = 1024;
+  int64_t classes = 10;         // images
+  Shape image_shape = {1, 28, 28};
+  int64_t vocab = 256;          // tokens
+  int64_t seq_len = 64;
+  uint64_t seed = 1;
+};
+std::unique_ptr<Dataset> make_synthetic(const SyntheticOptions& options, bool train);
+
+struct SamplerOptions {
+  int64_t dataset_size = 0;
+  int64_t global_batch = 0;  // per-rank batch * data-parallel ranks
+  bool shuffle = false;
+  bool drop_last = true;     // a short last batch is dropped (training); evaluation keeps it
+  uint64_t seed = 1;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplerOptions& options);  // Error on global_batch <= 0, etc.
+  int64_t steps_per_epoch() const;
+  // Global indices of step `step` in epoch `epoch`: with shuffle off [s*B, min((s+1)*B, N));
+  // with shuffle on the same positions of a permutation of [0, N) seeded by (seed, epoch).
+  std::vector<int64_t> global_batch(int64_t epoch, int64_t step) const;
+  // Rank r's contiguous slice of a global batch of n samples over `ranks` ranks: the first
+  // n % ranks ranks get one more. {offset, count} into the global batch.
+  static std::pair<int64_t, int64_t> rank_slice(int64_t n, int rank, int ranks);
+
+ private:
+  SamplerOptions options_;
+};
+
+}  // namespace fsdp

@@ -1,0 +1,54 @@
+#pragma once
+// Optimizers on flat f32 spans — FSDP hands them shards, a single rank hands them the whole
+// flat parameter buffer. PyTorch's exact update formulas (torch.optim, foreach=False, 1.13/2.x),
+// state kept per element in the same flat layout so it shards with the parameters.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tensor/memory.h"
+#include "tensor/tensor.h"
+
+namespace fsdp {
+
+struct OptimizerConfig;
+struct SchedulerConfig;
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // One step on params (size n) with grads (size n) at learning rate lr. Increments step().
+  virtual void step(std::span<float> params, std::span<const float> grads, double lr) = 0;
+  // Named state tensors, in PyTorch's names (momentum_buffer; square_avg, acc_delta;
+  // exp_avg, exp_avg_sq), each the same flat size as the params. For checkpoints.
+  virtual std::vector<std::pair<std::string, Tensor*>> state() = 0;
+  int64_t step_count() const { return step_count_; }
+  void set_step_count(int64_t n) { step_count_ = n; }
+
+ protected:
+  int64_t step_count_ = 0;
+};
+
+// `numel` = size of the flat spans this optimizer will see; state is allocated now (zeros) and
+// charged to MemCategory::optim.
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, int64_t numel,
+                                          MemoryTracker* tracker);
+
+// Learning-rate schedule: lr for a given optimizer step and epoch (both 0-based).
+// step: StepLR over epochs, lr * gamma^(epoch / step_size) (the seed steps it per epoch).
+// cosine: linear warmup over warmup_steps (lr * (step+1)/warmup), then cosine from lr to min_lr
+// over the remaining total_steps - warmup_steps.
+class LrSchedule {
+ public:
+  LrSchedule(const SchedulerConfig& config, double base_lr, int64_t total_steps);
+  double lr(int64_t step, int64_t epoch) const;
+
+ private:
+  std::string kind_;
+  double base_lr_, gamma_, min_lr_;
+  int64_t step_size_, warmup_steps_, total_steps_;
+};
+
+}  // namespace fsdp

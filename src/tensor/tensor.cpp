@@ -1,0 +1,89 @@
+#include "tensor/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "tensor/error.h"
+
+namespace fsdp {
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) throw Error("negative dimension in shape " + shape_str(shape));
+    n *= d;
+  }
+  return n;
+}
+
+std::string shape_str(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+Buffer::Buffer(size_t bytes, MemCategory category, MemoryTracker* tracker)
+    : bytes_(bytes), category_(category), tracker_(tracker) {
+  size_t rounded = (bytes + 63) / 64 * 64;
+  data_ = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  if (!data_) throw std::bad_alloc();
+  if (tracker_) tracker_->on_alloc(category_, bytes_);
+}
+
+Buffer::~Buffer() {
+  if (tracker_) tracker_->on_free(category_, bytes_);
+  std::free(data_);
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, MemCategory category, MemoryTracker* tracker) {
+  Tensor t;
+  t.shape_ = shape;
+  t.numel_ = shape_numel(shape);
+  t.dtype_ = dtype;
+  t.buffer_ = std::make_shared<Buffer>(t.bytes(), category, tracker);
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, MemCategory category, MemoryTracker* tracker) {
+  Tensor t = empty(shape, dtype, category, tracker);
+  t.zero();
+  return t;
+}
+
+float* Tensor::f32() const {
+  if (dtype_ != DType::f32) throw Error("tensor is " + std::string(dtype_name(dtype_)) + ", f32 expected");
+  return static_cast<float*>(raw());
+}
+
+int32_t* Tensor::i32() const {
+  if (dtype_ != DType::i32) throw Error("tensor is " + std::string(dtype_name(dtype_)) + ", i32 expected");
+  return static_cast<int32_t*>(raw());
+}
+
+Tensor Tensor::view(const Shape& shape) const {
+  if (shape_numel(shape) != numel_)
+    throw Error("view " + shape_str(shape) + " does not match " + shape_str(shape_));
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::clone(MemCategory category, MemoryTracker* tracker) const {
+  Tensor t = empty(shape_, dtype_, category, tracker);
+  if (bytes()) std::memcpy(t.raw(), raw(), bytes());
+  return t;
+}
+
+void Tensor::zero() {
+  if (bytes()) std::memset(raw(), 0, bytes());
+}
+
+void ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category, MemoryTracker* tracker) {
+  if (!t.matches(shape, dtype)) t = Tensor::empty(shape, dtype, category, tracker);
+}
+
+}  // namespace fsdp

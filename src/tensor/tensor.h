@@ -1,0 +1,79 @@
+#pragma once
+// A contiguous row-major tensor: shape, dtype, device and a shared buffer. Copies share the
+// buffer (like torch.Tensor); clone() copies the bytes. Buffers are 64-byte aligned and charged
+// to a MemoryTracker category when one is given.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensor/dtype.h"
+#include "tensor/memory.h"
+
+namespace fsdp {
+
+enum class Device : uint8_t { cpu, cuda };
+using Shape = std::vector<int64_t>;
+
+int64_t shape_numel(const Shape& shape);
+std::string shape_str(const Shape& shape);  // "[64, 1, 28, 28]"
+
+// Owns one aligned allocation and reports it to the tracker for its whole lifetime.
+class Buffer {
+ public:
+  Buffer(size_t bytes, MemCategory category, MemoryTracker* tracker);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  MemCategory category_;
+  MemoryTracker* tracker_;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  static Tensor empty(const Shape& shape, DType dtype, MemCategory category = MemCategory::other,
+                      MemoryTracker* tracker = nullptr);
+  static Tensor zeros(const Shape& shape, DType dtype, MemCategory category = MemCategory::other,
+                      MemoryTracker* tracker = nullptr);
+
+  const Shape& shape() const { return shape_; }
+  int64_t dim(size_t i) const { return shape_.at(i); }
+  size_t ndim() const { return shape_.size(); }
+  int64_t numel() const { return numel_; }
+  size_t bytes() const { return static_cast<size_t>(numel_) * dtype_bytes(dtype_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  bool defined() const { return buffer_ != nullptr; }
+
+  void* raw() const { return buffer_ ? buffer_->data() : nullptr; }
+  float* f32() const;    // checks dtype
+  int32_t* i32() const;  // checks dtype
+
+  // Same buffer, new shape of equal numel.
+  Tensor view(const Shape& shape) const;
+  Tensor clone(MemCategory category = MemCategory::other, MemoryTracker* tracker = nullptr) const;
+  void zero();
+  // True when this tensor already has this shape and dtype: layers reuse activation buffers.
+  bool matches(const Shape& shape, DType dtype) const { return defined() && shape_ == shape && dtype_ == dtype; }
+
+ private:
+  std::shared_ptr<Buffer> buffer_;
+  Shape shape_;
+  int64_t numel_ = 0;
+  DType dtype_ = DType::f32;
+  Device device_ = Device::cpu;
+};
+
+// Reallocates `t` only when its shape/dtype differ (batch size changes): the llm.c pattern of
+// allocating activations once and reusing them every step.
+void ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category, MemoryTracker* tracker);
+
+}  // namespace fsdp
