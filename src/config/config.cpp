@@ -1,0 +1,537 @@
+// Input file -> Config in three passes over one YAML tree:
+//  1. the file is parsed and the --set overrides are merged into the tree, so a value from the
+//     command line goes through exactly the same checks as one from the file;
+//  2. the tree is walked against a table of known keys (unknown keys, sections that are not
+//     maps, keys given twice);
+//  3. each given value is converted and range-checked from the same table, then the rules that
+//     involve several keys run.
+// Only keys the user gave are checked one by one: the defaults in config.h are valid by
+// construction, and a missing key has no line to point at.
+//
+// yaml_text: without overrides it is the file text verbatim (comments kept); with overrides it is
+// the merged tree emitted by YAML::Emitter under a comment naming the overrides, so that parsing
+// yaml_text alone reproduces the run exactly (a list of "--set" lines in a comment would not).
+#include "config/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string_view>
+#include <variant>
+
+namespace fsdp {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct Bound {
+  double lo = -kInf, hi = kInf;
+  bool lo_open = false, hi_open = false;
+
+  bool contains(double v) const {
+    return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+  }
+  std::string text() const {
+    std::ostringstream s;
+    if (hi == kInf)
+      s << (lo_open ? "> " : ">= ") << lo;
+    else
+      s << "in " << (lo_open ? '(' : '[') << lo << ", " << hi << (hi_open ? ')' : ']');
+    return s.str();
+  }
+};
+Bound at_least(double lo) { return {lo}; }
+Bound above(double lo) { return {lo, kInf, true}; }
+
+// Targets that need more than one scalar conversion.
+struct Betas {
+  double* b1;
+  double* b2;
+};
+struct EvalEvery {
+  std::string* text;
+};
+using Target = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*,
+                            std::vector<std::string>*, Betas, EvalEvery>;
+
+struct Field {
+  std::string path;  // dotted, as written in the YAML
+  Target target;
+  Bound bound = {};
+  std::vector<std::string> choices = {};  // non-empty: the value must be one of these
+};
+
+// The one list of known keys; sections are the prefixes of these paths.
+std::vector<Field> schema(Config& c) {
+  ModelConfig& m = c.model;
+  TrainConfig& t = c.train;
+  OptimizerConfig& o = t.optimizer;
+  SchedulerConfig& s = t.scheduler;
+  FsdpConfig& f = c.fsdp;
+  MixedPrecisionConfig& mp = f.mixed_precision;
+  const std::vector<std::string> dtypes = {"f32", "bf16", "f16"};
+  return {
+      {"model.kind", &m.kind, {}, {"mnist_cnn", "transformer"}},
+      {"model.vocab", &m.vocab, at_least(1)},
+      {"model.d_model", &m.d_model, at_least(1)},
+      {"model.n_layers", &m.n_layers, at_least(1)},
+      {"model.n_heads", &m.n_heads, at_least(1)},
+      {"model.d_ff", &m.d_ff, at_least(1)},
+      {"model.seq_len", &m.seq_len, at_least(1)},
+      {"model.init_from", &m.init_from},
+      {"data.kind", &c.data.kind, {}, {"fashion_mnist", "text", "synthetic"}},
+      {"data.path", &c.data.path},
+      {"data.eval_fraction", &c.data.eval_fraction, {0, 1, true, true}},
+      {"data.synthetic_samples", &c.data.synthetic_samples, at_least(1)},
+      {"train.batch_size", &t.batch_size, at_least(1)},
+      {"train.epochs", &t.epochs, at_least(0)},
+      {"train.steps", &t.steps, at_least(0)},
+      {"train.seed", &t.seed},
+      {"train.grad_accum", &t.grad_accum, at_least(1)},
+      {"train.clip_grad_norm", &t.clip_grad_norm, at_least(0)},
+      {"train.eval_every", EvalEvery{&t.eval_every}},
+      {"train.eval_batch_size", &t.eval_batch_size, at_least(1)},
+      {"train.dropout", &t.dropout},
+      {"train.shuffle", &t.shuffle},
+      {"train.threads", &t.threads, at_least(0)},
+      {"train.optimizer.kind", &o.kind, {}, {"sgd", "adadelta", "adamw"}},
+      {"train.optimizer.lr", &o.lr, above(0)},
+      {"train.optimizer.momentum", &o.momentum, at_least(0)},
+      {"train.optimizer.dampening", &o.dampening},
+      {"train.optimizer.nesterov", &o.nesterov},
+      {"train.optimizer.weight_decay", &o.weight_decay, at_least(0)},
+      {"train.optimizer.rho", &o.rho, {0, 1}},
+      {"train.optimizer.eps", &o.eps, above(0)},
+      {"train.optimizer.betas", Betas{&o.beta1, &o.beta2}, {0, 1, false, true}},
+      {"train.scheduler.kind", &s.kind, {}, {"none", "step", "cosine"}},
+      {"train.scheduler.step_size", &s.step_size, at_least(1)},
+      {"train.scheduler.gamma", &s.gamma, above(0)},
+      {"train.scheduler.warmup_steps", &s.warmup_steps, at_least(0)},
+      {"train.scheduler.total_steps", &s.total_steps, at_least(0)},
+      {"train.scheduler.min_lr", &s.min_lr, at_least(0)},
+      {"fsdp.sharding_strategy",
+       &f.sharding_strategy,
+       {},
+       {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"}},
+      {"fsdp.auto_wrap.policy", &f.wrap_policy, {}, {"size_based", "transformer_layer", "manual"}},
+      {"fsdp.auto_wrap.min_num_params", &f.min_num_params, at_least(0)},
+      {"fsdp.auto_wrap.modules", &f.wrap_modules},
+      {"fsdp.mixed_precision.param_dtype", &mp.param_dtype, {}, dtypes},
+      {"fsdp.mixed_precision.reduce_dtype", &mp.reduce_dtype, {}, dtypes},
+      {"fsdp.mixed_precision.buffer_dtype", &mp.buffer_dtype, {}, dtypes},
+      {"fsdp.backward_prefetch",
+       &f.backward_prefetch,
+       {},
+       {"BACKWARD_PRE", "BACKWARD_POST", "none"}},
+      {"fsdp.forward_prefetch", &f.forward_prefetch},
+      {"fsdp.limit_all_gathers", &f.limit_all_gathers},
+      {"fsdp.activation_checkpointing", &f.activation_checkpointing},
+      {"fsdp.cpu_offload", &f.cpu_offload},
+      {"fsdp.hybrid.shard_group_size", &f.shard_group_size, at_least(0)},
+      {"comm.backend", &c.comm.backend, {}, {"mpi", "ucx", "nccl"}},
+      {"comm.timeout_s", &c.comm.timeout_s, above(0)},
+      {"checkpoint.dir", &c.checkpoint.dir},
+      {"checkpoint.format", &c.checkpoint.format, {}, {"consolidated", "sharded"}},
+      {"checkpoint.every_steps", &c.checkpoint.every_steps, at_least(0)},
+      {"checkpoint.keep", &c.checkpoint.keep, at_least(1)},
+      {"checkpoint.save_best", &c.checkpoint.save_best},
+      {"checkpoint.resume", &c.checkpoint.resume},
+      {"output.metrics", &c.output.metrics},
+      {"output.log_every", &c.output.log_every, at_least(1)},
+  };
+}
+
+// The settings each optimizer takes, as in PyTorch's constructors (which reject the others).
+std::vector<std::string> optimizer_keys(const std::string& kind) {
+  if (kind == "sgd") return {"lr", "momentum", "dampening", "nesterov", "weight_decay"};
+  if (kind == "adadelta") return {"lr", "rho", "eps", "weight_decay"};
+  return {"lr", "betas", "eps", "weight_decay"};
+}
+
+template <class... F>
+struct Overload : F... {
+  using F::operator()...;
+};
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+std::string describe(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Scalar:
+      return "'" + n.Scalar() + "'";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a map";
+    default:
+      return "nothing";
+  }
+}
+
+bool is_prefix(std::string_view prefix, std::string_view path) {
+  return path.starts_with(prefix) && (path.size() == prefix.size() || path[prefix.size()] == '.');
+}
+
+// Optimal string alignment distance, so that swapped letters count as one typo.
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] =
+          std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// A near spelling, else the same key name elsewhere in the same section ("train.lr" ->
+// "train.optimizer.lr") when that is unambiguous.
+std::string suggestion(const std::string& path, const std::set<std::string>& known) {
+  std::string best;
+  size_t best_d = 3;
+  for (const auto& k : known)
+    if (size_t d = edit_distance(path, k); d < best_d) best = k, best_d = d;
+  if (best.empty()) {
+    const std::string top = path.substr(0, path.find('.'));
+    const std::string leaf = path.substr(path.rfind('.') + 1);
+    int matches = 0;
+    for (const auto& k : known)
+      if (k != path && is_prefix(top, k) && k.substr(k.rfind('.') + 1) == leaf) best = k, ++matches;
+    if (matches != 1) best.clear();
+  }
+  return best.empty() ? "" : " (did you mean '" + best + "'?)";
+}
+
+// YAML number syntax is wider than from_chars' (a leading '+'), and yaml-cpp's own conversion
+// reads "010" as octal and accepts nan/inf, so numbers are parsed here.
+template <class T>
+std::optional<T> parse_number(std::string_view s) {
+  if (s.size() > 1 && s[0] == '+' && s[1] != '-') s.remove_prefix(1);
+  T v{};
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+  if constexpr (std::is_floating_point_v<T>)
+    if (!std::isfinite(v)) return std::nullopt;
+  return v;
+}
+template <class T>
+std::optional<T> number(const YAML::Node& n) {
+  return n.IsScalar() ? parse_number<T>(n.Scalar()) : std::nullopt;
+}
+
+// YAML 1.2 core booleans only: yaml-cpp would also take yes/no/on/off, which read as strings
+// to most people.
+std::optional<bool> parse_bool(const YAML::Node& n) {
+  if (!n.IsScalar()) return std::nullopt;
+  const std::string& s = n.Scalar();
+  if (s == "true" || s == "True" || s == "TRUE") return true;
+  if (s == "false" || s == "False" || s == "FALSE") return false;
+  return std::nullopt;
+}
+
+class Reader {
+ public:
+  explicit Reader(std::string source) : source_(std::move(source)) {}
+
+  YAML::Node load(const std::string& text) const;
+  void apply(const std::string& override_text, YAML::Node& root);
+  void read(const YAML::Node& root, Config& c);
+
+ private:
+  struct Given {
+    YAML::Node value;
+    YAML::Mark mark;  // of the key: a value's own mark can be lines further down
+  };
+
+  std::string file_at(const YAML::Mark& mark) const {
+    return source_ + ":" + std::to_string(std::max(mark.line, 0) + 1);
+  }
+  std::string where(const std::string& path, const YAML::Mark& mark) const;
+  std::string at(const std::string& path) const;
+  [[noreturn]] void fail(const std::string& path, const std::string& what) const {
+    throw ConfigError(at(path) + ": " + path + ": " + what);
+  }
+  bool given(const std::string& path) const { return given_.count(path) > 0; }
+
+  void walk(const YAML::Node& map, const std::string& prefix, const std::set<std::string>& fields,
+            const std::set<std::string>& sections);
+  void convert(const Field& f, const YAML::Node& v) const;
+  void check_optimizer(OptimizerConfig& o) const;
+  void check_rules(const Config& c) const;
+
+  std::string source_;
+  std::vector<std::string> set_keys_;  // overrides applied so far, in order
+  std::map<std::string, Given> given_;
+};
+
+// An override replaces the whole subtree at its key, so the latest one at or above `path`
+// supplied the value. Sections an override created have no mark: blame the override below them.
+std::string Reader::where(const std::string& path, const YAML::Mark& mark) const {
+  for (auto k = set_keys_.rbegin(); k != set_keys_.rend(); ++k)
+    if (is_prefix(*k, path)) return "--set " + *k;
+  if (mark.is_null())
+    for (auto k = set_keys_.rbegin(); k != set_keys_.rend(); ++k)
+      if (is_prefix(path, *k)) return "--set " + *k;
+  return file_at(mark);
+}
+
+std::string Reader::at(const std::string& path) const {
+  const auto it = given_.find(path);
+  return it != given_.end() ? where(path, it->second.mark) : source_ + ":1";  // defaults never fail
+}
+
+YAML::Node Reader::load(const std::string& text) const {
+  std::vector<YAML::Node> docs;
+  try {
+    docs = YAML::LoadAll(text);
+  } catch (const YAML::Exception& e) {  // e.msg is the message without yaml-cpp's position
+    throw ConfigError(file_at(e.mark) + ": malformed YAML: " + e.msg);
+  }
+  if (docs.size() > 1)
+    throw ConfigError(file_at(docs[1].Mark()) + ": only one YAML document is allowed");
+  if (docs.empty() || docs[0].IsNull()) return YAML::Node(YAML::NodeType::Map);
+  if (!docs[0].IsMap())
+    throw ConfigError(file_at(docs[0].Mark()) +
+                      ": the top level must be a map of sections (model, data, train, ...), got " +
+                      describe(docs[0]));
+  return docs[0];
+}
+
+void Reader::apply(const std::string& text, YAML::Node& root) {
+  const size_t eq = text.find('=');
+  const std::string key = text.substr(0, eq);
+  std::vector<std::string> parts;
+  for (size_t b = 0, e = 0; e != std::string::npos; b = e + 1)
+    parts.push_back(key.substr(b, (e = key.find('.', b)) - b));
+  if (eq == std::string::npos || std::ranges::any_of(parts, &std::string::empty))
+    throw ConfigError("--set '" + text + "': expected dotted.key=value");
+  YAML::Node value;
+  try {
+    value = YAML::Load(text.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("--set " + key + ": malformed YAML value: " + e.msg);
+  }
+  set_keys_.push_back(key);
+  // yaml-cpp: assigning to a Node writes through to the tree, reset() only rebinds the handle.
+  YAML::Node cur = root;
+  std::string path;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    path += (i ? "." : "") + parts[i];
+    YAML::Node next = cur[parts[i]];
+    if (!next.IsDefined() || next.IsNull())
+      next = YAML::Node(YAML::NodeType::Map);
+    else if (!next.IsMap())
+      throw ConfigError(where(path, next.Mark()) + ": " + path + ": expected a map, got " +
+                        describe(next));
+    cur.reset(next);
+  }
+  cur[parts.back()] = value;
+}
+
+void Reader::walk(const YAML::Node& map, const std::string& prefix,
+                  const std::set<std::string>& fields, const std::set<std::string>& sections) {
+  for (const auto& kv : map) {
+    const std::string name = kv.first.IsScalar() ? kv.first.Scalar() : describe(kv.first);
+    const std::string path = prefix.empty() ? name : prefix + "." + name;
+    const YAML::Mark mark = kv.first.Mark();
+    if (!fields.count(path) && !sections.count(path)) {
+      std::set<std::string> known = fields;
+      known.insert(sections.begin(), sections.end());
+      throw ConfigError(where(path, mark) + ": unknown key '" + path + "'" +
+                        suggestion(path, known));
+    }
+    // yaml-cpp keeps both copies of a repeated key; which one wins would be an accident.
+    if (const auto [it, fresh] = given_.try_emplace(path, Given{kv.second, mark}); !fresh)
+      throw ConfigError(where(path, mark) + ": " + path + ": given twice (first at line " +
+                        std::to_string(it->second.mark.line + 1) + ")");
+    if (sections.count(path)) {
+      if (kv.second.IsMap())
+        walk(kv.second, path, fields, sections);
+      else if (!kv.second.IsNull())  // "train:" with nothing under it is an empty section
+        fail(path, "expected a map, got " + describe(kv.second));
+    }
+  }
+}
+
+void Reader::convert(const Field& f, const YAML::Node& v) const {
+  auto expected = [&](const std::string& what) {
+    fail(f.path, "expected " + what + ", got " + describe(v));
+  };
+  auto check = [&](double x, const std::string& text) {
+    if (!f.bound.contains(x)) fail(f.path, "must be " + f.bound.text() + ", got " + text);
+  };
+  std::visit(Overload{
+                 [&](int64_t* dst) {
+                   const auto x = number<int64_t>(v);
+                   if (!x) expected("an integer");
+                   check(double(*x), v.Scalar());
+                   *dst = *x;
+                 },
+                 [&](uint64_t* dst) {
+                   const auto x = number<uint64_t>(v);
+                   if (!x) expected("a non-negative integer");
+                   *dst = *x;
+                 },
+                 [&](double* dst) {
+                   const auto x = number<double>(v);
+                   if (!x) expected("a number");
+                   check(*x, v.Scalar());
+                   *dst = *x;
+                 },
+                 [&](bool* dst) {
+                   const auto x = parse_bool(v);
+                   if (!x) expected("true or false");
+                   *dst = *x;
+                 },
+                 [&](std::string* dst) {
+                   if (!v.IsScalar() && !v.IsNull()) expected("a string");
+                   const std::string s = v.IsScalar() ? v.Scalar() : "";  // "dir:" means ""
+                   if (!f.choices.empty() && std::ranges::find(f.choices, s) == f.choices.end())
+                     expected("one of [" + join(f.choices) + "]");
+                   *dst = s;
+                 },
+                 [&](std::vector<std::string>* dst) {
+                   if (!v.IsSequence() && !v.IsNull()) expected("a list of strings");
+                   dst->clear();
+                   for (const auto& item : v) {
+                     if (!item.IsScalar()) expected("a list of strings");
+                     dst->push_back(item.Scalar());
+                   }
+                 },
+                 [&](Betas dst) {
+                   if (!v.IsSequence() || v.size() != 2) expected("a list of two numbers");
+                   double* out[] = {dst.b1, dst.b2};
+                   for (size_t i = 0; i < 2; ++i) {
+                     const auto x = number<double>(v[i]);
+                     if (!x) expected("a list of two numbers");
+                     check(*x, v[i].Scalar());
+                     *out[i] = *x;
+                   }
+                 },
+                 [&](EvalEvery dst) {
+                   const std::string s = v.IsScalar() ? v.Scalar() : "";
+                   if (s == "epoch" || s == "never") {
+                     *dst.text = s;
+                   } else if (const auto n = number<int64_t>(v); n && *n >= 1) {
+                     *dst.text = std::to_string(*n);  // canonical, so consumers can stoll it
+                   } else {
+                     expected("'epoch', 'never' or a step count >= 1");
+                   }
+                 },
+             },
+             f.target);
+}
+
+void Reader::check_optimizer(OptimizerConfig& o) const {
+  const std::string p = "train.optimizer.";
+  const std::vector<std::string> own = optimizer_keys(o.kind);
+  for (const auto& [path, g] : given_)
+    if (path.starts_with(p) && path != p + "kind" &&
+        std::ranges::find(own, path.substr(p.size())) == own.end())
+      fail(path, "not a setting of optimizer " + o.kind + " (it takes " + join(own) + ")");
+  // PyTorch's defaults where they differ from the struct's (which are adadelta's).
+  if (o.kind == "sgd" && !given(p + "lr"))
+    throw ConfigError(at(p + "kind") + ": " + p + "lr: required for sgd (PyTorch has no default)");
+  if (o.kind == "adamw") {
+    if (!given(p + "lr")) o.lr = 1e-3;
+    if (!given(p + "eps")) o.eps = 1e-8;
+    if (!given(p + "weight_decay")) o.weight_decay = 0.01;
+  }
+  if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+    fail(p + "nesterov", "requires momentum > 0 and dampening 0");
+}
+
+void Reader::check_rules(const Config& c) const {
+  // The later key of a pair is the one more likely just edited.
+  auto blame = [&](const std::string& a, const std::string& b) { return given(b) ? b : a; };
+  const ModelConfig& m = c.model;
+  if (m.d_model % m.n_heads != 0)
+    fail(blame("model.d_model", "model.n_heads"), "model.d_model (" + std::to_string(m.d_model) +
+                                                      ") must be divisible by model.n_heads (" +
+                                                      std::to_string(m.n_heads) + ")");
+  if (c.data.kind == "text" && m.vocab > 256)
+    fail("model.vocab", "must be <= 256 when data.kind is text (tokens are bytes), got " +
+                            std::to_string(m.vocab));
+  if (c.train.epochs == 0 && c.train.steps == 0)
+    fail(blame("train.epochs", "train.steps"),
+         "train.epochs and train.steps are both 0; one of them must bound the run");
+  if (c.fsdp.wrap_policy == "manual" && c.fsdp.wrap_modules.empty())
+    fail("fsdp.auto_wrap.policy", "manual requires a non-empty fsdp.auto_wrap.modules list");
+}
+
+void Reader::read(const YAML::Node& root, Config& c) {
+  const std::vector<Field> table = schema(c);
+  std::set<std::string> fields, sections;
+  for (const Field& f : table) {
+    fields.insert(f.path);
+    for (size_t dot = f.path.find('.'); dot != std::string::npos; dot = f.path.find('.', dot + 1))
+      sections.insert(f.path.substr(0, dot));
+  }
+  walk(root, "", fields, sections);
+  for (const Field& f : table)
+    if (const auto it = given_.find(f.path); it != given_.end()) convert(f, it->second.value);
+  check_optimizer(c.train.optimizer);
+  check_rules(c);
+}
+
+std::string merged_text(const YAML::Node& root, const std::string& source,
+                        const std::vector<std::string>& overrides) {
+  std::string out = "# " + source + " with overrides merged:\n";
+  for (std::string o : overrides) {
+    std::ranges::replace(o, '\n', ' ');  // keep each one a comment line
+    out += "#   --set " + o + "\n";
+  }
+  YAML::Emitter emitter;
+  emitter << root;
+  return out + emitter.c_str() + "\n";
+}
+
+}  // namespace
+
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides) {
+  Reader reader(source_name);
+  YAML::Node root = reader.load(yaml_text);
+  for (const auto& o : overrides) reader.apply(o, root);
+  Config c;
+  reader.read(root, c);
+  c.source_path = source_name;
+  c.yaml_text = overrides.empty() ? yaml_text : merged_text(root, source_name, overrides);
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  struct Close {
+    void operator()(std::FILE* f) const { std::fclose(f); }
+  };
+  auto cannot_read = [&] {
+    return ConfigError(path + ": cannot read input file (" + std::strerror(errno) + ")");
+  };
+  const std::unique_ptr<std::FILE, Close> file(std::fopen(path.c_str(), "rb"));
+  if (!file) throw cannot_read();
+  std::string text;
+  char buf[1 << 16];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, file.get())) > 0;) text.append(buf, n);
+  if (std::ferror(file.get())) throw cannot_read();  // e.g. a directory: EISDIR
+  return parse_config(text, path, overrides);
+}
+
+}  // namespace fsdp

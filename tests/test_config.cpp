@@ -1,0 +1,562 @@
+#define BOOST_TEST_MODULE config
+#include <unistd.h>
+
+#include <boost/test/unit_test.hpp>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "config/config.h"
+
+using namespace fsdp;
+
+namespace {
+
+// The message parse_config throws, or a marker that it did not throw.
+std::string error_of(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_config(yaml, "in.yaml", overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Every field but source_path/yaml_text, so that two configs compare with a readable diff.
+std::string dump(const Config& c) {
+  std::ostringstream s;
+  const auto& m = c.model;
+  const auto& t = c.train;
+  const auto& o = t.optimizer;
+  const auto& sc = t.scheduler;
+  const auto& f = c.fsdp;
+  s << m.kind << ' ' << m.vocab << ' ' << m.d_model << ' ' << m.n_layers << ' ' << m.n_heads << ' '
+    << m.d_ff << ' ' << m.seq_len << ' ' << m.init_from << '\n'
+    << c.data.kind << ' ' << c.data.path << ' ' << c.data.eval_fraction << ' '
+    << c.data.synthetic_samples << '\n'
+    << t.batch_size << ' ' << t.epochs << ' ' << t.steps << ' ' << t.seed << ' ' << t.grad_accum
+    << ' ' << t.clip_grad_norm << ' ' << t.eval_every << ' ' << t.eval_batch_size << ' '
+    << t.dropout << ' ' << t.shuffle << ' ' << t.threads << '\n'
+    << o.kind << ' ' << o.lr << ' ' << o.momentum << ' ' << o.dampening << ' ' << o.nesterov << ' '
+    << o.weight_decay << ' ' << o.rho << ' ' << o.eps << ' ' << o.beta1 << ' ' << o.beta2 << '\n'
+    << sc.kind << ' ' << sc.step_size << ' ' << sc.gamma << ' ' << sc.warmup_steps << ' '
+    << sc.total_steps << ' ' << sc.min_lr << '\n'
+    << f.sharding_strategy << ' ' << f.wrap_policy << ' ' << f.min_num_params << ' '
+    << f.wrap_modules.size() << ' ' << f.mixed_precision.param_dtype << ' '
+    << f.mixed_precision.reduce_dtype << ' ' << f.mixed_precision.buffer_dtype << ' '
+    << f.backward_prefetch << ' ' << f.forward_prefetch << ' ' << f.limit_all_gathers << ' '
+    << f.activation_checkpointing << ' ' << f.cpu_offload << ' ' << f.shard_group_size << '\n'
+    << c.comm.backend << ' ' << c.comm.timeout_s << '\n'
+    << c.checkpoint.dir << ' ' << c.checkpoint.format << ' ' << c.checkpoint.every_steps << ' '
+    << c.checkpoint.keep << ' ' << c.checkpoint.save_best << ' ' << c.checkpoint.resume << '\n'
+    << c.output.metrics << ' ' << c.output.log_every << '\n';
+  for (const auto& name : f.wrap_modules) s << name << ' ';
+  return s.str();
+}
+
+// A real file under the temp dir, removed at scope exit.
+struct TempFile {
+  std::filesystem::path path;
+  explicit TempFile(const std::string& text, const std::string& name = "cfg.yaml")
+      : path(std::filesystem::temp_directory_path() /
+             ("fsdp_test_config_" + std::to_string(getpid()) + "_" + name)) {
+    std::ofstream(path) << text;
+  }
+  ~TempFile() { std::filesystem::remove(path); }
+};
+
+const char* kFull = R"(# every key, none at its default
+model:
+  kind: transformer
+  vocab: 200
+  d_model: 96
+  n_layers: 3
+  n_heads: 4
+  d_ff: 384
+  seq_len: 64
+  init_from: init.h5
+data:
+  kind: text
+  path: corpus.txt
+  eval_fraction: 0.1
+  synthetic_samples: 77
+train:
+  batch_size: 16
+  epochs: 3
+  steps: 500
+  seed: 18446744073709551615
+  grad_accum: 2
+  clip_grad_norm: 1.5
+  eval_every: 100
+  eval_batch_size: 32
+  dropout: false
+  shuffle: false
+  threads: 4
+  optimizer: {kind: sgd, lr: 0.05, momentum: 0.9, dampening: 0, nesterov: true, weight_decay: 1e-4}
+  scheduler:
+    kind: cosine
+    step_size: 2
+    gamma: 0.5
+    warmup_steps: 10
+    total_steps: 400
+    min_lr: 1e-5
+fsdp:
+  sharding_strategy: HYBRID_SHARD
+  auto_wrap: {policy: manual, min_num_params: 0, modules: [layers.0, layers.1]}
+  mixed_precision: {param_dtype: bf16, reduce_dtype: f16, buffer_dtype: bf16}
+  backward_prefetch: BACKWARD_POST
+  forward_prefetch: true
+  limit_all_gathers: false
+  activation_checkpointing: true
+  cpu_offload: true
+  hybrid: {shard_group_size: 4}
+comm: {backend: ucx, timeout_s: 12.5}
+checkpoint: {dir: ckpt, format: sharded, every_steps: 50, keep: 3, save_best: true, resume: auto}
+output: {metrics: m.jsonl, log_every: 5}
+)";
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(empty_input_gives_the_defaults) {
+  for (const char* text : {"", "# only a comment\n", "~\n", "train:\n"}) {
+    const Config c = parse_config(text, "in.yaml");
+    BOOST_TEST(dump(c) == dump(Config{}));
+    BOOST_TEST(c.yaml_text == text);
+    BOOST_TEST(c.source_path == "in.yaml");
+  }
+  const Config c = parse_config("", "in.yaml");
+  BOOST_TEST(c.model.kind == "mnist_cnn");
+  BOOST_TEST(c.train.optimizer.kind == "adadelta");
+  BOOST_TEST(c.train.optimizer.lr == 1.0);
+  BOOST_TEST(c.train.eval_every == "epoch");
+  BOOST_TEST(c.fsdp.sharding_strategy == "FULL_SHARD");
+}
+
+BOOST_AUTO_TEST_CASE(full_file_sets_every_field) {
+  const Config c = parse_config(kFull, "full.yaml");
+  BOOST_TEST(c.model.kind == "transformer");
+  BOOST_TEST(c.model.vocab == 200);
+  BOOST_TEST(c.model.d_model == 96);
+  BOOST_TEST(c.model.n_layers == 3);
+  BOOST_TEST(c.model.n_heads == 4);
+  BOOST_TEST(c.model.d_ff == 384);
+  BOOST_TEST(c.model.seq_len == 64);
+  BOOST_TEST(c.model.init_from == "init.h5");
+  BOOST_TEST(c.data.kind == "text");
+  BOOST_TEST(c.data.path == "corpus.txt");
+  BOOST_TEST(c.data.eval_fraction == 0.1);
+  BOOST_TEST(c.data.synthetic_samples == 77);
+  const TrainConfig& t = c.train;
+  BOOST_TEST(t.batch_size == 16);
+  BOOST_TEST(t.epochs == 3);
+  BOOST_TEST(t.steps == 500);
+  BOOST_TEST(t.seed == 18446744073709551615ull);
+  BOOST_TEST(t.grad_accum == 2);
+  BOOST_TEST(t.clip_grad_norm == 1.5);
+  BOOST_TEST(t.eval_every == "100");
+  BOOST_TEST(t.eval_batch_size == 32);
+  BOOST_TEST(!t.dropout);
+  BOOST_TEST(!t.shuffle);
+  BOOST_TEST(t.threads == 4);
+  BOOST_TEST(t.optimizer.kind == "sgd");
+  BOOST_TEST(t.optimizer.lr == 0.05);
+  BOOST_TEST(t.optimizer.momentum == 0.9);
+  BOOST_TEST(t.optimizer.dampening == 0.0);
+  BOOST_TEST(t.optimizer.nesterov);
+  BOOST_TEST(t.optimizer.weight_decay == 1e-4);
+  BOOST_TEST(t.scheduler.kind == "cosine");
+  BOOST_TEST(t.scheduler.step_size == 2);
+  BOOST_TEST(t.scheduler.gamma == 0.5);
+  BOOST_TEST(t.scheduler.warmup_steps == 10);
+  BOOST_TEST(t.scheduler.total_steps == 400);
+  BOOST_TEST(t.scheduler.min_lr == 1e-5);
+  const FsdpConfig& f = c.fsdp;
+  BOOST_TEST(f.sharding_strategy == "HYBRID_SHARD");
+  BOOST_TEST(f.wrap_policy == "manual");
+  BOOST_TEST(f.min_num_params == 0);
+  BOOST_TEST((f.wrap_modules == std::vector<std::string>{"layers.0", "layers.1"}));
+  BOOST_TEST(f.mixed_precision.param_dtype == "bf16");
+  BOOST_TEST(f.mixed_precision.reduce_dtype == "f16");
+  BOOST_TEST(f.mixed_precision.buffer_dtype == "bf16");
+  BOOST_TEST(f.backward_prefetch == "BACKWARD_POST");
+  BOOST_TEST(f.forward_prefetch);
+  BOOST_TEST(!f.limit_all_gathers);
+  BOOST_TEST(f.activation_checkpointing);
+  BOOST_TEST(f.cpu_offload);
+  BOOST_TEST(f.shard_group_size == 4);
+  BOOST_TEST(c.comm.backend == "ucx");
+  BOOST_TEST(c.comm.timeout_s == 12.5);
+  BOOST_TEST(c.checkpoint.dir == "ckpt");
+  BOOST_TEST(c.checkpoint.format == "sharded");
+  BOOST_TEST(c.checkpoint.every_steps == 50);
+  BOOST_TEST(c.checkpoint.keep == 3);
+  BOOST_TEST(c.checkpoint.save_best);
+  BOOST_TEST(c.checkpoint.resume == "auto");
+  BOOST_TEST(c.output.metrics == "m.jsonl");
+  BOOST_TEST(c.output.log_every == 5);
+  BOOST_TEST(c.yaml_text == kFull);
+}
+
+BOOST_AUTO_TEST_CASE(load_config_reads_real_files) {
+  const TempFile full(kFull);
+  const Config c = load_config(full.path.string());
+  BOOST_TEST(dump(c) == dump(parse_config(kFull, "x")));
+  BOOST_TEST(c.source_path == full.path.string());
+  BOOST_TEST(c.yaml_text == kFull);
+
+  const TempFile empty("", "empty.yaml");
+  BOOST_TEST(dump(load_config(empty.path.string())) == dump(Config{}));
+
+  const TempFile bad("train:\n  epochs: 2\n  batch_size: -1\n", "bad.yaml");
+  BOOST_CHECK_EXCEPTION(load_config(bad.path.string()), ConfigError, [&](const ConfigError& e) {
+    return std::string(e.what()) ==
+           bad.path.string() + ":3: train.batch_size: must be >= 1, got -1";
+  });
+}
+
+BOOST_AUTO_TEST_CASE(unreadable_file) {
+  BOOST_CHECK_EXCEPTION(load_config("no/such/file.yaml"), ConfigError, [](const ConfigError& e) {
+    return std::string(e.what()) ==
+           "no/such/file.yaml: cannot read input file (No such file or directory)";
+  });
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  BOOST_CHECK_EXCEPTION(load_config(dir), ConfigError, [&](const ConfigError& e) {
+    return std::string(e.what()) == dir + ": cannot read input file (Is a directory)";
+  });
+}
+
+BOOST_AUTO_TEST_CASE(unknown_keys) {
+  BOOST_TEST(error_of("model: {kind: mnist_cnn}\ntrain:\n  batchsize: 5\n") ==
+             "in.yaml:3: unknown key 'train.batchsize' (did you mean 'train.batch_size'?)");
+  BOOST_TEST(error_of("trian: {epochs: 1}\n") ==
+             "in.yaml:1: unknown key 'trian' (did you mean 'train'?)");
+  BOOST_TEST(
+      error_of("train:\n  optimizer:\n    kind: adamw\n    beta: [0.9, 0.99]\n") ==
+      "in.yaml:4: unknown key 'train.optimizer.beta' (did you mean 'train.optimizer.betas'?)");
+  // The right name in the wrong section.
+  BOOST_TEST(error_of("train: {lr: 0.1}\n") ==
+             "in.yaml:1: unknown key 'train.lr' (did you mean 'train.optimizer.lr'?)");
+  BOOST_TEST(error_of("fsdp:\n  shard_group_size: 2\n") ==
+             "in.yaml:2: unknown key 'fsdp.shard_group_size' "
+             "(did you mean 'fsdp.hybrid.shard_group_size'?)");
+  // Nothing close: no suggestion. Ambiguous leaf (optimizer.kind / scheduler.kind): none either.
+  BOOST_TEST(error_of("network: {}\n") == "in.yaml:1: unknown key 'network'");
+  BOOST_TEST(error_of("train: {kind: sgd}\n") == "in.yaml:1: unknown key 'train.kind'");
+  // A map under a leaf key is a type error of that key, not an unknown key below it.
+  BOOST_TEST(error_of("train:\n  epochs:\n    n: 1\n") ==
+             "in.yaml:2: train.epochs: expected an integer, got a map");
+  BOOST_TEST(error_of("train:\n  epochs: 1\n  epochs: 2\n") ==
+             "in.yaml:3: train.epochs: given twice (first at line 2)");
+}
+
+BOOST_AUTO_TEST_CASE(wrong_types) {
+  struct Case {
+    const char* yaml;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"train: {batch_size: abc}", "in.yaml:1: train.batch_size: expected an integer, got 'abc'"},
+      {"train: {batch_size: 1.5}", "in.yaml:1: train.batch_size: expected an integer, got '1.5'"},
+      {"train: {batch_size: 1e3}", "in.yaml:1: train.batch_size: expected an integer, got '1e3'"},
+      {"train: {batch_size: [1]}", "in.yaml:1: train.batch_size: expected an integer, got a list"},
+      {"train: {batch_size: }", "in.yaml:1: train.batch_size: expected an integer, got nothing"},
+      {"train: {seed: -1}", "in.yaml:1: train.seed: expected a non-negative integer, got '-1'"},
+      {"train: {clip_grad_norm: x}", "in.yaml:1: train.clip_grad_norm: expected a number, got 'x'"},
+      {"train: {clip_grad_norm: .inf}",
+       "in.yaml:1: train.clip_grad_norm: expected a number, got '.inf'"},
+      {"train: {shuffle: yes}", "in.yaml:1: train.shuffle: expected true or false, got 'yes'"},
+      {"train: {shuffle: 1}", "in.yaml:1: train.shuffle: expected true or false, got '1'"},
+      {"model: {kind: [transformer]}", "in.yaml:1: model.kind: expected a string, got a list"},
+      {"data: {path: {a: 1}}", "in.yaml:1: data.path: expected a string, got a map"},
+      {"fsdp: {auto_wrap: {modules: layer}}",
+       "in.yaml:1: fsdp.auto_wrap.modules: expected a list of strings, got 'layer'"},
+      {"fsdp: {auto_wrap: {modules: [[a]]}}",
+       "in.yaml:1: fsdp.auto_wrap.modules: expected a list of strings, got a list"},
+      {"train: {optimizer: {kind: adamw, betas: [0.9]}}",
+       "in.yaml:1: train.optimizer.betas: expected a list of two numbers, got a list"},
+      {"train: {optimizer: {kind: adamw, betas: [0.9, b]}}",
+       "in.yaml:1: train.optimizer.betas: expected a list of two numbers, got a list"},
+      {"train: 5", "in.yaml:1: train: expected a map, got '5'"},
+      {"fsdp:\n  hybrid: [4]\n", "in.yaml:2: fsdp.hybrid: expected a map, got a list"},
+      {"- train",
+       "in.yaml:1: the top level must be a map of sections (model, data, train, ...), "
+       "got a list"},
+      {"just text",
+       "in.yaml:1: the top level must be a map of sections (model, data, train, ...), "
+       "got 'just text'"},
+      {"train: {eval_every: weekly}",
+       "in.yaml:1: train.eval_every: expected 'epoch', 'never' or a step count >= 1, got 'weekly'"},
+      {"train: {eval_every: 0}",
+       "in.yaml:1: train.eval_every: expected 'epoch', 'never' or a step count >= 1, got '0'"},
+  };
+  for (const Case& c : cases) BOOST_TEST_CONTEXT(c.yaml) {
+      BOOST_TEST(error_of(c.yaml) == c.message);
+    }
+  // Quoted numbers and YAML's other spellings still read as the number they say.
+  const Config c = parse_config(
+      "train: {batch_size: '32', epochs: +2, seed: 010, eval_every: never, dropout: False}\n"
+      "data: {path: 2024}\nfsdp: {auto_wrap: {modules: []}}\ncheckpoint: {dir: }",
+      "in.yaml");
+  BOOST_TEST(c.train.batch_size == 32);
+  BOOST_TEST(c.train.epochs == 2);
+  BOOST_TEST(c.train.seed == 10u);  // decimal, not yaml-cpp's octal
+  BOOST_TEST(c.train.eval_every == "never");
+  BOOST_TEST(!c.train.dropout);
+  BOOST_TEST(c.data.path == "2024");
+  BOOST_TEST(c.fsdp.wrap_modules.empty());
+  BOOST_TEST(c.checkpoint.dir == "");
+}
+
+BOOST_AUTO_TEST_CASE(ranges) {
+  struct Case {
+    const char* yaml;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"train: {batch_size: 0}", "in.yaml:1: train.batch_size: must be >= 1, got 0"},
+      {"train: {epochs: -1}", "in.yaml:1: train.epochs: must be >= 0, got -1"},
+      {"train: {steps: -5}", "in.yaml:1: train.steps: must be >= 0, got -5"},
+      {"train:\n  epochs: 0\n",
+       "in.yaml:2: train.epochs: train.epochs and train.steps are both 0; "
+       "one of them must bound the run"},
+      {"train:\n  epochs: 0\n  steps: 0\n",
+       "in.yaml:3: train.steps: train.epochs and train.steps are both 0; one of them must bound "
+       "the "
+       "run"},
+      {"train: {grad_accum: 0}", "in.yaml:1: train.grad_accum: must be >= 1, got 0"},
+      {"train: {clip_grad_norm: -0.5}", "in.yaml:1: train.clip_grad_norm: must be >= 0, got -0.5"},
+      {"train: {eval_batch_size: 0}", "in.yaml:1: train.eval_batch_size: must be >= 1, got 0"},
+      {"train: {threads: -1}", "in.yaml:1: train.threads: must be >= 0, got -1"},
+      {"train: {optimizer: {lr: 0}}", "in.yaml:1: train.optimizer.lr: must be > 0, got 0"},
+      {"train: {optimizer: {kind: sgd, lr: 1, momentum: -0.1}}",
+       "in.yaml:1: train.optimizer.momentum: must be >= 0, got -0.1"},
+      {"train: {optimizer: {weight_decay: -1}}",
+       "in.yaml:1: train.optimizer.weight_decay: must be >= 0, got -1"},
+      {"train: {optimizer: {rho: 1.5}}",
+       "in.yaml:1: train.optimizer.rho: must be in [0, 1], got 1.5"},
+      {"train: {optimizer: {eps: 0}}", "in.yaml:1: train.optimizer.eps: must be > 0, got 0"},
+      {"train: {optimizer: {kind: adamw, betas: [0.9, 1.0]}}",
+       "in.yaml:1: train.optimizer.betas: must be in [0, 1), got 1.0"},
+      {"train: {optimizer: {kind: adamw, betas: [-0.1, 0.9]}}",
+       "in.yaml:1: train.optimizer.betas: must be in [0, 1), got -0.1"},
+      {"train: {scheduler: {step_size: 0}}",
+       "in.yaml:1: train.scheduler.step_size: must be >= 1, got 0"},
+      {"train: {scheduler: {gamma: 0}}", "in.yaml:1: train.scheduler.gamma: must be > 0, got 0"},
+      {"model: {d_ff: 0}", "in.yaml:1: model.d_ff: must be >= 1, got 0"},
+      {"model: {n_layers: 0}", "in.yaml:1: model.n_layers: must be >= 1, got 0"},
+      {"model:\n  d_model: 100\n  n_heads: 6\n",
+       "in.yaml:3: model.n_heads: model.d_model (100) must be divisible by model.n_heads (6)"},
+      {"model:\n  d_model: 100\n",
+       "in.yaml:2: model.d_model: model.d_model (100) must be divisible by model.n_heads (8)"},
+      {"model:\n  vocab: 300\ndata:\n  kind: text\n",
+       "in.yaml:2: model.vocab: must be <= 256 when data.kind is text (tokens are bytes), got 300"},
+      {"data: {eval_fraction: 0}", "in.yaml:1: data.eval_fraction: must be in (0, 1), got 0"},
+      {"data: {eval_fraction: 1}", "in.yaml:1: data.eval_fraction: must be in (0, 1), got 1"},
+      {"comm: {timeout_s: 0}", "in.yaml:1: comm.timeout_s: must be > 0, got 0"},
+      {"checkpoint: {keep: 0}", "in.yaml:1: checkpoint.keep: must be >= 1, got 0"},
+      {"checkpoint: {every_steps: -1}", "in.yaml:1: checkpoint.every_steps: must be >= 0, got -1"},
+      {"output: {log_every: 0}", "in.yaml:1: output.log_every: must be >= 1, got 0"},
+      {"fsdp: {hybrid: {shard_group_size: -2}}",
+       "in.yaml:1: fsdp.hybrid.shard_group_size: must be >= 0, got -2"},
+      {"fsdp: {auto_wrap: {min_num_params: -1}}",
+       "in.yaml:1: fsdp.auto_wrap.min_num_params: must be >= 0, got -1"},
+  };
+  for (const Case& c : cases) BOOST_TEST_CONTEXT(c.yaml) {
+      BOOST_TEST(error_of(c.yaml) == c.message);
+    }
+  // A large vocab is fine for other data.
+  BOOST_TEST(parse_config("model: {vocab: 50000}", "in.yaml").model.vocab == 50000);
+  BOOST_TEST(parse_config("train: {epochs: 0, steps: 10}", "in.yaml").train.steps == 10);
+}
+
+BOOST_AUTO_TEST_CASE(enumerations_list_the_allowed_values) {
+  struct Case {
+    const char* yaml;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"model: {kind: resnet}",
+       "in.yaml:1: model.kind: expected one of [mnist_cnn, transformer], got 'resnet'"},
+      {"data: {kind: cifar}",
+       "in.yaml:1: data.kind: expected one of [fashion_mnist, text, synthetic], got 'cifar'"},
+      {"fsdp: {sharding_strategy: full_shard}",
+       "in.yaml:1: fsdp.sharding_strategy: expected one of [FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, "
+       "HYBRID_SHARD, HYBRID_SHARD_ZERO2], got 'full_shard'"},
+      {"fsdp: {mixed_precision: {reduce_dtype: f64}}",
+       "in.yaml:1: fsdp.mixed_precision.reduce_dtype: expected one of [f32, bf16, f16], got 'f64'"},
+      {"fsdp: {backward_prefetch: BACKWARD}",
+       "in.yaml:1: fsdp.backward_prefetch: expected one of [BACKWARD_PRE, BACKWARD_POST, none], "
+       "got 'BACKWARD'"},
+      {"fsdp: {auto_wrap: {policy: always}}",
+       "in.yaml:1: fsdp.auto_wrap.policy: expected one of [size_based, transformer_layer, manual], "
+       "got 'always'"},
+      {"comm: {backend: gloo}",
+       "in.yaml:1: comm.backend: expected one of [mpi, ucx, nccl], got 'gloo'"},
+      {"checkpoint: {format: zip}",
+       "in.yaml:1: checkpoint.format: expected one of [consolidated, sharded], got 'zip'"},
+      {"train: {optimizer: {kind: adam}}",
+       "in.yaml:1: train.optimizer.kind: expected one of [sgd, adadelta, adamw], got 'adam'"},
+      {"train: {scheduler: {kind: linear}}",
+       "in.yaml:1: train.scheduler.kind: expected one of [none, step, cosine], got 'linear'"},
+  };
+  for (const Case& c : cases) BOOST_TEST_CONTEXT(c.yaml) {
+      BOOST_TEST(error_of(c.yaml) == c.message);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(manual_wrap_policy_needs_modules) {
+  BOOST_TEST(error_of("fsdp:\n  auto_wrap:\n    policy: manual\n") ==
+             "in.yaml:3: fsdp.auto_wrap.policy: manual requires a non-empty fsdp.auto_wrap.modules "
+             "list");
+  BOOST_TEST(error_of("fsdp:\n  auto_wrap:\n    policy: manual\n    modules: []\n") ==
+             "in.yaml:3: fsdp.auto_wrap.policy: manual requires a non-empty fsdp.auto_wrap.modules "
+             "list");
+  const Config c = parse_config("fsdp: {auto_wrap: {policy: manual, modules: [conv1]}}", "in.yaml");
+  BOOST_TEST((c.fsdp.wrap_modules == std::vector<std::string>{"conv1"}));
+}
+
+BOOST_AUTO_TEST_CASE(malformed_yaml_names_the_line) {
+  BOOST_TEST(
+      error_of("train:\n  epochs: 1\n  batch_size: [1, 2\nfsdp: {}\n") ==
+      "in.yaml:4: malformed YAML: end of sequence flow not found");  // where yaml-cpp notices
+  BOOST_TEST(error_of("train:\n  epochs: 1\n   batch_size: 3\n") ==
+             "in.yaml:3: malformed YAML: illegal map value");
+  BOOST_TEST(error_of("train: {epochs: 1}\n---\ntrain: {epochs: 2}\n") ==
+             "in.yaml:3: only one YAML document is allowed");
+}
+
+BOOST_AUTO_TEST_CASE(line_numbers_of_nested_keys) {
+  const std::string text =
+      "# comment\n"
+      "model:\n"
+      "  kind: mnist_cnn\n"
+      "train:\n"
+      "  epochs: 2\n"
+      "  optimizer:\n"
+      "    kind: adadelta\n"
+      "\n"
+      "    lr: -1\n";
+  BOOST_TEST(error_of(text) == "in.yaml:9: train.optimizer.lr: must be > 0, got -1");
+  // A value on the line after its key: the key's line is reported.
+  BOOST_TEST(error_of("fsdp:\n  auto_wrap:\n    modules:\n      x: 1\n") ==
+             "in.yaml:3: fsdp.auto_wrap.modules: expected a list of strings, got a map");
+  BOOST_TEST(error_of("fsdp:\n  mixed_precision:\n    param_dtype: f32\n    buffer_dtpye: f32\n") ==
+             "in.yaml:4: unknown key 'fsdp.mixed_precision.buffer_dtpye' "
+             "(did you mean 'fsdp.mixed_precision.buffer_dtype'?)");
+}
+
+BOOST_AUTO_TEST_CASE(optimizer_defaults_follow_pytorch) {
+  const OptimizerConfig adadelta = parse_config("", "in.yaml").train.optimizer;
+  BOOST_TEST(adadelta.lr == 1.0);
+  BOOST_TEST(adadelta.rho == 0.9);
+  BOOST_TEST(adadelta.eps == 1e-6);
+  BOOST_TEST(adadelta.weight_decay == 0.0);
+
+  const OptimizerConfig adamw =
+      parse_config("train: {optimizer: {kind: adamw}}", "in.yaml").train.optimizer;
+  BOOST_TEST(adamw.lr == 1e-3);
+  BOOST_TEST(adamw.beta1 == 0.9);
+  BOOST_TEST(adamw.beta2 == 0.999);
+  BOOST_TEST(adamw.eps == 1e-8);
+  BOOST_TEST(adamw.weight_decay == 0.01);
+
+  const OptimizerConfig given = parse_config(
+                                    "train: {optimizer: {kind: adamw, lr: 3e-4, betas: [0.8, "
+                                    "0.95], eps: 1e-6, weight_decay: 0}}",
+                                    "in.yaml")
+                                    .train.optimizer;
+  BOOST_TEST(given.lr == 3e-4);
+  BOOST_TEST(given.beta1 == 0.8);
+  BOOST_TEST(given.beta2 == 0.95);
+  BOOST_TEST(given.eps == 1e-6);
+  BOOST_TEST(given.weight_decay == 0.0);
+
+  const OptimizerConfig sgd =
+      parse_config("train: {optimizer: {kind: sgd, lr: 0.1}}", "in.yaml").train.optimizer;
+  BOOST_TEST(sgd.lr == 0.1);
+  BOOST_TEST(sgd.momentum == 0.0);
+  BOOST_TEST(sgd.dampening == 0.0);
+  BOOST_TEST(!sgd.nesterov);
+  BOOST_TEST(sgd.weight_decay == 0.0);
+
+  BOOST_TEST(error_of("train:\n  optimizer:\n    kind: sgd\n") ==
+             "in.yaml:3: train.optimizer.lr: required for sgd (PyTorch has no default)");
+}
+
+BOOST_AUTO_TEST_CASE(optimizer_rejects_other_optimizers_keys) {
+  BOOST_TEST(error_of("train:\n  optimizer:\n    kind: sgd\n    lr: 0.1\n    rho: 0.9\n") ==
+             "in.yaml:5: train.optimizer.rho: not a setting of optimizer sgd "
+             "(it takes lr, momentum, dampening, nesterov, weight_decay)");
+  BOOST_TEST(error_of("train: {optimizer: {betas: [0.9, 0.99]}}") ==
+             "in.yaml:1: train.optimizer.betas: not a setting of optimizer adadelta "
+             "(it takes lr, rho, eps, weight_decay)");
+  BOOST_TEST(error_of("train: {optimizer: {kind: adamw, momentum: 0.9}}") ==
+             "in.yaml:1: train.optimizer.momentum: not a setting of optimizer adamw "
+             "(it takes lr, betas, eps, weight_decay)");
+  const std::string nesterov_error =
+      "in.yaml:1: train.optimizer.nesterov: requires momentum > 0 and dampening 0";
+  BOOST_TEST(error_of("train: {optimizer: {kind: sgd, lr: 0.1, nesterov: true}}") ==
+             nesterov_error);
+  BOOST_TEST(error_of("train: {optimizer: {kind: sgd, lr: 0.1, nesterov: true, momentum: 0.9, "
+                      "dampening: 0.1}}") == nesterov_error);
+}
+
+BOOST_AUTO_TEST_CASE(overrides) {
+  // Create sections that the file lacks, replace values it has, apply in order.
+  const Config c = parse_config(
+      "train:\n  batch_size: 8\n", "in.yaml",
+      {"train.batch_size=32", "train.optimizer.kind=adamw", "fsdp.auto_wrap.modules=[a, b]",
+       "fsdp.auto_wrap.policy=manual", "train.epochs=5", "train.epochs=6", "checkpoint.dir="});
+  BOOST_TEST(c.train.batch_size == 32);
+  BOOST_TEST(c.train.optimizer.kind == "adamw");
+  BOOST_TEST(c.train.optimizer.lr == 1e-3);
+  BOOST_TEST((c.fsdp.wrap_modules == std::vector<std::string>{"a", "b"}));
+  BOOST_TEST(c.train.epochs == 6);
+  BOOST_TEST(c.checkpoint.dir == "");
+  // A whole section as one value, and values in an empty file.
+  const Config s =
+      parse_config("", "in.yaml", {"comm={backend: nccl, timeout_s: 5}", "train.dropout=false"});
+  BOOST_TEST(s.comm.backend == "nccl");
+  BOOST_TEST(s.comm.timeout_s == 5.0);
+  BOOST_TEST(!s.train.dropout);
+
+  BOOST_TEST(error_of("", {"train.batch_size"}) ==
+             "--set 'train.batch_size': expected dotted.key=value");
+  BOOST_TEST(error_of("", {"=5"}) == "--set '=5': expected dotted.key=value");
+  BOOST_TEST(error_of("", {"train..epochs=5"}) ==
+             "--set 'train..epochs=5': expected dotted.key=value");
+  BOOST_TEST(
+      error_of("", {"train.batchsize=5"}) ==
+      "--set train.batchsize: unknown key 'train.batchsize' (did you mean 'train.batch_size'?)");
+  BOOST_TEST(error_of("", {"network.depth=5"}) == "--set network.depth: unknown key 'network'");
+  BOOST_TEST(error_of("train: {epochs: 2}", {"train.batch_size=abc"}) ==
+             "--set train.batch_size: train.batch_size: expected an integer, got 'abc'");
+  BOOST_TEST(error_of("", {"train={batch_size: 0}"}) ==
+             "--set train: train.batch_size: must be >= 1, got 0");
+  BOOST_TEST(error_of("", {"train.batch_size=[1"})
+                 .starts_with("--set train.batch_size: malformed YAML value: "));
+  BOOST_TEST(
+      error_of("", {"train.optimizer.kind=sgd"}) ==
+      "--set train.optimizer.kind: train.optimizer.lr: required for sgd (PyTorch has no default)");
+  // A file value is still blamed on the file when an override touched a neighbour.
+  BOOST_TEST(error_of("train:\n  optimizer:\n    rho: 2\n", {"train.optimizer.lr=0.5"}) ==
+             "in.yaml:3: train.optimizer.rho: must be in [0, 1], got 2");
+  BOOST_TEST(error_of("train: 5\n", {"train.epochs=1"}) ==
+             "in.yaml:1: train: expected a map, got '5'");
+  // A later override wins over an earlier bad one.
+  BOOST_TEST(error_of("", {"train.batch_size=abc", "train.batch_size=4"}) == "(no error)");
+}
+
+BOOST_AUTO_TEST_CASE(yaml_text_reproduces_the_run) {
+  const std::vector<std::string> overrides = {"train.batch_size=7", "train.optimizer={kind: adamw}",
+                                              "model.kind=transformer", "checkpoint.dir=\"~\""};
+  const Config c = parse_config(kFull, "full.yaml", overrides);
+  BOOST_TEST(c.yaml_text.starts_with(
+      "# full.yaml with overrides merged:\n#   --set train.batch_size=7\n"));
+  const Config again = parse_config(c.yaml_text, "checkpoint");
+  BOOST_TEST(dump(again) == dump(c));
+  BOOST_TEST(again.train.batch_size == 7);
+  BOOST_TEST(again.train.optimizer.lr == 1e-3);
+  BOOST_TEST(again.checkpoint.dir == "~");
+  BOOST_TEST(again.model.seq_len == 64);
+}
