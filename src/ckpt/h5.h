@@ -1,0 +1,62 @@
+#pragma once
+// RAII owners for HDF5 handles and the weight-file reader/writer used by model.init_from: one
+// dataset per parameter, `/model/<state_dict name>`, at its full PyTorch shape. Any tool (h5py,
+// PyTorch via h5py) reads and writes these files.
+#include <hdf5.h>
+
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace fsdp {
+
+class H5Id {
+ public:
+  H5Id() = default;
+  H5Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  ~H5Id() { reset(); }
+  H5Id(H5Id&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = H5I_INVALID_HID; }
+  H5Id& operator=(H5Id&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = o.id_;
+      close_ = o.close_;
+      o.id_ = H5I_INVALID_HID;
+    }
+    return *this;
+  }
+  H5Id(const H5Id&) = delete;
+  H5Id& operator=(const H5Id&) = delete;
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  void reset() {
+    if (id_ >= 0 && close_) close_(id_);
+    id_ = H5I_INVALID_HID;
+  }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  herr_t (*close_)(hid_t) = nullptr;
+};
+
+// Silences HDF5's own error-stack printing while alive: we report one line of our own instead.
+class H5Quiet {
+ public:
+  H5Quiet();
+  ~H5Quiet();
+  H5Quiet(const H5Quiet&) = delete;
+  H5Quiet& operator=(const H5Quiet&) = delete;
+
+ private:
+  H5E_auto2_t func_ = nullptr;
+  void* data_ = nullptr;
+};
+
+// Reads /model/<name> into every param's data (converted to f32). Strict like PyTorch's
+// load_state_dict: a missing, extra or mis-shaped tensor is an Error naming the file and tensor.
+void load_model_weights(const std::string& path, const std::vector<Param*>& params);
+// Writes every param's data as /model/<name> (f32, full shape) into a new file.
+void save_model_weights(const std::string& path, const std::vector<Param*>& params);
+
+}  // namespace fsdp

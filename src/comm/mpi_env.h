@@ -1,0 +1,25 @@
+#pragma once
+// MPI start-up and shutdown as an RAII owner. MPI is the bootstrap for every backend: ranks,
+// sizes and (later) address exchange. Works alone (singleton init), under mpirun and srun.
+#include <mpi.h>
+
+namespace fsdp {
+
+class MpiSession {
+ public:
+  MpiSession(int* argc, char*** argv);
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // Ends every rank of the job at once: a fatal error on one rank must not leave the others
+  // waiting in a collective forever.
+  [[noreturn]] void abort(int code) const;
+
+ private:
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace fsdp

@@ -1,0 +1,187 @@
+#pragma once
+// The layers both seed models use, each matching its torch.nn counterpart: parameter names,
+// layouts, default initialisation and numerics. Shapes in the comments: B batch, T sequence,
+// C channels/features.
+#include <cstdint>
+#include <string>
+
+#include "nn/module.h"
+
+namespace fsdp {
+
+// torch.nn.Linear: W (out, in) and b (out) ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform a=sqrt(5)).
+// x (..., in) -> y (..., out).
+class Linear : public Layer {
+ public:
+  Linear(const std::string& name, int64_t in, int64_t out, bool bias = true);
+  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  Param& weight;
+  Param* bias = nullptr;
+
+ private:
+  int64_t in_, out_;
+  Tensor x_, y_, dx_;
+};
+
+// torch.nn.Conv2d, stride 1: W (out, in, k, k), b (out), bounds 1/sqrt(in*k*k).
+// x (B, in, H, W) -> y (B, out, H+2p-k+1, W+2p-k+1). One GEMM over the whole batch via im2col.
+class Conv2d : public Layer {
+ public:
+  Conv2d(const std::string& name, int64_t in, int64_t out, int64_t kernel, int64_t padding = 0);
+  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  Param& weight;
+  Param& bias;
+
+ private:
+  int64_t in_, out_, k_, pad_;
+  Tensor x_;
+  Tensor col_;   // (in*k*k, B*OH*OW), kept for the weight gradient
+  Tensor ybuf_;  // (out, B*OH*OW) GEMM output before the batch-major permute
+  Tensor y_, dyt_, dcol_, dx_;
+};
+
+class ReLU : public Layer {
+ public:
+  explicit ReLU(const std::string& name) : Layer(name, "ReLU") {}
+  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+
+ private:
+  Tensor y_, dx_;
+};
+
+// Exact (erf) GELU, torch.nn.GELU() default.
+class GELU : public Layer {
+ public:
+  explicit GELU(const std::string& name) : Layer(name, "GELU") {}
+  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+
+ private:
+  Tensor x_, y_, dx_;
+};
+
+// Inverted dropout. The mask of element j of global sample n at step s is a counter-RNG draw
+// keyed by (seed, s) in the stream of this layer's name: independent of rank and world size.
+class Dropout : public Layer {
+ public:
+  Dropout(const std::string& name, float p) : Layer(name, "Dropout"), p_(p) {}
+  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+
+ private:
+  float p_;
+  bool active_ = false;
+  Tensor x_, mask_, y_, dx_;
+};
+
+// torch.nn.MaxPool2d(2): (B, C, H, W) -> (B, C, H/2, W/2).
+class MaxPool2d : public Layer {
+ public:
+  explicit MaxPool2d(const std::string& name) : Layer(name, "MaxPool2d") {}
+  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+
+ private:
+  Tensor argmax_, y_, dx_;
+  Shape x_shape_;
+};
+
+// torch.flatten(x, 1): a view.
+class Flatten : public Layer {
+ public:
+  explicit Flatten(const std::string& name) : Layer(name, "Flatten") {}
+  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+
+ private:
+  Shape x_shape_;
+  Tensor y_, dx_;
+};
+
+// F.log_softmax(x, dim=-1).
+class LogSoftmax : public Layer {
+ public:
+  explicit LogSoftmax(const std::string& name) : Layer(name, "LogSoftmax") {}
+  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+
+ private:
+  Tensor y_, dx_;
+};
+
+// torch.nn.LayerNorm(C), eps 1e-5: weight ones, bias zeros. x (..., C).
+class LayerNorm : public Layer {
+ public:
+  LayerNorm(const std::string& name, int64_t C, float eps = 1e-5f);
+  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  Param& weight;
+  Param& bias;
+
+ private:
+  int64_t C_;
+  float eps_;
+  Tensor x_, y_, mean_, rstd_, dx_;
+};
+
+// torch.nn.Embedding(n, C): weight (n, C) ~ N(0, 1). A parameter holder for Embeddings.
+class Embedding : public Module {
+ public:
+  Embedding(const std::string& name, int64_t n, int64_t C);
+  Param& weight;
+};
+
+// Token + learned position embeddings: tokens (B, T) i32 -> (B, T, C). Module name "" so the
+// parameters are "tok_emb.weight" and "pos_emb.weight" at the model's top level.
+class Embeddings : public Layer {
+ public:
+  Embeddings(int64_t vocab, int64_t max_seq, int64_t C);
+  const Tensor& forward(RunCtx& ctx, const Tensor& tokens) override;
+  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  Embedding& tok;
+  Embedding& pos;
+
+ private:
+  int64_t vocab_, max_seq_, C_;
+  Tensor tokens_, y_, none_;
+};
+
+// torch.nn.MultiheadAttention(C, H, batch_first=True) called as attn(x, x, x, attn_mask=causal):
+// in_proj_weight (3C, C) xavier_uniform, in_proj_bias (3C) zeros, out_proj Linear with zero bias.
+// x (B, T, C) -> (B, T, C).
+class MultiheadAttention : public Layer {
+ public:
+  MultiheadAttention(const std::string& name, int64_t C, int64_t heads);
+  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  Param& in_proj_weight;
+  Param& in_proj_bias;
+  Linear& out_proj;
+
+ private:
+  int64_t C_, H_;
+  Tensor x_, qkv_, att_, y_, dy_att_, dqkv_, dx_, dp_;
+};
+
+// Pre-norm decoder block: x + attn(ln1(x)), then + fc2(gelu(fc1(ln2(.)))). FSDP's
+// transformer_layer wrap policy targets this type.
+class TransformerBlock : public Layer {
+ public:
+  TransformerBlock(const std::string& name, int64_t C, int64_t heads, int64_t d_ff);
+  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  LayerNorm& ln1;
+  MultiheadAttention& attn;
+  LayerNorm& ln2;
+  Linear& fc1;
+  GELU& act;
+  Linear& fc2;
+
+ private:
+  Tensor a_, y_, da_, dx_;
+};
+
+}  // namespace fsdp

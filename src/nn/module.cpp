@@ -1,0 +1,43 @@
+#include "nn/module.h"
+
+#include <algorithm>
+
+#include "tensor/rng.h"
+
+namespace fsdp {
+
+void Param::init_values(float* out, int64_t offset, int64_t count, uint64_t seed) const {
+  switch (init.kind) {
+    case ParamInit::Kind::uniform: init_uniform(out, count, offset, seed, name, init.a, init.b); return;
+    case ParamInit::Kind::normal: init_normal(out, count, offset, seed, name, init.a, init.b); return;
+    case ParamInit::Kind::constant: std::fill(out, out + count, init.a); return;
+  }
+}
+
+Param& Module::add_param(const std::string& local_name, Shape shape, ParamInit init) {
+  auto p = std::make_unique<Param>();
+  p->name = child_name(local_name);
+  p->shape = std::move(shape);
+  p->init = init;
+  params_.push_back(std::move(p));
+  return *params_.back();
+}
+
+void Module::collect_params(std::vector<Param*>& out) {
+  for (auto& p : params_) out.push_back(p.get());
+  for (Module* c : children_) c->collect_params(out);
+}
+
+std::vector<Param*> Module::params() {
+  std::vector<Param*> out;
+  collect_params(out);
+  return out;
+}
+
+int64_t Module::num_params() {
+  int64_t n = 0;
+  for (Param* p : params()) n += p->numel();
+  return n;
+}
+
+}  // namespace fsdp

@@ -1,0 +1,237 @@
+#include "tensor/ops.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace fsdp::ops {
+
+// Elementwise loops below this many elements stay on one thread: waking the team costs more.
+constexpr int64_t kParallelMin = 1 << 15;
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
+              static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
+}
+
+void linear_forward(float* Y, const float* X, const float* W, const float* b, int64_t rows,
+                    int64_t in, int64_t out) {
+  if (b) {
+    // Seeding Y with the bias lets one GEMM with beta = 1 do the add.
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(Y + r * out, b, out * sizeof(float));
+  }
+  gemm(false, true, rows, out, in, 1.0f, X, in, W, in, b ? 1.0f : 0.0f, Y, out);
+}
+
+void linear_backward(float* dX, float* dW, float* db, const float* dY, const float* X,
+                     const float* W, int64_t rows, int64_t in, int64_t out) {
+  gemm(true, false, out, in, rows, 1.0f, dY, out, X, in, 1.0f, dW, in);
+  if (db) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = dY + r * out;
+#pragma omp simd
+      for (int64_t o = 0; o < out; ++o) db[o] += row[o];
+    }
+  }
+  if (dX) gemm(false, false, rows, in, out, 1.0f, dY, out, W, in, 0.0f, dX, in);
+}
+
+void im2col(const float* image, float* col, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
+            int64_t pad, int64_t OH, int64_t OW, int64_t col_ld) {
+  for (int64_t c = 0; c < C; ++c) {
+    for (int64_t kh = 0; kh < KH; ++kh) {
+      for (int64_t kw = 0; kw < KW; ++kw) {
+        float* dst = col + ((c * KH + kh) * KW + kw) * col_ld;
+        for (int64_t oh = 0; oh < OH; ++oh) {
+          int64_t ih = oh + kh - pad;
+          float* d = dst + oh * OW;
+          if (ih < 0 || ih >= H) {
+            std::memset(d, 0, OW * sizeof(float));
+            continue;
+          }
+          const float* src = image + (c * H + ih) * W;
+          for (int64_t ow = 0; ow < OW; ++ow) {
+            int64_t iw = ow + kw - pad;
+            d[ow] = (iw >= 0 && iw < W) ? src[iw] : 0.0f;
+          }
+        }
+      }
+    }
+  }
+}
+
+void col2im(const float* col, float* image, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
+            int64_t pad, int64_t OH, int64_t OW, int64_t col_ld) {
+  for (int64_t c = 0; c < C; ++c) {
+    for (int64_t kh = 0; kh < KH; ++kh) {
+      for (int64_t kw = 0; kw < KW; ++kw) {
+        const float* src = col + ((c * KH + kh) * KW + kw) * col_ld;
+        for (int64_t oh = 0; oh < OH; ++oh) {
+          int64_t ih = oh + kh - pad;
+          if (ih < 0 || ih >= H) continue;
+          float* dst = image + (c * H + ih) * W;
+          const float* s = src + oh * OW;
+          for (int64_t ow = 0; ow < OW; ++ow) {
+            int64_t iw = ow + kw - pad;
+            if (iw >= 0 && iw < W) dst[iw] += s[ow];
+          }
+        }
+      }
+    }
+  }
+}
+
+void relu_forward(float* y, const float* x, int64_t n) {
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+void relu_backward(float* dx, const float* dy, const float* y, int64_t n) {
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+void gelu_forward(float* y, const float* x, int64_t n) {
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * static_cast<float>(M_SQRT1_2)));
+}
+
+void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
+  const float inv_sqrt_2pi = 0.3989422804014327f;
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    float cdf = 0.5f * (1.0f + std::erf(x[i] * static_cast<float>(M_SQRT1_2)));
+    float pdf = inv_sqrt_2pi * std::exp(-0.5f * x[i] * x[i]);
+    dx[i] = dy[i] * (cdf + x[i] * pdf);
+  }
+}
+
+void add(float* y, const float* a, const float* b, int64_t n) {
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
+
+void add_inplace(float* y, const float* x, int64_t n) {
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t rows, int64_t C, float eps) {
+#pragma omp parallel for if (rows * C > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * C;
+    float* yr = y + r * C;
+    float m = 0.0f;
+    for (int64_t c = 0; c < C; ++c) m += xr[c];
+    m /= static_cast<float>(C);
+    float v = 0.0f;
+    for (int64_t c = 0; c < C; ++c) v += (xr[c] - m) * (xr[c] - m);
+    v /= static_cast<float>(C);
+    float s = 1.0f / std::sqrt(v + eps);
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * s * w[c] + b[c];
+    mean[r] = m;
+    rstd[r] = s;
+  }
+}
+
+void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                        const float* w, const float* mean, const float* rstd, int64_t rows, int64_t C) {
+  // dw/db are reductions over rows: done serially so the sum order (and result) never depends on
+  // the thread count; dx rows are independent and go parallel.
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * C;
+    const float* dyr = dy + r * C;
+    float m = mean[r], s = rstd[r];
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) {
+      dw[c] += (xr[c] - m) * s * dyr[c];
+      db[c] += dyr[c];
+    }
+  }
+#pragma omp parallel for if (rows * C > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * C;
+    const float* dyr = dy + r * C;
+    float* dxr = dx + r * C;
+    float m = mean[r], s = rstd[r];
+    float sum_g = 0.0f, sum_gx = 0.0f;  // g = dy * w; x_hat = (x - m) * s
+    for (int64_t c = 0; c < C; ++c) {
+      float g = dyr[c] * w[c];
+      sum_g += g;
+      sum_gx += g * (xr[c] - m) * s;
+    }
+    float inv_c = 1.0f / static_cast<float>(C);
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) {
+      float xhat = (xr[c] - m) * s;
+      dxr[c] = s * (dyr[c] * w[c] - inv_c * sum_g - xhat * inv_c * sum_gx);
+    }
+  }
+}
+
+void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C) {
+#pragma omp parallel for if (rows * C > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * C;
+    float* yr = y + r * C;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t c = 0; c < C; ++c) mx = std::max(mx, xr[c]);
+    float sum = 0.0f;
+    for (int64_t c = 0; c < C; ++c) sum += std::exp(xr[c] - mx);
+    float lse = mx + std::log(sum);
+    for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] - lse;
+  }
+}
+
+void log_softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t C) {
+#pragma omp parallel for if (rows * C > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* dyr = dy + r * C;
+    const float* yr = y + r * C;
+    float* dxr = dx + r * C;
+    float sum = 0.0f;
+    for (int64_t c = 0; c < C; ++c) sum += dyr[c];
+    for (int64_t c = 0; c < C; ++c) dxr[c] = dyr[c] - std::exp(yr[c]) * sum;
+  }
+}
+
+void maxpool2_forward(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W) {
+  int64_t OH = H / 2, OW = W / 2;
+#pragma omp parallel for if (planes * H * W > kParallelMin)
+  for (int64_t p = 0; p < planes; ++p) {
+    const float* xp = x + p * H * W;
+    float* yp = y + p * OH * OW;
+    int32_t* ap = argmax + p * OH * OW;
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        int64_t best = (2 * oh) * W + 2 * ow;
+        // PyTorch scans the window row-major and keeps the first maximum (NaN wins).
+        for (int64_t k : {best + 1, best + W, best + W + 1}) {
+          if (xp[k] > xp[best] || std::isnan(xp[k])) best = k;
+        }
+        yp[oh * OW + ow] = xp[best];
+        ap[oh * OW + ow] = static_cast<int32_t>(best);
+      }
+    }
+  }
+}
+
+void maxpool2_backward(float* dx, const float* dy, const int32_t* argmax, int64_t planes, int64_t H,
+                       int64_t W) {
+  int64_t OH = H / 2, OW = W / 2;
+  std::memset(dx, 0, planes * H * W * sizeof(float));
+#pragma omp parallel for if (planes * H * W > kParallelMin)
+  for (int64_t p = 0; p < planes; ++p) {
+    for (int64_t i = 0; i < OH * OW; ++i) dx[p * H * W + argmax[p * OH * OW + i]] += dy[p * OH * OW + i];
+  }
+}
+
+}  // namespace fsdp::ops

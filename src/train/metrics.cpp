@@ -1,0 +1,89 @@
+#include "train/metrics.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+#include "tensor/error.h"
+
+namespace fsdp {
+
+namespace {
+std::string escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+}  // namespace
+
+void JsonLine::key(const std::string& k) {
+  if (!body_.empty()) body_ += ", ";
+  body_ += "\"" + escape(k) + "\": ";
+}
+
+JsonLine& JsonLine::num(const std::string& k, double value) {
+  key(k);
+  if (!std::isfinite(value)) {
+    body_ += "null";
+    return *this;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", value);
+  body_ += buf;
+  return *this;
+}
+
+JsonLine& JsonLine::integer(const std::string& k, int64_t value) {
+  key(k);
+  body_ += std::to_string(value);
+  return *this;
+}
+
+JsonLine& JsonLine::str(const std::string& k, const std::string& value) {
+  key(k);
+  body_ += "\"" + escape(value) + "\"";
+  return *this;
+}
+
+JsonLine& JsonLine::raw(const std::string& k, const std::string& json) {
+  key(k);
+  body_ += json;
+  return *this;
+}
+
+std::string mem_peaks_json(const MemoryTracker& mem) {
+  JsonLine j;
+  for (size_t c = 0; c < kMemCategoryCount; ++c) {
+    auto cat = static_cast<MemCategory>(c);
+    j.integer(std::string(mem_category_name(cat)), static_cast<int64_t>(mem.peak_bytes(cat)));
+  }
+  j.integer("total", static_cast<int64_t>(mem.peak_total_bytes()));
+  return j.text();
+}
+
+MetricsFile::MetricsFile(const std::string& path) {
+  if (path.empty()) return;
+  file_ = std::fopen(path.c_str(), "w");
+  if (!file_) throw Error("output.metrics: cannot open " + path + " (" + std::strerror(errno) + ")");
+}
+
+MetricsFile::~MetricsFile() {
+  if (file_) std::fclose(file_);
+}
+
+void MetricsFile::write(const JsonLine& line) {
+  if (!file_) return;
+  std::fputs((line.text() + "\n").c_str(), file_);
+  std::fflush(file_);  // a killed job still leaves every finished step on disk
+}
+
+}  // namespace fsdp
