@@ -1,0 +1,220 @@
+#define BOOST_TEST_MODULE app
+#include <boost/test/unit_test.hpp>
+// fsdp_app as a user meets it: every bad input gives exactly one line on stderr naming the
+// problem and a non-zero exit, never a crash or a hang; good inputs train and write metrics.
+// The binary's path is the first argument after `--`.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "ckpt/h5.h"
+#include "models/model.h"
+#include "nn/flat.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string app_path() {
+  auto& suite = boost::unit_test::framework::master_test_suite();
+  BOOST_REQUIRE_MESSAGE(suite.argc >= 2, "pass the fsdp_app path after --");
+  return suite.argv[suite.argc - 1];
+}
+
+struct Run {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+// Runs a shell command line with a timeout so a hang fails the test instead of the suite.
+Run run(const std::string& args) {
+  fs::path dir = fs::temp_directory_path() / ("fsdp_app_test_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  std::string cmd = "timeout 120 " + app_path() + " " + args + " >" + (dir / "out").string() + " 2>" +
+                    (dir / "err").string();
+  int status = std::system(cmd.c_str());
+  Run r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  auto slurp = [](const fs::path& p) {
+    std::ifstream f(p);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+  };
+  r.out = slurp(dir / "out");
+  r.err = slurp(dir / "err");
+  fs::remove_all(dir);
+  return r;
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("fsdp_app_case_" + std::to_string(getpid()) + "_" + std::to_string(counter()++));
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  static int& counter() {
+    static int n = 0;
+    return n;
+  }
+  std::string file(const std::string& name, const std::string& text) const {
+    std::ofstream(path / name) << text;
+    return (path / name).string();
+  }
+};
+
+// Asserts the one-line error contract: non-zero exit, one line on stderr, containing `what`.
+void expect_error(const Run& r, const std::string& what) {
+  BOOST_TEST(r.exit_code == 1);
+  BOOST_TEST(r.err.find(what) != std::string::npos, "stderr: '" << r.err << "' lacks '" << what << "'");
+  BOOST_TEST(std::count(r.err.begin(), r.err.end(), '\n') == 1, "stderr is not one line: '" << r.err << "'");
+}
+
+const char* kTinyCnn =
+    "model: {kind: mnist_cnn}\n"
+    "data: {kind: synthetic, synthetic_samples: 256}\n"
+    "train: {batch_size: 32, steps: 4, eval_every: never, optimizer: {kind: adadelta}}\n";
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(no_arguments_and_bad_options) {
+  expect_error(run(""), "no input file given");
+  expect_error(run("a.yaml --bogus"), "unknown option '--bogus'");
+  expect_error(run("a.yaml b.yaml"), "one input file only");
+  expect_error(run("a.yaml --set"), "--set needs");
+  Run help = run("--help");
+  BOOST_TEST(help.exit_code == 0);
+  BOOST_TEST(help.out.find("usage: fsdp_app") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(missing_input_file) {
+  expect_error(run("/nonexistent/input.yaml"), "/nonexistent/input.yaml: cannot read input file");
+}
+
+BOOST_AUTO_TEST_CASE(malformed_yaml) {
+  TempDir d;
+  std::string f = d.file("bad.yaml", "model:\n  kind: [mnist_cnn\ntrain: {batch_size: 1}\n");
+  expect_error(run(f), "malformed YAML");
+}
+
+BOOST_AUTO_TEST_CASE(unknown_key_names_file_and_line) {
+  TempDir d;
+  std::string f = d.file("u.yaml", "model: {kind: mnist_cnn}\ntrain:\n  batchsize: 4\n");
+  expect_error(run(f), f + ":3: unknown key 'train.batchsize'");
+}
+
+BOOST_AUTO_TEST_CASE(wrong_type) {
+  TempDir d;
+  std::string f = d.file("t.yaml", "train:\n  batch_size: sixty-four\n");
+  expect_error(run(f), f + ":2: train.batch_size: expected an integer");
+}
+
+BOOST_AUTO_TEST_CASE(negative_batch_size) {
+  TempDir d;
+  std::string f = d.file("n.yaml", "train:\n  batch_size: -64\n");
+  expect_error(run(f), f + ":2: train.batch_size");
+  // The same through --set names the override.
+  std::string ok = d.file("ok.yaml", kTinyCnn);
+  expect_error(run(ok + " --set train.batch_size=-1"), "--set train.batch_size");
+}
+
+BOOST_AUTO_TEST_CASE(missing_data_package) {
+  TempDir d;
+  std::string f = d.file("m.yaml", "data: {kind: fashion_mnist, path: /nonexistent/fashion}\n");
+  expect_error(run(f), "dataset-fashion-mnist");
+}
+
+BOOST_AUTO_TEST_CASE(missing_text_corpus) {
+  TempDir d;
+  std::string f = d.file("m.yaml", "model: {kind: transformer, d_model: 16, n_layers: 1, n_heads: 2, d_ff: 32, seq_len: 8}\n"
+                                   "data: {kind: text, path: /nonexistent/corpus}\n");
+  expect_error(run(f), "/nonexistent/corpus");
+}
+
+BOOST_AUTO_TEST_CASE(init_from_missing_and_misshaped) {
+  TempDir d;
+  std::string cfg = d.file("c.yaml", kTinyCnn);
+  expect_error(run(cfg + " --set model.init_from=" + (d.path / "none.h5").string()), "cannot read the file");
+  expect_error(run(cfg + " --set model.init_from=" + cfg), "not an HDF5 file");
+
+  // A file holding all but fc2.bias, then one with fc1.weight mis-shaped.
+  auto model = fsdp::make_mnist_cnn();
+  fsdp::FlatLayout layout = fsdp::make_flat_layout(model->params());
+  std::vector<float> flat(layout.numel, 0.5f);
+  fsdp::bind_flat(layout, flat.data(), nullptr);
+  std::vector<fsdp::Param*> all = layout.params;
+  std::vector<fsdp::Param*> missing(all.begin(), all.end() - 1);
+  std::string missing_h5 = (d.path / "missing.h5").string();
+  fsdp::save_model_weights(missing_h5, missing);
+  expect_error(run(cfg + " --set model.init_from=" + missing_h5), "missing tensor /model/fc2.bias");
+
+  fsdp::Param wrong = *all[4];  // fc1.weight [128, 9216]
+  wrong.shape = {128, 100};
+  std::vector<fsdp::Param*> misshaped = all;
+  misshaped[4] = &wrong;
+  std::string misshaped_h5 = (d.path / "misshaped.h5").string();
+  fsdp::save_model_weights(misshaped_h5, misshaped);
+  expect_error(run(cfg + " --set model.init_from=" + misshaped_h5),
+               "/model/fc1.weight has shape [128, 100], the model expects [128, 9216]");
+
+  // A complete file loads and trains.
+  std::string good_h5 = (d.path / "good.h5").string();
+  fsdp::save_model_weights(good_h5, all);
+  Run ok = run(cfg + " --set model.init_from=" + good_h5);
+  BOOST_TEST(ok.exit_code == 0, ok.err);
+}
+
+BOOST_AUTO_TEST_CASE(model_data_mismatch) {
+  TempDir d;
+  std::string f = d.file("x.yaml", "model: {kind: transformer, d_model: 16, n_layers: 1, n_heads: 2, d_ff: 32, seq_len: 8}\n"
+                                   "data: {kind: fashion_mnist}\n");
+  expect_error(run(f), "model.kind transformer needs tokens");
+}
+
+BOOST_AUTO_TEST_CASE(trains_and_writes_metrics_under_mpirun_and_alone) {
+  TempDir d;
+  std::string cfg = d.file("c.yaml", kTinyCnn);
+  std::string metrics = (d.path / "m.jsonl").string();
+  for (const std::string& launcher : {std::string(""), std::string("mpirun -np 1 ")}) {
+    std::string cmd = "timeout 120 " + launcher + app_path() + " " + cfg + " --set output.metrics=" + metrics +
+                      " --set train.eval_every=2 >/dev/null 2>&1";
+    BOOST_TEST(std::system(cmd.c_str()) == 0, cmd);
+    std::ifstream f(metrics);
+    std::string line;
+    int steps = 0, evals = 0;
+    while (std::getline(f, line)) {
+      if (line.find("\"loss\"") != std::string::npos) {
+        ++steps;
+        for (const char* key : {"\"step\"", "\"epoch\"", "\"lr\"", "\"step_time_s\"", "\"samples_per_s\"",
+                                "\"mem_peak_bytes\"", "\"activations\"", "\"params\"", "\"optim\""})
+          BOOST_TEST(line.find(key) != std::string::npos, key << " missing in " << line);
+      }
+      if (line.find("\"eval_loss\"") != std::string::npos) ++evals;
+    }
+    BOOST_TEST(steps == 4);
+    BOOST_TEST(evals == 2);  // after steps 2 and 4
+  }
+}
+
+BOOST_AUTO_TEST_CASE(more_ranks_than_supported_fail_cleanly) {
+  TempDir d;
+  std::string cfg = d.file("c.yaml", kTinyCnn);
+  std::string cmd = "timeout 120 mpirun -np 2 --oversubscribe " + app_path() + " " + cfg + " 2>" +
+                    (d.path / "err").string() + " >/dev/null";
+  int status = std::system(cmd.c_str());
+  BOOST_TEST(WIFEXITED(status));
+  BOOST_TEST(WEXITSTATUS(status) != 0);
+  BOOST_TEST(WEXITSTATUS(status) != 124, "mpirun hung until the timeout");
+  std::ifstream f(d.path / "err");
+  std::stringstream s;
+  s << f.rdbuf();
+  BOOST_TEST(s.str().find("needs the FSDP engine") != std::string::npos, s.str());
+}
