@@ -39,7 +39,8 @@ const Tensor& Dropout::forward(RunCtx& ctx, const Tensor& x) {
   ensure(y_, x.shape(), DType::f32, MemCategory::activations, ctx.mem);
   // Key by (seed, step) and stream by this layer's name: sample n's mask is the same on any rank.
   CounterRng rng(ctx.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(ctx.step), hash_name(name()));
-  int64_t B = x.dim(0), per_sample = x.numel() / B;
+  // Per-sample size from the trailing dims: a rank's share of a short last batch may be empty.
+  int64_t B = x.dim(0), per_sample = shape_numel(Shape(x.shape().begin() + 1, x.shape().end()));
   float scale = 1.0f / (1.0f - p_);
   float* m = mask_.f32();
   float* y = y_.f32();
@@ -87,7 +88,7 @@ const Tensor& MaxPool2d::backward(RunCtx& ctx, const Tensor& dy) {
 
 const Tensor& Flatten::forward(RunCtx&, const Tensor& x) {
   x_shape_ = x.shape();
-  y_ = x.view({x.dim(0), x.numel() / x.dim(0)});
+  y_ = x.view({x.dim(0), shape_numel(Shape(x.shape().begin() + 1, x.shape().end()))});  // B may be 0
   return y_;
 }
 

@@ -51,3 +51,14 @@ void maxpool2_backward(float* dx, const float* dy, const int32_t* argmax, int64_
                        int64_t W);
 
 }  // namespace fsdp::ops
+
+namespace fsdp::ops {
+
+// bf16 operands (raw uint16 bits), f32 accumulate and output: OpenBLAS's cblas_sbgemm where the
+// library has it (detected by Meson), otherwise both operands are widened to f32 scratch and
+// sgemm runs — exact either way, since every bf16 value is an f32 value.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+               int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
+bool have_native_sbgemm();
+
+}  // namespace fsdp::ops

@@ -1,0 +1,1001 @@
+#define BOOST_TEST_MODULE tensor
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "tensor/dtype.h"
+#include "tensor/error.h"
+#include "tensor/memory.h"
+#include "tensor/ops.h"
+#include "tensor/rng.h"
+#include "tensor/tensor.h"
+
+using namespace fsdp;
+
+namespace {
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+bool signbit_of(float f) { return (bits(f) >> 31) != 0; }
+
+bool f16_is_nan(uint16_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0; }
+bool bf16_is_nan(uint16_t h) { return (h & 0x7f80u) == 0x7f80u && (h & 0x7fu) != 0; }
+
+// Independent f16 decoder: sign * mant * 2^(exp - 25) style arithmetic in double.
+double f16_reference_value(uint16_t h) {
+  int sign = (h >> 15) & 1;
+  int exp = (h >> 10) & 0x1f;
+  int mant = h & 0x3ff;
+  double v;
+  if (exp == 0x1f) v = mant ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  else if (exp == 0) v = std::ldexp(static_cast<double>(mant), -24);
+  else v = std::ldexp(static_cast<double>(1024 + mant), exp - 25);
+  return sign ? -v : v;
+}
+
+// Correctly rounded (nearest, ties to even) f16 value of a finite float, computed in double.
+double f16_reference_round(float x) {
+  double a = std::fabs(static_cast<double>(x));
+  double r;
+  if (a >= 65520.0) {
+    r = std::numeric_limits<double>::infinity();
+  } else if (a < std::ldexp(1.0, -14)) {
+    r = std::nearbyint(std::ldexp(a, 24)) * std::ldexp(1.0, -24);  // subnormal grid 2^-24
+  } else {
+    int e;
+    std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1): ulp = 2^(e - 11)
+    double ulp = std::ldexp(1.0, e - 11);
+    r = std::nearbyint(a / ulp) * ulp;
+    if (r >= 65520.0) r = std::numeric_limits<double>::infinity();
+  }
+  return std::signbit(x) ? -r : r;
+}
+
+// Correctly rounded bf16 value of a finite float, computed in double (2^-7 relative grid).
+double bf16_reference_round(float x) {
+  double a = std::fabs(static_cast<double>(x));
+  double r;
+  if (a == 0.0) {
+    r = 0.0;
+  } else {
+    int e;
+    std::frexp(a, &e);
+    // f32 subnormals share bf16's subnormal grid 2^-133 (bf16 min exponent = f32's).
+    int ulp_exp = std::max(e - 8, -133);
+    double ulp = std::ldexp(1.0, ulp_exp);
+    r = std::nearbyint(a / ulp) * ulp;
+    if (r >= std::ldexp(1.0, 128)) r = std::numeric_limits<double>::infinity();
+  }
+  return std::signbit(x) ? -r : r;
+}
+
+double naive_dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+
+std::vector<float> random_vec(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(dtype)
+
+BOOST_AUTO_TEST_CASE(names_bytes_and_parse) {
+  BOOST_TEST(dtype_bytes(DType::f32) == 4u);
+  BOOST_TEST(dtype_bytes(DType::bf16) == 2u);
+  BOOST_TEST(dtype_bytes(DType::f16) == 2u);
+  BOOST_TEST(dtype_bytes(DType::f64) == 8u);
+  BOOST_TEST(dtype_bytes(DType::i32) == 4u);
+  BOOST_TEST(dtype_bytes(DType::i64) == 8u);
+  BOOST_TEST(dtype_bytes(DType::u8) == 1u);
+  for (DType d : {DType::f32, DType::bf16, DType::f16, DType::f64, DType::i32, DType::i64, DType::u8})
+    BOOST_TEST((parse_dtype(dtype_name(d)) == d));
+  BOOST_TEST(dtype_name(DType::bf16) == "bf16");
+  BOOST_CHECK_THROW(parse_dtype("float32"), Error);
+  BOOST_CHECK_THROW(parse_dtype(""), Error);
+  BOOST_CHECK_THROW(parse_dtype("F32"), Error);
+  BOOST_CHECK_THROW(parse_dtype("bf16 "), Error);
+  try {
+    parse_dtype("fp8");
+    BOOST_FAIL("no throw");
+  } catch (const Error& e) {
+    BOOST_TEST(std::string(e.what()).find("fp8") != std::string::npos);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(bf16_ties_to_even) {
+  // ulp at 1.0 is 2^-7; 2^-8 is exactly half an ulp.
+  BOOST_TEST(f32_to_bf16(1.0f) == 0x3f80);
+  BOOST_TEST(f32_to_bf16(1.0f + std::ldexp(1.0f, -8)) == 0x3f80);       // tie -> even (down)
+  BOOST_TEST(f32_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)) == 0x3f82);   // tie -> even (up) = 1 + 2^-6
+  BOOST_TEST(bf16_to_f32(0x3f82) == 1.0f + std::ldexp(1.0f, -6));
+  BOOST_TEST(f32_to_bf16(1.0f + 5 * std::ldexp(1.0f, -8)) == 0x3f82);   // 1+5/256 tie: 0x3f82 even
+  BOOST_TEST(f32_to_bf16(1.0f + 7 * std::ldexp(1.0f, -8)) == 0x3f84);   // 1+7/256 tie: up to 0x3f84
+  // Just above / below a tie.
+  BOOST_TEST(f32_to_bf16(from_bits(0x3f808001u)) == 0x3f81);
+  BOOST_TEST(f32_to_bf16(from_bits(0x3f807fffu)) == 0x3f80);
+  BOOST_TEST(f32_to_bf16(from_bits(0x3f818000u)) == 0x3f82);
+  BOOST_TEST(f32_to_bf16(from_bits(0x3f817fffu)) == 0x3f81);
+  // Negative mirror.
+  BOOST_TEST(f32_to_bf16(-(1.0f + std::ldexp(1.0f, -8))) == 0xbf80);
+  BOOST_TEST(f32_to_bf16(-(1.0f + 3 * std::ldexp(1.0f, -8))) == 0xbf82);
+  // A carry out of the mantissa bumps the exponent: 0x3fff8000 is a tie above odd 0x3fff -> 2.0.
+  BOOST_TEST(f32_to_bf16(from_bits(0x3fff8000u)) == 0x4000);
+  BOOST_TEST(f32_to_bf16(from_bits(0x3ffe8000u)) == 0x3ffe);
+}
+
+BOOST_AUTO_TEST_CASE(bf16_specials) {
+  const float inf = std::numeric_limits<float>::infinity();
+  BOOST_TEST(f32_to_bf16(inf) == 0x7f80);
+  BOOST_TEST(f32_to_bf16(-inf) == 0xff80);
+  BOOST_TEST(std::isinf(bf16_to_f32(0x7f80)));
+  BOOST_TEST(bf16_to_f32(0xff80) == -inf);
+  // Largest finite f32 rounds up to inf; so does the exact tie above bf16's max finite (odd).
+  BOOST_TEST(f32_to_bf16(std::numeric_limits<float>::max()) == 0x7f80);
+  BOOST_TEST(f32_to_bf16(-std::numeric_limits<float>::max()) == 0xff80);
+  BOOST_TEST(f32_to_bf16(from_bits(0x7f7f8000u)) == 0x7f80);
+  BOOST_TEST(f32_to_bf16(from_bits(0x7f7f7fffu)) == 0x7f7f);
+  // Signed zero.
+  BOOST_TEST(f32_to_bf16(0.0f) == 0x0000);
+  BOOST_TEST(f32_to_bf16(-0.0f) == 0x8000);
+  BOOST_TEST(signbit_of(bf16_to_f32(0x8000)));
+  BOOST_TEST(bf16_to_f32(0x8000) == 0.0f);
+  // NaNs: quiet NaN, signalling NaN (payload only in the low bits), negative NaN.
+  for (uint32_t nan_bits : {0x7fc00000u, 0x7f800001u, 0x7f800100u, 0xffc00000u, 0xff800001u, 0x7fffffffu,
+                            0x7fa00000u}) {
+    uint16_t h = f32_to_bf16(from_bits(nan_bits));
+    BOOST_TEST(bf16_is_nan(h), "nan " << std::hex << nan_bits << " -> " << h);
+    BOOST_TEST((h & 0x40u) != 0u, "quiet bit for " << std::hex << nan_bits);
+    BOOST_TEST((h >> 15) == (nan_bits >> 31), "sign of nan " << std::hex << nan_bits);
+    BOOST_TEST(std::isnan(bf16_to_f32(h)));
+  }
+  // Subnormal f32 inputs round on the same grid.
+  BOOST_TEST(f32_to_bf16(from_bits(0x00000001u)) == 0x0000);
+  BOOST_TEST(f32_to_bf16(from_bits(0x00008000u)) == 0x0000);  // tie -> even 0
+  BOOST_TEST(f32_to_bf16(from_bits(0x00018000u)) == 0x0002);  // tie -> even 2
+  BOOST_TEST(f32_to_bf16(from_bits(0x00010000u)) == 0x0001);
+}
+
+BOOST_AUTO_TEST_CASE(bf16_all_patterns_round_trip) {
+  int nans = 0;
+  for (uint32_t b = 0; b < 65536; ++b) {
+    uint16_t h = static_cast<uint16_t>(b);
+    float f = bf16_to_f32(h);
+    // Decoding is exactly the top half of the f32 bits.
+    BOOST_TEST_REQUIRE(bits(f) == (b << 16));
+    uint16_t back = f32_to_bf16(f);
+    if (bf16_is_nan(h)) {
+      ++nans;
+      BOOST_TEST_REQUIRE(bf16_is_nan(back));
+      BOOST_TEST_REQUIRE((back >> 15) == (h >> 15));
+    } else {
+      BOOST_TEST_REQUIRE(back == h, "bf16 " << std::hex << b << " -> " << back);
+    }
+  }
+  BOOST_TEST(nans == 2 * 127);
+}
+
+BOOST_AUTO_TEST_CASE(bf16_matches_reference_rounding) {
+  std::mt19937 gen(7);
+  for (int i = 0; i < 1 << 20; ++i) {
+    uint32_t u = gen();
+    // Bias half of the draws onto exact ties and near-ties.
+    if (i & 1) u = (u & 0xffff0000u) | (0x8000u + static_cast<uint32_t>(static_cast<int>(i % 5) - 2));
+    float x = from_bits(u);
+    if (std::isnan(x)) continue;
+    double got = bf16_to_f32(f32_to_bf16(x));
+    double want = bf16_reference_round(x);
+    BOOST_TEST_REQUIRE(got == want, "x bits " << std::hex << u << " got " << got << " want " << want);
+    BOOST_TEST_REQUIRE(std::signbit(got) == std::signbit(x));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(f16_specific_values) {
+  const float inf = std::numeric_limits<float>::infinity();
+  BOOST_TEST(f32_to_f16(1.0f) == 0x3c00);
+  BOOST_TEST(f32_to_f16(-2.0f) == 0xc000);
+  BOOST_TEST(f32_to_f16(65504.0f) == 0x7bff);
+  BOOST_TEST(f16_to_f32(0x7bff) == 65504.0f);
+  BOOST_TEST(f32_to_f16(65519.0f) == 0x7bff);
+  BOOST_TEST(f32_to_f16(std::nextafter(65520.0f, 0.0f)) == 0x7bff);
+  BOOST_TEST(f32_to_f16(65520.0f) == 0x7c00);  // tie with odd max finite -> inf
+  BOOST_TEST(f32_to_f16(-65520.0f) == 0xfc00);
+  BOOST_TEST(f32_to_f16(1e6f) == 0x7c00);
+  BOOST_TEST(f32_to_f16(std::numeric_limits<float>::max()) == 0x7c00);
+  BOOST_TEST(f32_to_f16(inf) == 0x7c00);
+  BOOST_TEST(f32_to_f16(-inf) == 0xfc00);
+  BOOST_TEST(f16_to_f32(0x7c00) == inf);
+  BOOST_TEST(f16_to_f32(0xfc00) == -inf);
+  // Signed zero.
+  BOOST_TEST(f32_to_f16(0.0f) == 0x0000);
+  BOOST_TEST(f32_to_f16(-0.0f) == 0x8000);
+  BOOST_TEST(signbit_of(f16_to_f32(0x8000)));
+  // Subnormals and the underflow boundary.
+  BOOST_TEST(f32_to_f16(std::ldexp(1.0f, -24)) == 0x0001);
+  BOOST_TEST(f16_to_f32(0x0001) == std::ldexp(1.0f, -24));
+  BOOST_TEST(f32_to_f16(std::ldexp(1.0f, -25)) == 0x0000);        // tie -> even 0
+  BOOST_TEST(f32_to_f16(-std::ldexp(1.0f, -25)) == 0x8000);       // keeps the sign
+  BOOST_TEST(f32_to_f16(std::nextafter(std::ldexp(1.0f, -25), 1.0f)) == 0x0001);
+  BOOST_TEST(f32_to_f16(3 * std::ldexp(1.0f, -26)) == 0x0001);    // 0.75 * 2^-24
+  BOOST_TEST(f32_to_f16(3 * std::ldexp(1.0f, -25)) == 0x0002);    // 1.5 * 2^-24: tie -> 2
+  BOOST_TEST(f32_to_f16(5 * std::ldexp(1.0f, -25)) == 0x0002);    // 2.5 * 2^-24: tie -> 2
+  BOOST_TEST(f32_to_f16(std::ldexp(1.0f, -26)) == 0x0000);
+  BOOST_TEST(f32_to_f16(std::ldexp(1.0f, -40)) == 0x0000);
+  BOOST_TEST(f32_to_f16(from_bits(0x00000001u)) == 0x0000);       // f32 subnormal
+  BOOST_TEST(f32_to_f16(std::ldexp(1023.0f, -24)) == 0x03ff);     // largest subnormal
+  BOOST_TEST(f32_to_f16(std::ldexp(1023.5f, -24)) == 0x0400);     // tie -> even: smallest normal
+  BOOST_TEST(f32_to_f16(std::ldexp(1022.5f, -24)) == 0x03fe);     // tie -> even down
+  BOOST_TEST(f32_to_f16(std::ldexp(1.0f, -14)) == 0x0400);
+  // Normal ties: ulp at 1 is 2^-10.
+  BOOST_TEST(f32_to_f16(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);
+  BOOST_TEST(f32_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)) == 0x3c02);
+  BOOST_TEST(f32_to_f16(2049.0f) == f32_to_f16(2048.0f));
+  BOOST_TEST(f16_to_f32(f32_to_f16(2051.0f)) == 2052.0f);
+  BOOST_TEST(f16_to_f32(f32_to_f16(2050.0f)) == 2050.0f);
+  // Mantissa carry into the exponent: 2047.5 rounds... ulp at [1024, 2048) is 1: 2047.5 tie -> 2048.
+  BOOST_TEST(f16_to_f32(f32_to_f16(2047.5f)) == 2048.0f);
+  // NaN stays NaN and is quiet; sign kept.
+  for (uint32_t nan_bits : {0x7fc00000u, 0x7f800001u, 0x7f801000u, 0xffc00000u, 0x7fffffffu, 0x7fa00000u}) {
+    uint16_t h = f32_to_f16(from_bits(nan_bits));
+    BOOST_TEST(f16_is_nan(h), "nan " << std::hex << nan_bits << " -> " << h);
+    BOOST_TEST((h & 0x200u) != 0u, "quiet bit for " << std::hex << nan_bits);
+    BOOST_TEST((h >> 15) == (nan_bits >> 31));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(f16_all_subnormals_exact) {
+  for (int m = 1; m < 1024; ++m) {
+    float v = std::ldexp(static_cast<float>(m), -24);
+    BOOST_TEST_REQUIRE(f32_to_f16(v) == m);
+    BOOST_TEST_REQUIRE(f32_to_f16(-v) == (0x8000 | m));
+    BOOST_TEST_REQUIRE(f16_to_f32(static_cast<uint16_t>(m)) == v);
+    BOOST_TEST_REQUIRE(f16_to_f32(static_cast<uint16_t>(0x8000 | m)) == -v);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(f16_all_patterns_round_trip) {
+  int nans = 0;
+  for (uint32_t b = 0; b < 65536; ++b) {
+    uint16_t h = static_cast<uint16_t>(b);
+    float f = f16_to_f32(h);
+    double ref = f16_reference_value(h);
+    if (f16_is_nan(h)) {
+      ++nans;
+      BOOST_TEST_REQUIRE(std::isnan(f));
+      uint16_t back = f32_to_f16(f);
+      BOOST_TEST_REQUIRE(f16_is_nan(back));
+      BOOST_TEST_REQUIRE((back >> 15) == (h >> 15));
+      continue;
+    }
+    BOOST_TEST_REQUIRE(static_cast<double>(f) == ref, "f16 " << std::hex << b);
+    BOOST_TEST_REQUIRE(std::signbit(f) == ((h >> 15) != 0));
+    BOOST_TEST_REQUIRE(f32_to_f16(f) == h, "f16 " << std::hex << b << " -> " << f32_to_f16(f));
+  }
+  BOOST_TEST(nans == 2 * 1023);
+}
+
+BOOST_AUTO_TEST_CASE(f16_matches_reference_rounding) {
+  // Every midpoint between adjacent positive f16 values (and its neighbours) plus random floats.
+  for (uint32_t b = 0; b < 0x7bff; ++b) {
+    double lo = f16_reference_value(static_cast<uint16_t>(b));
+    double hi = f16_reference_value(static_cast<uint16_t>(b + 1));
+    float mid = static_cast<float>((lo + hi) / 2);  // exact in f32
+    BOOST_TEST_REQUIRE(static_cast<double>(mid) == (lo + hi) / 2);
+    uint16_t want = (b & 1u) ? static_cast<uint16_t>(b + 1) : static_cast<uint16_t>(b);
+    BOOST_TEST_REQUIRE(f32_to_f16(mid) == want, "midpoint after " << std::hex << b);
+    BOOST_TEST_REQUIRE(f32_to_f16(std::nextafter(mid, 0.0f)) == b);
+    BOOST_TEST_REQUIRE(f32_to_f16(std::nextafter(mid, 1e9f)) == b + 1);
+    BOOST_TEST_REQUIRE(f32_to_f16(-mid) == (0x8000u | want));
+  }
+  std::mt19937 gen(11);
+  for (int i = 0; i < 1 << 20; ++i) {
+    // Exponents concentrated around f16's range.
+    uint32_t u = gen();
+    uint32_t exp = 127 - 30 + (gen() % 50);
+    u = (u & 0x807fffffu) | (exp << 23);
+    float x = from_bits(u);
+    double got = f16_to_f32(f32_to_f16(x));
+    double want = f16_reference_round(x);
+    BOOST_TEST_REQUIRE(got == want, "x bits " << std::hex << u << " got " << got << " want " << want);
+    BOOST_TEST_REQUIRE(std::signbit(got) == std::signbit(x));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(convert_all_float_pairs) {
+  const double inf = std::numeric_limits<double>::infinity();
+  // Exactly representable in every float type.
+  const std::vector<double> vals = {0.0, -0.0, 1.0, -2.0, 0.5, 3.5, 96.0, -0.09375, std::ldexp(1.0, -14),
+                                    -1024.0, inf, -inf, std::numeric_limits<double>::quiet_NaN()};
+  const size_t n = vals.size();
+  const DType types[] = {DType::f32, DType::bf16, DType::f16, DType::f64};
+  auto encode = [&](DType d, const std::vector<double>& v) {
+    std::vector<unsigned char> buf(v.size() * dtype_bytes(d));
+    for (size_t i = 0; i < v.size(); ++i) {
+      float f = static_cast<float>(v[i]);
+      switch (d) {
+        case DType::f32: std::memcpy(buf.data() + 4 * i, &f, 4); break;
+        case DType::f64: std::memcpy(buf.data() + 8 * i, &v[i], 8); break;
+        case DType::bf16: { uint16_t h = f32_to_bf16(f); std::memcpy(buf.data() + 2 * i, &h, 2); break; }
+        case DType::f16: { uint16_t h = f32_to_f16(f); std::memcpy(buf.data() + 2 * i, &h, 2); break; }
+        default: break;
+      }
+    }
+    return buf;
+  };
+  auto decode = [&](DType d, const std::vector<unsigned char>& buf, size_t i) -> double {
+    switch (d) {
+      case DType::f32: { float f; std::memcpy(&f, buf.data() + 4 * i, 4); return f; }
+      case DType::f64: { double x; std::memcpy(&x, buf.data() + 8 * i, 8); return x; }
+      case DType::bf16: { uint16_t h; std::memcpy(&h, buf.data() + 2 * i, 2); return bf16_to_f32(h); }
+      case DType::f16: { uint16_t h; std::memcpy(&h, buf.data() + 2 * i, 2); return f16_to_f32(h); }
+      default: return 0.0;
+    }
+  };
+  for (DType s : types) {
+    for (DType d : types) {
+      auto src = encode(s, vals);
+      std::vector<unsigned char> dst(n * dtype_bytes(d), 0xAB);
+      convert(src.data(), s, dst.data(), d, n);
+      for (size_t i = 0; i < n; ++i) {
+        double got = decode(d, dst, i);
+        if (std::isnan(vals[i])) {
+          BOOST_TEST(std::isnan(got), dtype_name(s) << "->" << dtype_name(d) << " nan");
+        } else {
+          BOOST_TEST(got == vals[i], dtype_name(s) << "->" << dtype_name(d) << " [" << i << "]");
+          BOOST_TEST(std::signbit(got) == std::signbit(vals[i]), dtype_name(s) << "->" << dtype_name(d));
+        }
+      }
+    }
+  }
+  // Rounding paths.
+  {
+    float src[3] = {1.0f + std::ldexp(1.0f, -8), 1.0f + 3 * std::ldexp(1.0f, -8), 65520.0f};
+    uint16_t out[3];
+    convert(src, DType::f32, out, DType::bf16, 3);
+    BOOST_TEST(out[0] == 0x3f80);
+    BOOST_TEST(out[1] == 0x3f82);
+    convert(src, DType::f32, out, DType::f16, 3);
+    BOOST_TEST(out[0] == 0x3c04);  // f16's ulp at 1 is 2^-10: 1 + 2^-8 is exact
+    BOOST_TEST(f16_to_f32(out[0]) == src[0]);
+    BOOST_TEST(out[2] == 0x7c00);
+  }
+  {
+    uint16_t h = f32_to_f16(1.0f + std::ldexp(1.0f, -10));  // exact in f16, below half a bf16 ulp -> 1.0
+    uint16_t b;
+    convert(&h, DType::f16, &b, DType::bf16, 1);
+    BOOST_TEST(b == 0x3f80);
+    double d = 1.0 + std::ldexp(1.0, -30);
+    float f;
+    convert(&d, DType::f64, &f, DType::f32, 1);
+    BOOST_TEST(f == 1.0f);
+    uint16_t bb = 0x3f81;
+    double back;
+    convert(&bb, DType::bf16, &back, DType::f64, 1);
+    BOOST_TEST(back == 1.0 + std::ldexp(1.0, -7));
+  }
+  int32_t iv[2] = {1, 2};
+  float fv[2];
+  BOOST_CHECK_THROW(convert(iv, DType::i32, fv, DType::f32, 2), Error);
+  BOOST_CHECK_THROW(convert(fv, DType::f32, iv, DType::i32, 2), Error);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(memory)
+
+BOOST_AUTO_TEST_CASE(category_names) {
+  BOOST_TEST(mem_category_name(MemCategory::params) == "params");
+  BOOST_TEST(mem_category_name(MemCategory::grads) == "grads");
+  BOOST_TEST(mem_category_name(MemCategory::optim) == "optim");
+  BOOST_TEST(mem_category_name(MemCategory::gathered) == "gathered");
+  BOOST_TEST(mem_category_name(MemCategory::activations) == "activations");
+  BOOST_TEST(mem_category_name(MemCategory::comm) == "comm");
+  BOOST_TEST(mem_category_name(MemCategory::other) == "other");
+}
+
+BOOST_AUTO_TEST_CASE(tracker_through_tensors) {
+  MemoryTracker tr;
+  BOOST_TEST(tr.current_total_bytes() == 0u);
+  {
+    Tensor a = Tensor::empty({10, 10}, DType::f32, MemCategory::params, &tr);
+    BOOST_TEST(tr.current_bytes(MemCategory::params) == 400u);
+    BOOST_TEST(tr.peak_bytes(MemCategory::params) == 400u);
+    BOOST_TEST(tr.current_total_bytes() == 400u);
+    BOOST_TEST(tr.peak_total_bytes() == 400u);
+    {
+      Tensor copy = a;                       // shares the buffer
+      Tensor v = a.view({100});
+      Tensor v2 = v.view({4, 25});
+      BOOST_TEST(copy.raw() == a.raw());
+      BOOST_TEST(v2.raw() == a.raw());
+      BOOST_TEST(tr.current_total_bytes() == 400u);
+      a = Tensor();                          // the copies keep it alive
+      BOOST_TEST(tr.current_bytes(MemCategory::params) == 400u);
+      a = copy;
+    }
+    BOOST_TEST(tr.current_bytes(MemCategory::params) == 400u);
+    Tensor g = a.clone(MemCategory::grads, &tr);
+    BOOST_TEST(g.raw() != a.raw());
+    BOOST_TEST(tr.current_bytes(MemCategory::grads) == 400u);
+    BOOST_TEST(tr.current_total_bytes() == 800u);
+    BOOST_TEST(tr.peak_total_bytes() == 800u);
+    Tensor h = Tensor::zeros({3, 7}, DType::bf16, MemCategory::activations, &tr);
+    BOOST_TEST(tr.current_bytes(MemCategory::activations) == 42u);
+    BOOST_TEST(tr.current_total_bytes() == 842u);
+    Tensor untracked = Tensor::empty({1000}, DType::f32);  // no tracker: not counted
+    Tensor untracked_clone = a.clone();
+    BOOST_TEST(tr.current_total_bytes() == 842u);
+    g = Tensor();
+    BOOST_TEST(tr.current_bytes(MemCategory::grads) == 0u);
+    BOOST_TEST(tr.peak_bytes(MemCategory::grads) == 400u);
+    BOOST_TEST(tr.current_total_bytes() == 442u);
+    BOOST_TEST(tr.peak_total_bytes() == 842u);
+    Tensor d = Tensor::empty({5}, DType::f64, MemCategory::optim, &tr);
+    BOOST_TEST(tr.current_bytes(MemCategory::optim) == 40u);
+    BOOST_TEST(tr.current_total_bytes() == 482u);
+    BOOST_TEST(tr.peak_total_bytes() == 842u);  // 482 < 842
+  }
+  for (size_t c = 0; c < kMemCategoryCount; ++c) BOOST_TEST(tr.current_bytes(static_cast<MemCategory>(c)) == 0u);
+  BOOST_TEST(tr.current_total_bytes() == 0u);
+  BOOST_TEST(tr.peak_bytes(MemCategory::params) == 400u);
+  BOOST_TEST(tr.peak_bytes(MemCategory::activations) == 42u);
+  BOOST_TEST(tr.peak_bytes(MemCategory::optim) == 40u);
+  BOOST_TEST(tr.peak_bytes(MemCategory::comm) == 0u);
+  BOOST_TEST(tr.peak_total_bytes() == 842u);
+}
+
+BOOST_AUTO_TEST_CASE(reset_peaks_starts_a_window) {
+  MemoryTracker tr;
+  Tensor keep = Tensor::empty({8}, DType::f32, MemCategory::gathered, &tr);  // 32 bytes
+  {
+    Tensor tmp = Tensor::empty({100}, DType::f32, MemCategory::gathered, &tr);
+    Tensor tmp2 = Tensor::empty({50}, DType::f32, MemCategory::comm, &tr);
+  }
+  BOOST_TEST(tr.peak_bytes(MemCategory::gathered) == 432u);
+  BOOST_TEST(tr.peak_bytes(MemCategory::comm) == 200u);
+  BOOST_TEST(tr.peak_total_bytes() == 632u);
+  tr.reset_peaks();
+  BOOST_TEST(tr.peak_bytes(MemCategory::gathered) == 32u);
+  BOOST_TEST(tr.peak_bytes(MemCategory::comm) == 0u);
+  BOOST_TEST(tr.peak_total_bytes() == 32u);
+  {
+    Tensor tmp = Tensor::empty({10}, DType::f32, MemCategory::comm, &tr);
+    BOOST_TEST(tr.peak_total_bytes() == 72u);
+  }
+  BOOST_TEST(tr.peak_bytes(MemCategory::comm) == 40u);
+  BOOST_TEST(tr.peak_total_bytes() == 72u);
+  BOOST_TEST(tr.current_total_bytes() == 32u);
+  // Direct calls.
+  MemoryTracker t2;
+  t2.on_alloc(MemCategory::other, 10);
+  t2.on_alloc(MemCategory::params, 5);
+  t2.on_free(MemCategory::other, 10);
+  t2.on_alloc(MemCategory::params, 3);
+  BOOST_TEST(t2.current_bytes(MemCategory::params) == 8u);
+  BOOST_TEST(t2.peak_bytes(MemCategory::other) == 10u);
+  BOOST_TEST(t2.peak_total_bytes() == 15u);
+  BOOST_TEST(t2.current_total_bytes() == 8u);
+}
+
+BOOST_AUTO_TEST_CASE(ensure_reuses_and_reallocates) {
+  MemoryTracker tr;
+  Tensor t;
+  ensure(t, {4, 6}, DType::f32, MemCategory::activations, &tr);
+  BOOST_TEST(t.defined());
+  void* p = t.raw();
+  BOOST_TEST(tr.current_bytes(MemCategory::activations) == 96u);
+  ensure(t, {4, 6}, DType::f32, MemCategory::activations, &tr);
+  BOOST_TEST(t.raw() == p);  // same shape: same buffer
+  BOOST_TEST(tr.current_bytes(MemCategory::activations) == 96u);
+  BOOST_TEST(tr.peak_bytes(MemCategory::activations) == 96u);
+  ensure(t, {6, 4}, DType::f32, MemCategory::activations, &tr);  // new shape: new buffer
+  BOOST_TEST(t.shape() == (Shape{6, 4}));
+  BOOST_TEST(tr.current_bytes(MemCategory::activations) == 96u);
+  ensure(t, {6, 4}, DType::i32, MemCategory::activations, &tr);  // new dtype
+  BOOST_TEST((t.dtype() == DType::i32));
+  ensure(t, {2, 4}, DType::i32, MemCategory::activations, &tr);
+  BOOST_TEST(tr.current_bytes(MemCategory::activations) == 32u);
+  BOOST_TEST(t.matches({2, 4}, DType::i32));
+  BOOST_TEST(!t.matches({2, 4}, DType::f32));
+  BOOST_TEST(!t.matches({8}, DType::i32));
+  BOOST_TEST(!Tensor().matches({}, DType::f32));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(tensor)
+
+BOOST_AUTO_TEST_CASE(shapes_and_numel) {
+  BOOST_TEST(shape_numel({}) == 1);
+  BOOST_TEST(shape_numel({0, 5}) == 0);
+  BOOST_TEST(shape_numel({64, 1, 28, 28}) == 50176);
+  BOOST_CHECK_THROW(shape_numel({2, -1}), Error);
+  BOOST_TEST(shape_str({64, 1, 28, 28}) == "[64, 1, 28, 28]");
+  BOOST_TEST(shape_str({}) == "[]");
+  BOOST_TEST(shape_str({7}) == "[7]");
+  Tensor t = Tensor::empty({2, 3, 4}, DType::f32);
+  BOOST_TEST(t.numel() == 24);
+  BOOST_TEST(t.ndim() == 3u);
+  BOOST_TEST(t.dim(1) == 3);
+  BOOST_CHECK_THROW(t.dim(3), std::out_of_range);
+  BOOST_TEST(t.bytes() == 96u);
+  BOOST_TEST((t.device() == Device::cpu));
+  BOOST_TEST(reinterpret_cast<uintptr_t>(t.raw()) % 64 == 0u);
+  Tensor b = Tensor::empty({3}, DType::bf16);
+  BOOST_TEST(b.bytes() == 6u);
+  BOOST_TEST(reinterpret_cast<uintptr_t>(b.raw()) % 64 == 0u);
+  Tensor e = Tensor::empty({0}, DType::f32);
+  BOOST_TEST(e.defined());
+  BOOST_TEST(e.numel() == 0);
+  Tensor u;
+  BOOST_TEST(!u.defined());
+  BOOST_TEST(u.raw() == nullptr);
+  BOOST_TEST(u.numel() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(typed_access_checks_dtype) {
+  Tensor f = Tensor::zeros({5}, DType::f32);
+  for (int i = 0; i < 5; ++i) BOOST_TEST(f.f32()[i] == 0.0f);
+  BOOST_CHECK_THROW(f.i32(), Error);
+  Tensor i = Tensor::zeros({5}, DType::i32);
+  BOOST_TEST(i.i32()[4] == 0);
+  BOOST_CHECK_THROW(i.f32(), Error);
+  BOOST_CHECK_THROW(Tensor::empty({2}, DType::bf16).f32(), Error);
+}
+
+BOOST_AUTO_TEST_CASE(views_and_clones) {
+  Tensor t = Tensor::empty({2, 6}, DType::f32);
+  for (int i = 0; i < 12; ++i) t.f32()[i] = static_cast<float>(i);
+  Tensor v = t.view({3, 4});
+  BOOST_TEST(v.raw() == t.raw());
+  BOOST_TEST(v.shape() == (Shape{3, 4}));
+  BOOST_TEST(t.shape() == (Shape{2, 6}));  // original unchanged
+  v.f32()[5] = 100.0f;
+  BOOST_TEST(t.f32()[5] == 100.0f);
+  BOOST_TEST(t.view({12}).numel() == 12);
+  BOOST_TEST(t.view({1, 12, 1}).ndim() == 3u);
+  BOOST_CHECK_THROW(t.view({5, 2}), Error);
+  BOOST_CHECK_THROW(t.view({13}), Error);
+  BOOST_CHECK_THROW(t.view({}), Error);
+  BOOST_CHECK_THROW(t.view({-2, -6}), Error);
+  try {
+    t.view({5, 2});
+  } catch (const Error& e) {
+    BOOST_TEST(std::string(e.what()).find("[5, 2]") != std::string::npos);
+    BOOST_TEST(std::string(e.what()).find("[2, 6]") != std::string::npos);
+  }
+  Tensor c = t.clone();
+  BOOST_TEST(c.raw() != t.raw());
+  BOOST_TEST(c.shape() == t.shape());
+  BOOST_TEST(std::memcmp(c.raw(), t.raw(), t.bytes()) == 0);
+  c.f32()[0] = -1.0f;
+  BOOST_TEST(t.f32()[0] == 0.0f);
+  t.zero();
+  for (int i = 0; i < 12; ++i) BOOST_TEST(v.f32()[i] == 0.0f);
+  Tensor ci = Tensor::zeros({3}, DType::i32).clone();
+  BOOST_TEST((ci.dtype() == DType::i32));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(rng)
+
+BOOST_AUTO_TEST_CASE(philox_known_answers) {
+  // Random123's kat_vectors for philox4x32_10: (counter words, key words) -> output.
+  // Counter words 0,1 are our counter (low, high), 2,3 the stream; key words the key.
+  {
+    CounterRng r(0, 0);
+    auto b = r.block(0);
+    BOOST_TEST(b[0] == 0x6627e8d5u);
+    BOOST_TEST(b[1] == 0xe169c58du);
+    BOOST_TEST(b[2] == 0xbc57ac4cu);
+    BOOST_TEST(b[3] == 0x9b00dbd8u);
+  }
+  {
+    CounterRng r(0xffffffffffffffffull, 0xffffffffffffffffull);
+    auto b = r.block(0xffffffffffffffffull);
+    BOOST_TEST(b[0] == 0x408f276du);
+    BOOST_TEST(b[1] == 0x41c83b0eu);
+    BOOST_TEST(b[2] == 0xa20bc7c6u);
+    BOOST_TEST(b[3] == 0x6d5451fdu);
+  }
+  {
+    CounterRng r(0x299f31d0a4093822ull, 0x0370734413198a2eull);
+    auto b = r.block(0x85a308d3243f6a88ull);
+    BOOST_TEST(b[0] == 0xd16cfe09u);
+    BOOST_TEST(b[1] == 0x94fdccebu);
+    BOOST_TEST(b[2] == 0x5001e420u);
+    BOOST_TEST(b[3] == 0x24126ea1u);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(hash_is_fnv1a) {
+  BOOST_TEST(hash_name("") == 0xcbf29ce484222325ull);
+  BOOST_TEST(hash_name("a") == 0xaf63dc4c8601ec8cull);
+  BOOST_TEST(hash_name("foobar") == 0x85944171f73967e8ull);
+  BOOST_TEST(hash_name("fc1.weight") != hash_name("fc1.bias"));
+}
+
+BOOST_AUTO_TEST_CASE(values_are_position_independent) {
+  CounterRng r(42, hash_name("x"));
+  std::vector<float> seq(1000);
+  for (int i = 0; i < 1000; ++i) seq[i] = r.uniform(i);
+  for (int i : {999, 0, 500, 17, 3}) {
+    CounterRng fresh(42, hash_name("x"));
+    BOOST_TEST(fresh.uniform(i) == seq[i]);
+    BOOST_TEST(fresh.bits64(i) == r.bits64(i));
+    BOOST_TEST(fresh.normal(i) == r.normal(i));
+  }
+  // Different key / stream / counter give different streams.
+  BOOST_TEST(CounterRng(42, 1).bits64(0) != CounterRng(43, 1).bits64(0));
+  BOOST_TEST(CounterRng(42, 1).bits64(0) != CounterRng(42, 2).bits64(0));
+  BOOST_TEST(CounterRng(42, 1).bits64(0) != CounterRng(42, 1).bits64(1));
+  // Counter high word matters.
+  BOOST_TEST(CounterRng(42, 1).bits64(5) != CounterRng(42, 1).bits64(5 + (1ull << 32)));
+  auto b = r.block(7);
+  BOOST_TEST(r.bits64(7) == ((static_cast<uint64_t>(b[1]) << 32) | b[0]));
+  BOOST_TEST(r.uniform(7) == static_cast<float>(b[0] >> 8) / 16777216.0f);
+}
+
+BOOST_AUTO_TEST_CASE(init_slices_match_full_init) {
+  const size_t n = 5000;
+  std::vector<float> full(n);
+  init_uniform(full.data(), n, 0, 7, "layer.weight", -0.25f, 0.75f);
+  std::vector<float> fulln(n);
+  init_normal(fulln.data(), n, 0, 7, "layer.weight", 1.0f, 0.5f);
+  std::mt19937 gen(3);
+  for (int trial = 0; trial < 20; ++trial) {
+    size_t a = gen() % n, b = gen() % n;
+    if (a > b) std::swap(a, b);
+    std::vector<float> part(b - a + 1);
+    init_uniform(part.data(), b - a, a, 7, "layer.weight", -0.25f, 0.75f);
+    for (size_t i = a; i < b; ++i) BOOST_TEST_REQUIRE(part[i - a] == full[i]);
+    init_normal(part.data(), b - a, a, 7, "layer.weight", 1.0f, 0.5f);
+    for (size_t i = a; i < b; ++i) BOOST_TEST_REQUIRE(part[i - a] == fulln[i]);
+  }
+  std::vector<float> other(n);
+  init_uniform(other.data(), n, 0, 8, "layer.weight", -0.25f, 0.75f);
+  BOOST_TEST(other != full);
+  init_uniform(other.data(), n, 0, 7, "layer.bias", -0.25f, 0.75f);
+  BOOST_TEST(other != full);
+  for (float x : full) BOOST_TEST_REQUIRE((x >= -0.25f && x < 0.75f));
+}
+
+BOOST_AUTO_TEST_CASE(uniform_statistics) {
+  CounterRng r(1234, hash_name("stats"));
+  const int n = 100000;
+  double sum = 0.0, sq = 0.0;
+  float mn = 1.0f, mx = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    float u = r.uniform(i);
+    BOOST_TEST_REQUIRE((u >= 0.0f && u < 1.0f));
+    sum += u;
+    sq += static_cast<double>(u) * u;
+    mn = std::min(mn, u);
+    mx = std::max(mx, u);
+  }
+  double mean = sum / n, var = sq / n - mean * mean;
+  BOOST_TEST(std::fabs(mean - 0.5) < 0.005);          // sigma ~ 0.0009
+  BOOST_TEST(std::fabs(var - 1.0 / 12.0) < 0.002);    // sigma ~ 0.0003
+  BOOST_TEST(mn < 1e-3f);
+  BOOST_TEST(mx > 1.0f - 1e-3f);
+  // Deciles roughly equal.
+  std::vector<int> hist(10, 0);
+  for (int i = 0; i < n; ++i) ++hist[static_cast<int>(r.uniform(i) * 10)];
+  for (int h : hist) BOOST_TEST(std::abs(h - n / 10) < 600);  // sigma ~ 95
+}
+
+BOOST_AUTO_TEST_CASE(normal_statistics) {
+  CounterRng r(99, hash_name("normal"));
+  const int n = 100000;
+  double sum = 0.0, sq = 0.0, cube = 0.0;
+  int within1 = 0;
+  for (int i = 0; i < n; ++i) {
+    double z = r.normal(i);
+    BOOST_TEST_REQUIRE(std::isfinite(z));
+    sum += z;
+    sq += z * z;
+    cube += z * z * z;
+    within1 += std::fabs(z) < 1.0;
+  }
+  double mean = sum / n, std = std::sqrt(sq / n - mean * mean);
+  BOOST_TEST(std::fabs(mean) < 0.02);        // sigma ~ 0.003
+  BOOST_TEST(std::fabs(std - 1.0) < 0.015);  // sigma ~ 0.0022
+  BOOST_TEST(std::fabs(cube / n) < 0.05);    // symmetric
+  BOOST_TEST(std::fabs(within1 / static_cast<double>(n) - 0.6827) < 0.01);
+  std::vector<float> v(n);
+  init_normal(v.data(), n, 0, 5, "emb", 3.0f, 2.0f);
+  double s2 = 0.0, q2 = 0.0;
+  for (float x : v) {
+    s2 += x;
+    q2 += static_cast<double>(x) * x;
+  }
+  double m2 = s2 / n;
+  BOOST_TEST(std::fabs(m2 - 3.0) < 0.04);
+  BOOST_TEST(std::fabs(std::sqrt(q2 / n - m2 * m2) - 2.0) < 0.03);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(ops_suite)
+
+BOOST_AUTO_TEST_CASE(gemm_all_transposes) {
+  const int64_t M = 7, N = 5, K = 9;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      // Stored A is (M,K) or (K,M); B is (K,N) or (N,K); leading dims padded by 3.
+      int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, lda = a_cols + 3;
+      int64_t b_rows = tb ? N : K, b_cols = tb ? K : N, ldb = b_cols + 3;
+      int64_t ldc = N + 2;
+      auto A = random_vec(a_rows * lda, 1 + ta + 2 * tb);
+      auto B = random_vec(b_rows * ldb, 11 + ta + 2 * tb);
+      auto C = random_vec(M * ldc, 21);
+      auto C0 = C;
+      const float alpha = 0.75f, beta = -0.5f;
+      ops::gemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+      for (int64_t i = 0; i < M; ++i) {
+        for (int64_t j = 0; j < ldc; ++j) {
+          if (j >= N) {  // padding untouched
+            BOOST_TEST_REQUIRE(C[i * ldc + j] == C0[i * ldc + j]);
+            continue;
+          }
+          double s = 0.0;
+          for (int64_t k = 0; k < K; ++k) {
+            double a = ta ? A[k * lda + i] : A[i * lda + k];
+            double b = tb ? B[j * ldb + k] : B[k * ldb + j];
+            s += a * b;
+          }
+          double want = alpha * s + beta * C0[i * ldc + j];
+          BOOST_TEST_REQUIRE(std::fabs(C[i * ldc + j] - want) < 1e-5,
+                             "ta " << ta << " tb " << tb << " (" << i << "," << j << ")");
+        }
+      }
+    }
+  }
+  // beta = 0 ignores C's old contents, even NaN.
+  std::vector<float> A = {1, 2, 3, 4}, B = {5, 6, 7, 8};
+  std::vector<float> C(4, std::numeric_limits<float>::quiet_NaN());
+  ops::gemm(false, false, 2, 2, 2, 1.0f, A.data(), 2, B.data(), 2, 0.0f, C.data(), 2);
+  BOOST_TEST(C[0] == 19.0f);
+  BOOST_TEST(C[1] == 22.0f);
+  BOOST_TEST(C[2] == 43.0f);
+  BOOST_TEST(C[3] == 50.0f);
+}
+
+BOOST_AUTO_TEST_CASE(linear_forward_backward_naive) {
+  const int64_t rows = 6, in = 5, out = 4;
+  auto X = random_vec(rows * in, 1), W = random_vec(out * in, 2), b = random_vec(out, 3);
+  auto dY = random_vec(rows * out, 4);
+  std::vector<float> Y(rows * out);
+  ops::linear_forward(Y.data(), X.data(), W.data(), b.data(), rows, in, out);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      double s = b[o];
+      for (int64_t i = 0; i < in; ++i) s += static_cast<double>(X[r * in + i]) * W[o * in + i];
+      BOOST_TEST_REQUIRE(std::fabs(Y[r * out + o] - s) < 1e-5);
+    }
+  ops::linear_forward(Y.data(), X.data(), W.data(), nullptr, rows, in, out);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      double s = 0.0;
+      for (int64_t i = 0; i < in; ++i) s += static_cast<double>(X[r * in + i]) * W[o * in + i];
+      BOOST_TEST_REQUIRE(std::fabs(Y[r * out + o] - s) < 1e-5);
+    }
+  std::vector<float> dX(rows * in, 123.0f), dW(out * in, 1.0f), db(out, 2.0f);
+  ops::linear_backward(dX.data(), dW.data(), db.data(), dY.data(), X.data(), W.data(), rows, in, out);
+  for (int64_t o = 0; o < out; ++o) {
+    double sb = 2.0;
+    for (int64_t r = 0; r < rows; ++r) sb += dY[r * out + o];
+    BOOST_TEST(std::fabs(db[o] - sb) < 1e-5);  // accumulated
+    for (int64_t i = 0; i < in; ++i) {
+      double s = 1.0;
+      for (int64_t r = 0; r < rows; ++r) s += static_cast<double>(dY[r * out + o]) * X[r * in + i];
+      BOOST_TEST(std::fabs(dW[o * in + i] - s) < 1e-5);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < in; ++i) {
+      double s = 0.0;  // overwritten, not accumulated
+      for (int64_t o = 0; o < out; ++o) s += static_cast<double>(dY[r * out + o]) * W[o * in + i];
+      BOOST_TEST(std::fabs(dX[r * in + i] - s) < 1e-5);
+    }
+  // dX may be null.
+  ops::linear_backward(nullptr, dW.data(), nullptr, dY.data(), X.data(), W.data(), rows, in, out);
+}
+
+BOOST_AUTO_TEST_CASE(im2col_matches_definition_and_col2im_is_adjoint) {
+  const int64_t C = 3, H = 6, W = 5, KH = 3, KW = 2;
+  for (int64_t pad : {0, 1, 2}) {
+    int64_t OH = H + 2 * pad - KH + 1, OW = W + 2 * pad - KW + 1;
+    for (int64_t extra : {0, 7}) {  // col_ld larger than OH*OW: images side by side
+      int64_t ld = OH * OW + extra;
+      auto x = random_vec(C * H * W, 5 + pad);
+      std::vector<float> col(C * KH * KW * ld, 99.0f);
+      ops::im2col(x.data(), col.data(), C, H, W, KH, KW, pad, OH, OW, ld);
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t kh = 0; kh < KH; ++kh)
+          for (int64_t kw = 0; kw < KW; ++kw)
+            for (int64_t oh = 0; oh < OH; ++oh)
+              for (int64_t ow = 0; ow < OW; ++ow) {
+                int64_t ih = oh + kh - pad, iw = ow + kw - pad;
+                float want = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[(c * H + ih) * W + iw] : 0.0f;
+                int64_t row = (c * KH + kh) * KW + kw;
+                BOOST_TEST_REQUIRE(col[row * ld + oh * OW + ow] == want);
+              }
+      // Columns past OH*OW untouched.
+      for (int64_t row = 0; row < C * KH * KW; ++row)
+        for (int64_t j = OH * OW; j < ld; ++j) BOOST_TEST_REQUIRE(col[row * ld + j] == 99.0f);
+
+      // Adjointness: <col2im(c), x> == <c, im2col(x)>.
+      auto cvec = random_vec(C * KH * KW * ld, 50 + pad);
+      for (int64_t row = 0; row < C * KH * KW; ++row)
+        for (int64_t j = OH * OW; j < ld; ++j) cvec[row * ld + j] = 0.0f;
+      std::vector<float> img(C * H * W, 0.0f);
+      ops::col2im(cvec.data(), img.data(), C, H, W, KH, KW, pad, OH, OW, ld);
+      double lhs = naive_dot(img, x);
+      double rhs = naive_dot(cvec, col);
+      BOOST_TEST(std::fabs(lhs - rhs) < 1e-4 * (1.0 + std::fabs(rhs)), "pad " << pad << " " << lhs << " vs " << rhs);
+      // col2im accumulates into the image.
+      std::vector<float> img2(C * H * W, 1.0f);
+      ops::col2im(cvec.data(), img2.data(), C, H, W, KH, KW, pad, OH, OW, ld);
+      for (size_t i = 0; i < img.size(); ++i) BOOST_TEST_REQUIRE(std::fabs(img2[i] - (img[i] + 1.0f)) < 1e-5);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(maxpool_first_max_and_backward) {
+  // One 4x4 plane -> 2x2.
+  std::vector<float> x = {
+      1, 1, 0, 5,   //
+      1, 1, 5, 0,   //
+      2, 3, -1, -1, //
+      3, 0, -1, -1,
+  };
+  std::vector<float> y(4);
+  std::vector<int32_t> am(4);
+  ops::maxpool2_forward(y.data(), am.data(), x.data(), 1, 4, 4);
+  BOOST_TEST(y[0] == 1.0f);
+  BOOST_TEST(am[0] == 0);  // all equal: the first (top-left)
+  BOOST_TEST(y[1] == 5.0f);
+  BOOST_TEST(am[1] == 3);  // (0,3) before (1,2)
+  BOOST_TEST(y[2] == 3.0f);
+  BOOST_TEST(am[2] == 9);  // (2,1) before (3,0)
+  BOOST_TEST(y[3] == -1.0f);
+  BOOST_TEST(am[3] == 10);
+  std::vector<float> dy = {1, 2, 3, 4}, dx(16, 7.0f);
+  ops::maxpool2_backward(dx.data(), dy.data(), am.data(), 1, 4, 4);
+  for (int i = 0; i < 16; ++i) {
+    float want = i == 0 ? 1.0f : i == 3 ? 2.0f : i == 9 ? 3.0f : i == 10 ? 4.0f : 0.0f;
+    BOOST_TEST(dx[i] == want);
+  }
+  // Odd sizes floor; several planes; NaN propagates.
+  std::vector<float> x2(2 * 5 * 3);
+  for (size_t i = 0; i < x2.size(); ++i) x2[i] = static_cast<float>((i * 7) % 11);
+  x2[15 + 4] = std::numeric_limits<float>::quiet_NaN();  // plane 1, (1,1)
+  std::vector<float> y2(2 * 2 * 1);
+  std::vector<int32_t> am2(4);
+  ops::maxpool2_forward(y2.data(), am2.data(), x2.data(), 2, 5, 3);
+  for (int p = 0; p < 2; ++p)
+    for (int oh = 0; oh < 2; ++oh) {
+      const float* xp = x2.data() + p * 15;
+      int best = 2 * oh * 3;
+      for (int k : {best + 1, best + 3, best + 4})
+        if (xp[k] > xp[best] || std::isnan(xp[k])) best = k;
+      BOOST_TEST(am2[p * 2 + oh] == best);
+    }
+  BOOST_TEST(std::isnan(y2[2]));
+  BOOST_TEST(am2[2] == 4);
+}
+
+BOOST_AUTO_TEST_CASE(elementwise_ops) {
+  std::vector<float> x = {-2.0f, -0.5f, 0.0f, 0.25f, 3.0f};
+  std::vector<float> y(5), dx(5), dy = {1, 2, 3, 4, 5};
+  ops::relu_forward(y.data(), x.data(), 5);
+  BOOST_TEST(y == (std::vector<float>{0, 0, 0, 0.25f, 3.0f}));
+  ops::relu_backward(dx.data(), dy.data(), y.data(), 5);
+  BOOST_TEST(dx == (std::vector<float>{0, 0, 0, 4, 5}));
+  ops::gelu_forward(y.data(), x.data(), 5);
+  ops::gelu_backward(dx.data(), dy.data(), x.data(), 5);
+  for (int i = 0; i < 5; ++i) {
+    double xi = x[i];
+    double cdf = 0.5 * (1.0 + std::erf(xi / std::sqrt(2.0)));
+    double pdf = std::exp(-0.5 * xi * xi) / std::sqrt(2.0 * M_PI);
+    BOOST_TEST(std::fabs(y[i] - xi * cdf) < 1e-6);
+    BOOST_TEST(std::fabs(dx[i] - dy[i] * (cdf + xi * pdf)) < 1e-5);
+  }
+  std::vector<float> a = {1, 2, 3}, b = {10, 20, 30}, c(3);
+  ops::add(c.data(), a.data(), b.data(), 3);
+  BOOST_TEST(c == (std::vector<float>{11, 22, 33}));
+  ops::add_inplace(c.data(), a.data(), 3);
+  BOOST_TEST(c == (std::vector<float>{12, 24, 36}));
+  // Large enough to take the parallel path.
+  const int64_t n = 100000;
+  auto big = random_vec(n, 9, -3.0f, 3.0f);
+  std::vector<float> by(n);
+  ops::relu_forward(by.data(), big.data(), n);
+  for (int64_t i = 0; i < n; ++i) BOOST_TEST_REQUIRE(by[i] == std::max(big[i], 0.0f));
+}
+
+BOOST_AUTO_TEST_CASE(layernorm_and_log_softmax_vs_double) {
+  const int64_t rows = 4, C = 7;
+  auto x = random_vec(rows * C, 1, -2.0f, 3.0f);
+  auto w = random_vec(C, 2, 0.5f, 1.5f), b = random_vec(C, 3);
+  std::vector<float> y(rows * C), mean(rows), rstd(rows);
+  ops::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), rows, C, 1e-5f);
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = 0.0, v = 0.0;
+    for (int64_t c = 0; c < C; ++c) m += x[r * C + c];
+    m /= C;
+    for (int64_t c = 0; c < C; ++c) v += (x[r * C + c] - m) * (x[r * C + c] - m);
+    v /= C;  // biased
+    double s = 1.0 / std::sqrt(v + 1e-5);
+    BOOST_TEST(std::fabs(mean[r] - m) < 1e-5);
+    BOOST_TEST(std::fabs(rstd[r] - s) < 1e-4 * s);
+    for (int64_t c = 0; c < C; ++c)
+      BOOST_TEST(std::fabs(y[r * C + c] - ((x[r * C + c] - m) * s * w[c] + b[c])) < 1e-5);
+  }
+  std::vector<float> ls(rows * C);
+  ops::log_softmax_forward(ls.data(), x.data(), rows, C);
+  for (int64_t r = 0; r < rows; ++r) {
+    double mx = -1e30, sum = 0.0;
+    for (int64_t c = 0; c < C; ++c) mx = std::max(mx, static_cast<double>(x[r * C + c]));
+    for (int64_t c = 0; c < C; ++c) sum += std::exp(x[r * C + c] - mx);
+    for (int64_t c = 0; c < C; ++c)
+      BOOST_TEST(std::fabs(ls[r * C + c] - (x[r * C + c] - mx - std::log(sum))) < 1e-5);
+  }
+  // Stable for huge logits.
+  std::vector<float> hx = {1000.0f, 0.0f, -1000.0f}, hy(3);
+  ops::log_softmax_forward(hy.data(), hx.data(), 1, 3);
+  BOOST_TEST(hy[0] == 0.0f);
+  BOOST_TEST(hy[1] == -1000.0f);
+  BOOST_TEST(std::isfinite(hy[2]));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_CASE(gemm_bf16_equals_sgemm_on_widened_operands) {
+  // Every bf16 value is an f32 value, so the bf16 GEMM must equal sgemm on the widened inputs.
+  const int64_t M = 5, N = 7, K = 9;
+  std::vector<uint16_t> a(M * K), b(K * N);
+  fsdp::CounterRng rng(3, 4);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = fsdp::f32_to_bf16(rng.normal(i));
+  for (size_t i = 0; i < b.size(); ++i) b[i] = fsdp::f32_to_bf16(rng.normal(1000 + i));
+  std::vector<float> a32(a.size()), b32(b.size());
+  fsdp::convert(a.data(), fsdp::DType::bf16, a32.data(), fsdp::DType::f32, a.size());
+  fsdp::convert(b.data(), fsdp::DType::bf16, b32.data(), fsdp::DType::f32, b.size());
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      int64_t lda = ta ? M : K, ldb = tb ? K : N;
+      std::vector<float> want(M * N, 0.0f), got(M * N, 0.0f);
+      fsdp::ops::gemm(ta, tb, M, N, K, 1.0f, a32.data(), lda, b32.data(), ldb, 0.0f, want.data(), N);
+      fsdp::ops::gemm_bf16(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, got.data(), N);
+      for (int64_t i = 0; i < M * N; ++i) BOOST_TEST(got[i] == want[i]);
+    }
+  }
+}
