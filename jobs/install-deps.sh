@@ -8,7 +8,9 @@ packages=(
   g++ meson ninja-build pkg-config
   # libraries found by dependency() in meson.build
   openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools libucx-dev ucx-utils
-  libyaml-cpp-dev libboost-test-dev libopenblas-dev zlib1g-dev
+  libyaml-cpp-dev libboost-test-dev zlib1g-dev
+  # OpenBLAS built with OpenMP: one thread pool shared with our loops (see meson.build)
+  libopenblas-openmp-dev
   # data: Fashion-MNIST (IDX, gzipped) and a text corpus (the fortune cookie files)
   dataset-fashion-mnist fortunes fortunes-min
   # reference checks against PyTorch (Debian's system python3, not pyenv's)

@@ -3,6 +3,8 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 #include "tensor/error.h"
 
@@ -72,6 +74,8 @@ std::string mem_peaks_json(const MemoryTracker& mem) {
 
 MetricsFile::MetricsFile(const std::string& path) {
   if (path.empty()) return;
+  std::error_code ec;  // a missing parent folder is created; failure shows up in fopen below
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   file_ = std::fopen(path.c_str(), "w");
   if (!file_) throw Error("output.metrics: cannot open " + path + " (" + std::strerror(errno) + ")");
 }

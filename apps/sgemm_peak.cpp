@@ -1,0 +1,68 @@
+// sgemm_peak [--threads N] [--size N] [--reps R]
+// Measures the single-precision GEMM rate the project's BLAS (OpenBLAS) reaches on this machine:
+// C = A * B with square N x N f32 matrices (default 2048), R timed repetitions after one
+// warm-up, and prints the best and median GFLOP/s (2 N^3 flops per product). The core benchmark
+// (jobs/bench-core.sh) reports achieved model FLOP rates as a fraction of this peak.
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+[[noreturn]] void usage(const char* problem) {
+  std::fprintf(stderr, "sgemm_peak: %s\nusage: sgemm_peak [--threads N] [--size N] [--reps R]\n", problem);
+  std::exit(1);
+}
+
+long parse_positive(const char* flag, const char* text) {
+  char* end = nullptr;
+  long v = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0' || v <= 0) usage((std::string(flag) + " needs a positive integer").c_str());
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  long threads = 0, n = 2048, reps = 5;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "-h" || a == "--help") usage("measures OpenBLAS sgemm GFLOP/s");
+    if (i + 1 >= argc) usage(("missing value after " + a).c_str());
+    if (a == "--threads") threads = parse_positive("--threads", argv[++i]);
+    else if (a == "--size") n = parse_positive("--size", argv[++i]);
+    else if (a == "--reps") reps = parse_positive("--reps", argv[++i]);
+    else usage(("unknown option " + a).c_str());
+  }
+  if (threads > 0) openblas_set_num_threads(static_cast<int>(threads));
+
+  const size_t elems = static_cast<size_t>(n) * n;
+  std::vector<float> a(elems), b(elems), c(elems, 0.0f);
+  for (size_t i = 0; i < elems; ++i) {  // values in [-1, 1), no denormals
+    a[i] = static_cast<float>((i * 2654435761u) % 2048) / 1024.0f - 1.0f;
+    b[i] = static_cast<float>((i * 40503u + 7) % 2048) / 1024.0f - 1.0f;
+  }
+  auto gemm = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(n),
+                static_cast<int>(n), 1.0f, a.data(), static_cast<int>(n), b.data(), static_cast<int>(n), 0.0f,
+                c.data(), static_cast<int>(n));
+  };
+  gemm();  // warm-up: thread pool start, page faults
+  std::vector<double> rates;
+  for (long r = 0; r < reps; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    gemm();
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rates.push_back(2.0 * n * n * n / s / 1e9);
+  }
+  std::sort(rates.begin(), rates.end());
+  std::printf("sgemm %ldx%ldx%ld, %d threads, %ld reps: best %.1f GFLOP/s, median %.1f GFLOP/s\n", n, n, n,
+              openblas_get_num_threads(), reps, rates.back(), rates[rates.size() / 2]);
+  return 0;
+}

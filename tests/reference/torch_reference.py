@@ -1,0 +1,163 @@
+#!/usr/bin/python3
+"""PyTorch reference run for tests/reference/check_reference.sh.
+
+For one model kind: builds the torch twin (torch_models.py) under torch.manual_seed(seed),
+writes its initial state_dict to OUT/init.h5 (/model/<name>, float32, PyTorch shapes; what
+fsdp_app's model.init_from loads), trains `--steps` optimizer steps on exactly the batches
+fsdp_app sees with shuffle off and dropout off, and writes the per-step losses to
+OUT/torch_losses.json ({"model": ..., "losses": [...]}).
+
+The settings mirror tests/reference/<kind>.yaml (keep the two in step):
+  mnist_cnn:   Fashion-MNIST train set, (uint8/255 - 0.2860)/0.3530 in float32, step s = samples
+               [s*64, (s+1)*64), Adadelta(lr=1.0, rho=0.9, eps=1e-6), F.nll_loss (mean).
+               Convolutions run on torch's im2col + BLAS path (mkldnn off), the algorithm
+               fsdp-hpc's Conv2d uses: this trajectory amplifies rounding differences ~3x per
+               step (near-tied max_pool windows flip), so torch with mkldnn on and torch with it
+               off disagree with each other by ~1e-3 relative by step 19. `--mkldnn-too` also
+               runs the mkldnn trajectory and stores it as "losses_mkldnn" to show that spread.
+  transformer: vocab 256, d_model 64, 2 layers, 4 heads, d_ff 256, seq_len 32; the bytes of one
+               text file, sample i = bytes [i*32, i*32+32] (input the first 32, target shifted by
+               one), train samples first; batch 8; AdamW(lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+               weight_decay=0.01); F.cross_entropy over every position (mean).
+
+Run with Debian's interpreter: /usr/bin/python3 tests/reference/torch_reference.py --model
+mnist_cnn --out /tmp/x. `--debug-grads` also prints every parameter's gradient norm after the
+first backward and writes the first step's gradients to OUT/grads_step1.h5 (/grad/<name>).
+"""
+import argparse
+import copy
+import gzip
+import json
+import os
+import struct
+import sys
+
+import h5py
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_models import LM, Net  # noqa: E402
+
+FASHION_DIR = "/usr/share/datasets/fashion-mnist"
+TEXT_FILE = "/usr/share/games/fortunes/fortunes"
+
+LM_CONFIG = dict(vocab=256, d_model=64, n_layers=2, n_heads=4, d_ff=256, seq_len=32)
+LM_BATCH = 8
+CNN_BATCH = 64
+
+
+def read_idx(path, magic):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    got = struct.unpack(">I", data[:4])[0]
+    if got != magic:
+        raise SystemExit(f"{path}: bad IDX magic {got:#x}")
+    ndim = magic & 0xFF
+    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def fashion_mnist_batches(data_dir, steps, batch):
+    images = read_idx(os.path.join(data_dir, "train-images-idx3-ubyte.gz"), 0x00000803)
+    labels = read_idx(os.path.join(data_dir, "train-labels-idx1-ubyte.gz"), 0x00000801)
+    n = steps * batch
+    # torchvision's ToTensor + Normalize, float32 throughout.
+    x = images[:n].astype(np.float32) / np.float32(255.0)
+    x = (x - np.float32(0.2860)) / np.float32(0.3530)
+    x = torch.from_numpy(np.ascontiguousarray(x)).reshape(n, 1, 28, 28)
+    y = torch.from_numpy(labels[:n].astype(np.int64))
+    return [(x[s * batch:(s + 1) * batch], y[s * batch:(s + 1) * batch]) for s in range(steps)]
+
+
+def text_batches(path, steps, batch, seq_len, eval_fraction=0.05):
+    with open(path, "rb") as f:
+        data = np.frombuffer(f.read(), dtype=np.uint8)
+    samples = (len(data) - 1) // seq_len
+    train_samples = int(np.floor(samples * (1.0 - eval_fraction)))
+    if steps * batch > train_samples:
+        raise SystemExit(f"{path}: {train_samples} train samples, need {steps * batch}")
+    out = []
+    for s in range(steps):
+        xs, ys = [], []
+        for i in range(s * batch, (s + 1) * batch):
+            chunk = data[i * seq_len:i * seq_len + seq_len + 1].astype(np.int64)
+            xs.append(chunk[:-1])
+            ys.append(chunk[1:])
+        out.append((torch.from_numpy(np.stack(xs)), torch.from_numpy(np.stack(ys))))
+    return out
+
+
+def write_state_dict(model, path, group="model"):
+    with h5py.File(path, "w") as f:
+        for name, t in model.state_dict().items():
+            f[f"{group}/{name}"] = t.detach().float().numpy()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True, choices=["mnist_cnn", "transformer"])
+    ap.add_argument("--out", required=True, help="output folder (created)")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--data", default=None, help="Fashion-MNIST folder or text file")
+    ap.add_argument("--debug-grads", action="store_true")
+    ap.add_argument("--mkldnn-too", action="store_true",
+                    help="also record the trajectory with torch's mkldnn convolutions")
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    os.makedirs(args.out, exist_ok=True)
+
+    if args.model == "mnist_cnn":
+        model = Net()
+        batches = fashion_mnist_batches(args.data or FASHION_DIR, args.steps, CNN_BATCH)
+    else:
+        model = LM(**LM_CONFIG)
+        batches = text_batches(args.data or TEXT_FILE, args.steps, LM_BATCH, LM_CONFIG["seq_len"])
+    write_state_dict(model, os.path.join(args.out, "init.h5"))
+    init = copy.deepcopy(model.state_dict())
+
+    result = {"model": args.model}
+    with torch.backends.mkldnn.flags(enabled=False):
+        result["losses"] = train(model, args.model, batches, args.out if args.debug_grads else None)
+    if args.mkldnn_too:
+        model.load_state_dict(init)
+        with torch.backends.mkldnn.flags(enabled=True):
+            result["losses_mkldnn"] = train(model, args.model, batches, None)
+    with open(os.path.join(args.out, "torch_losses.json"), "w") as f:
+        json.dump(result, f)
+        f.write("\n")
+
+
+def train(model, kind, batches, grads_dir):
+    """Trains from the model's current weights with a fresh optimizer; returns the losses."""
+    if kind == "mnist_cnn":
+        opt = torch.optim.Adadelta(model.parameters(), lr=1.0, rho=0.9, eps=1e-6, foreach=False)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                                weight_decay=0.01, foreach=False)
+    # Dropout off: eval() turns it off, and neither model has a layer whose math differs
+    # otherwise (no batch norm; MultiheadAttention's dropout is 0; its eval fast path is not
+    # taken while gradients are needed).
+    model.eval()
+    losses = []
+    for step, (x, y) in enumerate(batches):
+        opt.zero_grad(set_to_none=True)
+        loss = model.loss(model(x), y)
+        loss.backward()
+        if step == 0 and grads_dir:
+            with h5py.File(os.path.join(grads_dir, "grads_step1.h5"), "w") as f:
+                for name, p in model.named_parameters():
+                    g = p.grad.detach().float()
+                    f[f"grad/{name}"] = g.numpy()
+                    print(f"grad_norm {name} {g.double().norm().item():.9g}")
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+if __name__ == "__main__":
+    main()
