@@ -27,7 +27,7 @@ import json, re, sys
 passed = failed = 0
 for line in open(sys.argv[1]):
     t = json.loads(line)
-    out = t.get("stdout", "") or ""
+    out = re.sub(r"\x1b\[[0-9;]*m", "", (t.get("stdout") or "") + "\n" + (t.get("stderr") or ""))
     p = sum(int(m) for m in re.findall(r"^\s*(\d+) test cases? out of \d+ passed", out, re.M))
     f = sum(int(m) for m in re.findall(r"^\s*(\d+) test cases? out of \d+ failed", out, re.M))
     # Also "N test cases out of M skipped"/aborted count as not passed.
