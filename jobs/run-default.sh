@@ -8,4 +8,5 @@ bash jobs/install-deps.sh
 meson compile -C build >/dev/null
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # One rank until the FSDP engine lands; then: mpirun -np 4 --oversubscribe.
-exec mpirun -np 1 build/apps/fsdp_app input/fashion_mnist.yaml "$@"
+# --bind-to none: OpenMPI pins a lone rank to one core, which would idle the others' threads.
+exec mpirun -np 1 --bind-to none build/apps/fsdp_app input/fashion_mnist.yaml "$@"

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <span>
@@ -104,6 +105,14 @@ EvalResult evaluate(Model& model, const Dataset& data, const Config& c, MemoryTr
   return {loss_sum / elems, static_cast<double>(correct) / elems};
 }
 
+// mpirun hands ranks a pseudo-terminal even when its own output goes to a file, so under a
+// launcher the progress line would fill logs with carriage returns: plain lines there.
+bool interactive_terminal() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID"})
+    if (std::getenv(var)) return false;
+  return isatty(fileno(stdout));
+}
+
 bool eval_due(const std::string& every, int64_t step_done, bool epoch_end) {
   if (every == "never") return false;
   if (every == "epoch") return epoch_end;
@@ -146,7 +155,7 @@ TrainSummary train(const Config& c, const RunEnv& env) {
   const int64_t total_steps = c.train.steps > 0 ? c.train.steps : c.train.epochs * steps_per_epoch;
   LrSchedule schedule(c.train.scheduler, c.train.optimizer.lr, total_steps);
   MetricsFile metrics(leader ? c.output.metrics : "");
-  const bool tty = leader && isatty(fileno(stdout));
+  const bool tty = leader && interactive_terminal();
   const bool lm = c.model.kind == "transformer";
   const int64_t elems_per_sample = model->loss_elements_per_sample();
 

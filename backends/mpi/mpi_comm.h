@@ -1,0 +1,67 @@
+#pragma once
+// The MPI backend: non-blocking MPI-3 collectives on a private duplicate of the bootstrap
+// communicator, user-defined ops for bf16/f16 (f32 arithmetic, one rounding per op).
+#include <mpi.h>
+
+#include <memory>
+
+#include "comm/comm.h"
+
+namespace fsdp {
+
+// MPI handles that outlive any one communicator: derived types and ops for the half types.
+// Shared by a communicator and every communicator split from it.
+class MpiHalfTypes {
+ public:
+  MpiHalfTypes();
+  ~MpiHalfTypes();
+  MpiHalfTypes(const MpiHalfTypes&) = delete;
+  MpiHalfTypes& operator=(const MpiHalfTypes&) = delete;
+  MPI_Datatype datatype(DType dtype) const;  // any DType
+  MPI_Op op(DType dtype, ReduceOp op) const;  // avg maps to sum (scaled afterwards)
+
+ private:
+  MPI_Datatype bf16_ = MPI_DATATYPE_NULL, f16_ = MPI_DATATYPE_NULL;
+  MPI_Op bf16_ops_[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};  // sum, max, min
+  MPI_Op f16_ops_[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+};
+
+// Owns an MPI_Comm (freed on destruction).
+class MpiCommHandle {
+ public:
+  explicit MpiCommHandle(MPI_Comm comm) : comm_(comm) {}
+  ~MpiCommHandle();
+  MpiCommHandle(const MpiCommHandle&) = delete;
+  MpiCommHandle& operator=(const MpiCommHandle&) = delete;
+  MPI_Comm get() const { return comm_; }
+
+ private:
+  MPI_Comm comm_;
+};
+
+class MpiCommunicator : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm owned, std::shared_ptr<MpiHalfTypes> types, const CommOptions& options);
+  std::string_view backend() const override { return "mpi"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::unique_ptr<Communicator> split(int color, int key) const override;
+  std::unique_ptr<Work> all_gather(const void* in, void* out, size_t count, DType dtype, Stream stream) override;
+  std::unique_ptr<Work> reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+                                       Stream stream) override;
+  std::unique_ptr<Work> all_reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+                                   Stream stream) override;
+  std::unique_ptr<Work> broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) override;
+  void barrier() override;
+  MPI_Comm comm() const { return comm_.get(); }
+
+ private:
+  CollectiveDesc describe(const char* collective, size_t count, DType dtype);
+  MpiCommHandle comm_;
+  std::shared_ptr<MpiHalfTypes> types_;
+  int rank_ = 0, size_ = 1;
+};
+
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm bootstrap, const CommOptions& options);
+
+}  // namespace fsdp
