@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/comm.h"
 #include "comm/mpi_env.h"
 #include "config/config.h"
 #include "train/trainer.h"
@@ -58,7 +59,11 @@ int main(int argc, char** argv) {
       return 0;
     }
     fsdp::Config config = fsdp::load_config(args.input, args.overrides);
-    fsdp::train(config, {mpi.rank(), mpi.size()});
+    // The backend is made before any data is read: an unbuilt or failing backend is the first
+    // thing a user hears about.
+    std::unique_ptr<fsdp::Communicator> world =
+        fsdp::make_communicator(config.comm.backend, MPI_COMM_WORLD, {config.comm.timeout_s});
+    fsdp::train(config, {mpi.rank(), mpi.size(), world.get()});
     return 0;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "fsdp_app: rank %d: out of memory\n", mpi.rank());

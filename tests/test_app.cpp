@@ -218,3 +218,16 @@ BOOST_AUTO_TEST_CASE(more_ranks_than_supported_fail_cleanly) {
   s << f.rdbuf();
   BOOST_TEST(s.str().find("needs the FSDP engine") != std::string::npos, s.str());
 }
+
+BOOST_AUTO_TEST_CASE(unbuilt_backend_is_named_with_the_built_ones) {
+  TempDir d;
+  std::string cfg = d.file("c.yaml", kTinyCnn);
+  // nccl is a valid config value; on a machine without a GPU (or a build without CUDA) it must
+  // fail with one line, never crash.
+  Run r = run(cfg + " --set comm.backend=nccl");
+  if (r.exit_code != 0) {
+    expect_error(r, "nccl");
+  }
+  Run ok = run(cfg + " --set comm.backend=mpi");
+  BOOST_TEST(ok.exit_code == 0, ok.err);
+}

@@ -7,10 +7,12 @@
 namespace fsdp {
 
 struct Config;
+class Communicator;
 
 struct RunEnv {
   int rank = 0;
   int world_size = 1;
+  Communicator* world = nullptr;  // comm.backend over all ranks; null for in-process single-rank runs
 };
 
 struct TrainSummary {
