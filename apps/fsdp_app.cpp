@@ -1,10 +1,17 @@
 // fsdp_app INPUT.yaml [--set dotted.key=value ...]
 // Trains the model an input file describes. Runs alone, under mpirun and under srun.
-// Every error a user can cause ends in one line on stderr and a non-zero exit; with several
-// ranks the whole job is aborted so no rank waits forever on one that failed.
+//
+// Errors: every error a user can cause ends in one line on stderr and a non-zero exit. Set-up
+// (arguments, input file, backend, data, model, mesh) touches no training collective, so its
+// failures are agreed on by all ranks first: if every rank failed the same way rank 0 alone
+// reports it, otherwise each failing rank names itself; then all ranks exit cleanly. A failure
+// while training aborts the whole job so no rank waits forever on one that is gone.
+#include <mpi.h>
+
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -48,10 +55,19 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
+std::string describe(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e)) return "out of memory";
+  return e.what();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   fsdp::MpiSession mpi(&argc, &argv);
+  // Declared before the trainer: the trainer's engine uses the communicator until it is gone.
+  std::unique_ptr<fsdp::Communicator> world;
+  std::unique_ptr<fsdp::Trainer> trainer;
+  std::string setup_error;
   try {
     Args args = parse_args(argc, argv);
     if (args.help) {
@@ -59,16 +75,29 @@ int main(int argc, char** argv) {
       return 0;
     }
     fsdp::Config config = fsdp::load_config(args.input, args.overrides);
-    // The backend is made before any data is read: an unbuilt or failing backend is the first
-    // thing a user hears about.
-    std::unique_ptr<fsdp::Communicator> world =
-        fsdp::make_communicator(config.comm.backend, MPI_COMM_WORLD, {config.comm.timeout_s});
-    fsdp::train(config, {mpi.rank(), mpi.size(), world.get()});
-    return 0;
-  } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "fsdp_app: rank %d: out of memory\n", mpi.rank());
+    world = fsdp::make_communicator(config.comm.backend, MPI_COMM_WORLD, {config.comm.timeout_s});
+    trainer = std::make_unique<fsdp::Trainer>(
+        config, fsdp::RunEnv{mpi.rank(), mpi.size(), world.get(), mpi.node_color(), mpi.local_rank()});
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "fsdp_app: %s\n", e.what());
+    setup_error = describe(e);
+    if (setup_error.empty()) setup_error = "unknown error";
+  }
+  int failed = setup_error.empty() ? 0 : 1, any_failed = 0, all_failed = 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(&failed, &all_failed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (any_failed) {
+    if (failed && all_failed && mpi.rank() == 0) std::fprintf(stderr, "fsdp_app: %s\n", setup_error.c_str());
+    if (failed && !all_failed) std::fprintf(stderr, "fsdp_app: rank %d: %s\n", mpi.rank(), setup_error.c_str());
+    return 1;
+  }
+  try {
+    trainer->run();
+    return 0;
+  } catch (const std::exception& e) {
+    if (mpi.size() > 1)
+      std::fprintf(stderr, "fsdp_app: rank %d: %s\n", mpi.rank(), describe(e).c_str());
+    else
+      std::fprintf(stderr, "fsdp_app: %s\n", describe(e).c_str());
   }
   std::fflush(stderr);
   if (mpi.size() > 1) mpi.abort(1);

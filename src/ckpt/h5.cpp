@@ -23,39 +23,50 @@ herr_t collect_name(hid_t, const char* name, const H5L_info_t*, void* out) {
 
 }  // namespace
 
-void load_model_weights(const std::string& path, const std::vector<Param*>& params) {
-  H5Quiet quiet;
-  const std::string where = "model.init_from " + path + ": ";
-  if (access(path.c_str(), R_OK) != 0) throw Error(where + "cannot read the file");
-  if (H5Fis_hdf5(path.c_str()) <= 0) throw Error(where + "not an HDF5 file");
-  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (!file.valid()) throw Error(where + "cannot open as HDF5 (truncated or damaged?)");
-  if (H5Lexists(file.get(), "/model", H5P_DEFAULT) <= 0) throw Error(where + "has no /model group");
-  H5Id group(H5Gopen2(file.get(), "/model", H5P_DEFAULT), H5Gclose);
-  if (!group.valid()) throw Error(where + "/model is not a group");
+WeightFile::WeightFile(const std::string& path) : path_(path), where_("model.init_from " + path + ": ") {
+  if (access(path.c_str(), R_OK) != 0) throw Error(where_ + "cannot read the file");
+  if (H5Fis_hdf5(path.c_str()) <= 0) throw Error(where_ + "not an HDF5 file");
+  file_ = H5Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file_.valid()) throw Error(where_ + "cannot open as HDF5 (truncated or damaged?)");
+  if (H5Lexists(file_.get(), "/model", H5P_DEFAULT) <= 0) throw Error(where_ + "has no /model group");
+  group_ = H5Id(H5Gopen2(file_.get(), "/model", H5P_DEFAULT), H5Gclose);
+  if (!group_.valid()) throw Error(where_ + "/model is not a group");
+}
 
+void WeightFile::check(const std::vector<Param*>& all_params) const {
   std::set<std::string> in_file;
-  H5Literate(group.get(), H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, collect_name, &in_file);
-  for (Param* p : params) in_file.erase(p->name);
-  if (!in_file.empty()) throw Error(where + "unexpected tensor /model/" + *in_file.begin() + " (not in this model)");
-
-  for (Param* p : params) {
+  H5Literate(group_.get(), H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, collect_name, &in_file);
+  for (Param* p : all_params) in_file.erase(p->name);
+  if (!in_file.empty()) throw Error(where_ + "unexpected tensor /model/" + *in_file.begin() + " (not in this model)");
+  for (Param* p : all_params) {
     const std::string ds_name = "/model/" + p->name;
-    if (H5Lexists(group.get(), p->name.c_str(), H5P_DEFAULT) <= 0) throw Error(where + "missing tensor " + ds_name);
-    H5Id ds(H5Dopen2(group.get(), p->name.c_str(), H5P_DEFAULT), H5Dclose);
-    if (!ds.valid()) throw Error(where + ds_name + " is not a dataset");
+    if (H5Lexists(group_.get(), p->name.c_str(), H5P_DEFAULT) <= 0) throw Error(where_ + "missing tensor " + ds_name);
+    H5Id ds(H5Dopen2(group_.get(), p->name.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!ds.valid()) throw Error(where_ + ds_name + " is not a dataset");
     H5Id type(H5Dget_type(ds.get()), H5Tclose);
-    if (H5Tget_class(type.get()) != H5T_FLOAT) throw Error(where + ds_name + " is not a floating-point dataset");
+    if (H5Tget_class(type.get()) != H5T_FLOAT) throw Error(where_ + ds_name + " is not a floating-point dataset");
     H5Id space(H5Dget_space(ds.get()), H5Sclose);
     int rank = H5Sget_simple_extent_ndims(space.get());
     std::vector<hsize_t> dims(rank > 0 ? rank : 0);
     if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
     Shape shape(dims.begin(), dims.end());
     if (rank < 0 || shape != p->shape)
-      throw Error(where + ds_name + " has shape " + shape_str(shape) + ", the model expects " + shape_str(p->shape));
-    if (H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, p->data) < 0)
-      throw Error(where + "cannot read " + ds_name + " (truncated or damaged file?)");
+      throw Error(where_ + ds_name + " has shape " + shape_str(shape) + ", the model expects " + shape_str(p->shape));
   }
+}
+
+void WeightFile::read(const std::vector<Param*>& params) const {
+  for (Param* p : params) {
+    H5Id ds(H5Dopen2(group_.get(), p->name.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!ds.valid() || H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, p->data) < 0)
+      throw Error(where_ + "cannot read /model/" + p->name + " (truncated or damaged file?)");
+  }
+}
+
+void load_model_weights(const std::string& path, const std::vector<Param*>& params) {
+  WeightFile file(path);
+  file.check(params);
+  file.read(params);
 }
 
 void save_model_weights(const std::string& path, const std::vector<Param*>& params) {

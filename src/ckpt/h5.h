@@ -53,8 +53,23 @@ class H5Quiet {
   void* data_ = nullptr;
 };
 
-// Reads /model/<name> into every param's data (converted to f32). Strict like PyTorch's
-// load_state_dict: a missing, extra or mis-shaped tensor is an Error naming the file and tensor.
+// A weight file opened for reading: /model/<name> datasets. check() is strict like PyTorch's
+// load_state_dict (a missing, extra or mis-shaped tensor is an Error naming the file and the
+// tensor); read() fills the given params' data (converted to f32), a subset at a time so a
+// sharded loader never needs the whole model in memory.
+class WeightFile {
+ public:
+  explicit WeightFile(const std::string& path);
+  void check(const std::vector<Param*>& all_params) const;
+  void read(const std::vector<Param*>& params) const;
+
+ private:
+  std::string path_, where_;
+  H5Quiet quiet_;
+  H5Id file_, group_;
+};
+
+// check() then read() of every param.
 void load_model_weights(const std::string& path, const std::vector<Param*>& params);
 // Writes every param's data as /model/<name> (f32, full shape) into a new file.
 void save_model_weights(const std::string& path, const std::vector<Param*>& params);

@@ -9,6 +9,13 @@ MpiSession::MpiSession(int* argc, char*** argv) {
   MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &local_rank_);
+  MPI_Comm_size(node, &local_size_);
+  node_color_ = rank_;
+  MPI_Bcast(&node_color_, 1, MPI_INT, 0, node);
+  MPI_Comm_free(&node);
 }
 
 MpiSession::~MpiSession() {

@@ -16,10 +16,16 @@ class MpiSession {
   // Ends every rank of the job at once: a fatal error on one rank must not leave the others
   // waiting in a collective forever.
   [[noreturn]] void abort(int code) const;
+  // Ranks sharing a node (MPI_COMM_TYPE_SHARED): node_color is the world rank of the node's first
+  // rank, equal on every rank of the node; local_rank is the rank within the node.
+  int node_color() const { return node_color_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
 
  private:
   int rank_ = 0;
   int size_ = 1;
+  int node_color_ = 0, local_rank_ = 0, local_size_ = 1;
 };
 
 }  // namespace fsdp

@@ -16,6 +16,8 @@
 #include "config/config.h"
 #include "data/data.h"
 #include "models/model.h"
+#include "comm/local.h"
+#include "fsdp/fsdp.h"
 #include "nn/flat.h"
 #include "optim/optim.h"
 #include "tensor/error.h"
@@ -75,34 +77,34 @@ void load_batch(const Dataset& data, std::span<const int64_t> indices, BatchBuff
   data.fill(indices, b.inputs, b.targets);
 }
 
-double grad_norm(std::span<const float> grads) {
-  double s = 0.0;
-  for (float g : grads) s += static_cast<double>(g) * g;
-  return std::sqrt(s);
-}
-
 struct EvalResult {
   double loss = 0.0, accuracy = 0.0;
 };
 
-EvalResult evaluate(Model& model, const Dataset& data, const Config& c, MemoryTracker& mem) {
-  SamplerOptions so{data.size(), c.train.eval_batch_size, false, false, c.train.seed};
-  Sampler sampler(so);
+// Each rank evaluates its slice of every eval batch (through the FSDP hooks, so units are
+// gathered as in training); the sums are added over all ranks at the end.
+EvalResult evaluate(Model& model, FsdpEngine& engine, const Dataset& data, const Config& c, const RunEnv& env,
+                    MemoryTracker& mem) {
+  const int64_t global = c.train.eval_batch_size * env.world_size;
+  Sampler sampler({data.size(), global, false, false, c.train.seed});
   RunCtx ctx;
   ctx.mem = &mem;
   ctx.training = false;
+  ctx.hooks = &engine;
   BatchBuffers b;
-  double loss_sum = 0.0;
-  int64_t correct = 0;
+  double sums[2] = {0.0, 0.0};  // loss, correct
   for (int64_t s = 0; s < sampler.steps_per_epoch(); ++s) {
     std::vector<int64_t> idx = sampler.global_batch(0, s);
-    load_batch(data, idx, b, &mem);
+    auto [offset, count] = Sampler::rank_slice(static_cast<int64_t>(idx.size()), env.rank, env.world_size);
+    load_batch(data, std::span<const int64_t>(idx.data() + offset, count), b, &mem);
     model.forward(ctx, b.inputs, b.targets);
-    loss_sum += model.loss().last_sum();
-    correct += model.loss().last_correct();
+    engine.end_forward_only();
+    sums[0] += model.loss().last_sum();
+    sums[1] += static_cast<double>(model.loss().last_correct());
   }
+  engine.world().all_reduce(sums, sums, 2, DType::f64, ReduceOp::sum)->wait();
   double elems = static_cast<double>(data.size()) * model.loss_elements_per_sample();
-  return {loss_sum / elems, static_cast<double>(correct) / elems};
+  return {sums[0] / elems, sums[1] / elems};
 }
 
 // mpirun hands ranks a pseudo-terminal even when its own output goes to a file, so under a
@@ -121,62 +123,94 @@ bool eval_due(const std::string& every, int64_t step_done, bool epoch_end) {
 
 }  // namespace
 
-TrainSummary train(const Config& c, const RunEnv& env) {
-  if (env.world_size != 1)
-    throw Error("running on " + std::to_string(env.world_size) +
-                " ranks needs the FSDP engine, which this build does not have yet; run with one rank");
-  const bool leader = env.rank == 0;
+struct Trainer::State {
+  const Config c;  // a copy: the caller's Config may be gone before run()
+  RunEnv env;
+  MemoryTracker mem;
+  std::unique_ptr<Communicator> local_world;  // when env.world is null
+  Datasets data;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<FsdpEngine> engine;
+  std::unique_ptr<Optimizer> optimizer;
+  int64_t micro_global = 0, global_batch = 0, steps_per_epoch = 0, total_steps = 0;
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<LrSchedule> schedule;
+  explicit State(const Config& config) : c(config) {}
+};
+
+Trainer::Trainer(const Config& c, const RunEnv& env_in) : s_(std::make_unique<State>(c)) {
+  State& s = *s_;
+  s.env = env_in;
+  if (!s.env.world) {
+    s.local_world = make_local_communicator({c.comm.timeout_s});
+    s.env.world = s.local_world.get();
+  }
   if (c.train.threads > 0) {
     openblas_set_num_threads(static_cast<int>(c.train.threads));
     omp_set_num_threads(static_cast<int>(c.train.threads));
   }
-  MemoryTracker mem;
-
   // Data first: a missing dataset should fail before minutes of model set-up.
-  Datasets data = load_data(c);
-  std::unique_ptr<Model> model = make_model(c.model);
-  if (data.train->num_classes() > (c.model.kind == "transformer" ? c.model.vocab : 10))
-    throw Error("data has " + std::to_string(data.train->num_classes()) + " classes, more than the model's outputs");
+  s.data = load_data(c);
+  s.model = make_model(c.model);
+  if (s.data.train->num_classes() > (c.model.kind == "transformer" ? c.model.vocab : 10))
+    throw Error("data has " + std::to_string(s.data.train->num_classes()) + " classes, more than the model's outputs");
 
-  // Parameters: one flat buffer (one FSDP unit per rank later), initialised by the counter RNG.
-  FlatLayout layout = make_flat_layout(model->params());
-  Tensor flat = Tensor::empty({layout.numel}, DType::f32, MemCategory::params, &mem);
-  Tensor flat_grad = Tensor::zeros({layout.numel}, DType::f32, MemCategory::grads, &mem);
-  init_flat_range(layout, flat.f32(), 0, layout.numel, c.train.seed);
-  bind_flat(layout, flat.f32(), flat_grad.f32());
-  if (!c.model.init_from.empty()) load_model_weights(c.model.init_from, layout.params);
-  std::unique_ptr<Optimizer> optimizer = make_optimizer(c.train.optimizer, layout.numel, &mem);
+  // Units, shards and the mesh; each rank materialises only its own slices.
+  FsdpOptions fo = fsdp_options(c.fsdp);
+  ProcessMesh mesh = make_mesh(*s.env.world, fo.strategy, fo.shard_group_size, s.env.node_color, s.env.local_rank);
+  s.engine = std::make_unique<FsdpEngine>(*s.model, *s.env.world, std::move(mesh), fo, s.mem);
+  s.engine->init_shards(c.train.seed);
+  s.optimizer = make_optimizer(c.train.optimizer, static_cast<int64_t>(s.engine->param_shards().size()), &s.mem);
 
   // The schedule of global batches: the same for any world size.
-  const int64_t micro_global = c.train.batch_size * env.world_size;
-  const int64_t global_batch = micro_global * c.train.grad_accum;
-  Sampler sampler({data.train->size(), global_batch, c.train.shuffle, true, c.train.seed});
-  const int64_t steps_per_epoch = sampler.steps_per_epoch();
-  const int64_t total_steps = c.train.steps > 0 ? c.train.steps : c.train.epochs * steps_per_epoch;
-  LrSchedule schedule(c.train.scheduler, c.train.optimizer.lr, total_steps);
+  s.micro_global = c.train.batch_size * s.env.world_size;
+  s.global_batch = s.micro_global * c.train.grad_accum;
+  s.sampler = std::make_unique<Sampler>(SamplerOptions{s.data.train->size(), s.global_batch, c.train.shuffle, true, c.train.seed});
+  s.steps_per_epoch = s.sampler->steps_per_epoch();
+  s.total_steps = c.train.steps > 0 ? c.train.steps : c.train.epochs * s.steps_per_epoch;
+  s.schedule = std::make_unique<LrSchedule>(c.train.scheduler, c.train.optimizer.lr, s.total_steps);
+}
+
+Trainer::~Trainer() = default;
+
+TrainSummary Trainer::run() {
+  State& s = *s_;
+  const Config& c = s.c;
+  const RunEnv& env = s.env;
+  Model& model = *s.model;
+  FsdpEngine& engine = *s.engine;
+  MemoryTracker& mem = s.mem;
+  const bool leader = env.rank == 0;
+  // model.init_from is collective (rank 0 reads, everyone receives), so it runs here.
+  if (!c.model.init_from.empty()) engine.load_full_weights(c.model.init_from);
+
   MetricsFile metrics(leader ? c.output.metrics : "");
   const bool tty = leader && interactive_terminal();
   const bool lm = c.model.kind == "transformer";
-  const int64_t elems_per_sample = model->loss_elements_per_sample();
+  const int64_t elems_per_sample = model.loss_elements_per_sample();
+  const int64_t total_steps = s.total_steps, steps_per_epoch = s.steps_per_epoch, global_batch = s.global_batch;
 
   if (leader)
-    std::printf("fsdp_app: %s, %lld parameters, %s, %lld train / %lld eval samples, %lld steps (%lld per epoch)\n",
-                c.model.kind.c_str(), static_cast<long long>(layout.numel), c.data.kind.c_str(),
-                static_cast<long long>(data.train->size()), static_cast<long long>(data.eval->size()),
-                static_cast<long long>(total_steps), static_cast<long long>(steps_per_epoch));
+    std::printf("fsdp_app: %s, %lld parameters, %s on %d rank%s (%s, %zu units), %s, %lld train / %lld eval samples, %lld steps (%lld per epoch)\n",
+                c.model.kind.c_str(), static_cast<long long>(model.num_params()), c.fsdp.sharding_strategy.c_str(),
+                env.world_size, env.world_size == 1 ? "" : "s", c.comm.backend.c_str(), engine.units().size(),
+                c.data.kind.c_str(), static_cast<long long>(s.data.train->size()),
+                static_cast<long long>(s.data.eval->size()), static_cast<long long>(total_steps),
+                static_cast<long long>(steps_per_epoch));
 
   TrainSummary summary;
   RunCtx ctx;
   ctx.mem = &mem;
   ctx.seed = c.train.seed;
   ctx.dropout = c.train.dropout;
+  ctx.hooks = &engine;
   ctx.loss_normalizer = static_cast<double>(global_batch) * elems_per_sample;
   BatchBuffers batch;
   double timed_s = 0.0;
   int64_t timed_samples = 0;
   int64_t last_eval_step = -1;
   auto run_eval = [&](int64_t step_done, int64_t epoch) {
-    EvalResult r = evaluate(*model, *data.eval, c, mem);
+    EvalResult r = evaluate(model, engine, *s.data.eval, c, env, mem);
     summary.eval_loss = r.loss;
     summary.eval_accuracy = r.accuracy;
     last_eval_step = step_done;
@@ -192,31 +226,28 @@ TrainSummary train(const Config& c, const RunEnv& env) {
   for (int64_t step = 0; step < total_steps; ++step) {
     const int64_t epoch = step / steps_per_epoch, step_in_epoch = step % steps_per_epoch;
     const auto t0 = Clock::now();
-    const double lr = schedule.lr(step, epoch);
-    std::vector<int64_t> global = sampler.global_batch(epoch, step_in_epoch);
+    const double lr = s.schedule->lr(step, epoch);
+    std::vector<int64_t> global = s.sampler->global_batch(epoch, step_in_epoch);
 
-    // Forward/backward per micro-batch; gradients accumulate in flat_grad.
-    flat_grad.zero();
+    // Forward/backward per micro-batch; only the last one reduces gradients (no_sync).
+    engine.begin_step();
     double loss = 0.0;
     ctx.training = true;
     ctx.step = step;
     for (int64_t m = 0; m < c.train.grad_accum; ++m) {
-      auto [offset, count] = Sampler::rank_slice(micro_global, env.rank, env.world_size);
-      std::span<const int64_t> mine(global.data() + m * micro_global + offset, count);
-      ctx.sample_offset = step * global_batch + m * micro_global + offset;
-      load_batch(*data.train, mine, batch, &mem);
-      loss += model->forward(ctx, batch.inputs, batch.targets);
-      model->backward(ctx);
+      auto [offset, count] = Sampler::rank_slice(s.micro_global, env.rank, env.world_size);
+      std::span<const int64_t> mine(global.data() + m * s.micro_global + offset, count);
+      ctx.sample_offset = step * global_batch + m * s.micro_global + offset;
+      load_batch(*s.data.train, mine, batch, &mem);
+      engine.set_sync_grads(m + 1 == c.train.grad_accum);
+      loss += model.forward(ctx, batch.inputs, batch.targets);
+      model.backward(ctx);
     }
+    engine.finish_backward();
+    env.world->all_reduce(&loss, &loss, 1, DType::f64, ReduceOp::sum)->wait();
 
-    std::span<float> grads(flat_grad.f32(), layout.numel);
-    if (c.train.clip_grad_norm > 0.0) {
-      // torch.nn.utils.clip_grad_norm_: scale by min(1, max_norm / (norm + 1e-6)).
-      double norm = grad_norm(grads);
-      float coef = static_cast<float>(std::min(1.0, c.train.clip_grad_norm / (norm + 1e-6)));
-      for (float& g : grads) g *= coef;
-    }
-    optimizer->step(std::span<float>(flat.f32(), layout.numel), grads, lr);
+    if (c.train.clip_grad_norm > 0.0) engine.clip_grad_norm(c.train.clip_grad_norm);
+    s.optimizer->step(engine.param_shards(), engine.grad_shards(), lr);
 
     const double step_s = seconds_since(t0);
     const int64_t done = step + 1;
@@ -260,6 +291,11 @@ TrainSummary train(const Config& c, const RunEnv& env) {
                       .raw("mem_peak_bytes", mem_peaks_json(mem)));
   }
   return summary;
+}
+
+TrainSummary train(const Config& config, const RunEnv& env) {
+  Trainer trainer(config, env);
+  return trainer.run();
 }
 
 }  // namespace fsdp

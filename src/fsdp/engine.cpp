@@ -1,0 +1,313 @@
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "ckpt/h5.h"
+#include "fsdp/fsdp.h"
+#include "tensor/error.h"
+
+namespace fsdp {
+
+namespace {
+
+void bind_data(const FlatLayout& layout, float* data) {
+  for (size_t i = 0; i < layout.params.size(); ++i) layout.params[i]->data = data ? data + layout.offsets[i] : nullptr;
+}
+
+void bind_grad(const FlatLayout& layout, float* grad) {
+  for (size_t i = 0; i < layout.params.size(); ++i) layout.params[i]->grad = grad ? grad + layout.offsets[i] : nullptr;
+}
+
+}  // namespace
+
+FsdpEngine::FsdpEngine(Model& model, Communicator& world, ProcessMesh mesh, const FsdpOptions& options,
+                       MemoryTracker& mem)
+    : model_(model), world_(world), mesh_(std::move(mesh)), options_(options), mem_(mem) {
+  for (DType d : {options.param_dtype, options.reduce_dtype})
+    if (d != DType::f32 && d != DType::bf16 && d != DType::f16)
+      throw Error("fsdp.mixed_precision: " + std::string(dtype_name(d)) + " is not f32, bf16 or f16");
+  const int64_t n = mesh_.shard->size();
+  int64_t total = 0;
+  for (UnitSpec& spec : apply_wrap_policy(model, options)) {
+    auto u = std::make_unique<Unit>();
+    std::vector<Param*> params;
+    for (Layer* layer : spec.layers) layer->collect_params(params);
+    u->spec = std::move(spec);
+    u->layout = make_flat_layout(params);
+    u->padded_numel = (u->layout.numel + n - 1) / n * n;
+    u->shard_numel = u->padded_numel / n;
+    u->shard_offset = total;
+    total += u->shard_numel;
+    units_.push_back(std::move(u));
+  }
+  const std::vector<Layer*>& layers = model.layers();
+  unit_of_layer_.assign(layers.size(), -1);
+  for (size_t ui = 0; ui < units_.size(); ++ui)
+    for (Layer* l : units_[ui]->spec.layers)
+      unit_of_layer_[std::find(layers.begin(), layers.end(), l) - layers.begin()] = static_cast<int>(ui);
+  for (size_t li = 0; li < layers.size(); ++li)
+    if (std::find(forward_order_.begin(), forward_order_.end(), unit_of_layer_[li]) == forward_order_.end())
+      forward_order_.push_back(unit_of_layer_[li]);
+  shards_ = Tensor::zeros({total}, DType::f32, MemCategory::params, &mem_);
+  grad_shards_ = Tensor::zeros({total}, DType::f32, MemCategory::grads, &mem_);
+}
+
+FsdpEngine::~FsdpEngine() {
+  // Outstanding collectives reference our buffers: finish them before the buffers go.
+  for (auto& u : units_)
+    if (u->pending_gather) try { u->pending_gather->wait(); } catch (...) {}
+  for (auto& p : pending_reductions_) try { p.work->wait(); } catch (...) {}
+}
+
+void FsdpEngine::init_shards(uint64_t seed) {
+  const int64_t r = mesh_.shard->rank();
+  for (auto& u : units_) {
+    int64_t begin = r * u->shard_numel;
+    init_flat_range(u->layout, shards_.f32() + u->shard_offset, begin, begin + u->shard_numel, seed);
+  }
+}
+
+void FsdpEngine::load_full_weights(const std::string& path) {
+  // Rank 0 checks the whole file before anything is broadcast, and tells every rank whether it
+  // may proceed: a bad file must not leave the other ranks waiting in a broadcast.
+  std::vector<Param*> all;
+  for (auto& u : units_) all.insert(all.end(), u->layout.params.begin(), u->layout.params.end());
+  int32_t status = 0;
+  std::string message;
+  std::unique_ptr<WeightFile> file;
+  if (world_.rank() == 0) {
+    try {
+      file = std::make_unique<WeightFile>(path);
+      file->check(all);
+    } catch (const Error& e) {
+      status = 1;
+      message = e.what();
+    }
+  }
+  world_.broadcast(&status, 1, DType::i32, 0)->wait();
+  if (status != 0) throw Error(world_.rank() == 0 ? message : "model.init_from " + path + ": rank 0 could not read it");
+  const int64_t r = mesh_.shard->rank();
+  for (auto& u : units_) {
+    Tensor full = Tensor::zeros({u->padded_numel}, DType::f32, MemCategory::other, &mem_);
+    if (world_.rank() == 0) {
+      bind_data(u->layout, full.f32());
+      file->read(u->layout.params);
+      bind_data(u->layout, nullptr);
+    }
+    world_.broadcast(full.f32(), static_cast<size_t>(u->padded_numel), DType::f32, 0)->wait();
+    std::memcpy(shards_.f32() + u->shard_offset, full.f32() + r * u->shard_numel, u->shard_numel * sizeof(float));
+  }
+}
+
+bool FsdpEngine::keeps_params_after_forward(const Unit& u) const {
+  // The root stays gathered from forward to backward (its layers open and close the pass);
+  // ZeRO-2 style strategies keep every unit.
+  return index_of(u) == 0 || options_.strategy == Strategy::shard_grad_op ||
+         options_.strategy == Strategy::hybrid_shard_zero2 || mesh_.shard->size() == 1;
+}
+
+Unit& FsdpEngine::unit_of(Module& layer) {
+  const std::vector<Layer*>& layers = model_.layers();
+  auto it = std::find(layers.begin(), layers.end(), &layer);
+  if (it == layers.end()) throw Error("fsdp: hook for a module that is not a top-level layer: " + layer.name());
+  return *units_[unit_of_layer_[it - layers.begin()]];
+}
+
+int FsdpEngine::index_of(const Unit& u) const {
+  for (size_t i = 0; i < units_.size(); ++i)
+    if (units_[i].get() == &u) return static_cast<int>(i);
+  return -1;
+}
+
+void FsdpEngine::unshard(Unit& u) {
+  if (u.state != UnitState::sharded) return;
+  const int64_t n = mesh_.shard->size(), r = mesh_.shard->rank();
+  const float* mine = shards_.f32() + u.shard_offset;
+  if (n == 1 && options_.param_dtype == DType::f32) {
+    bind_data(u.layout, shards_.f32() + u.shard_offset);  // NO_SHARD: the shard is the whole unit
+    u.state = UnitState::gathered;
+    return;
+  }
+  ensure(u.gathered, {u.padded_numel}, DType::f32, MemCategory::gathered, &mem_);
+  const size_t count = static_cast<size_t>(u.shard_numel);
+  if (options_.param_dtype == DType::f32) {
+    std::memcpy(u.gathered.f32() + r * u.shard_numel, mine, count * sizeof(float));
+    u.pending_gather = mesh_.shard->all_gather(u.gathered.f32() + r * u.shard_numel, u.gathered.f32(), count, DType::f32);
+  } else {
+    // Gathering in bf16/f16 moves half the bytes; the f32 compute copy holds the rounded values.
+    ensure(u.gathered_lowp, {u.padded_numel}, options_.param_dtype, MemCategory::gathered, &mem_);
+    char* base = static_cast<char*>(u.gathered_lowp.raw());
+    char* slot = base + r * u.shard_numel * dtype_bytes(options_.param_dtype);
+    convert(mine, DType::f32, slot, options_.param_dtype, count);
+    u.pending_gather = mesh_.shard->all_gather(slot, base, count, options_.param_dtype);
+  }
+  u.state = UnitState::gathering;
+}
+
+void FsdpEngine::wait_for_unshard(Unit& u) {
+  if (u.state == UnitState::sharded) unshard(u);
+  if (u.state == UnitState::gathering) {
+    u.pending_gather->wait();
+    u.pending_gather.reset();
+    if (options_.param_dtype != DType::f32) {
+      convert(u.gathered_lowp.raw(), options_.param_dtype, u.gathered.f32(), DType::f32,
+              static_cast<size_t>(u.padded_numel));
+      u.gathered_lowp = Tensor();
+    }
+    bind_data(u.layout, u.gathered.f32());
+    u.state = UnitState::gathered;
+  }
+}
+
+void FsdpEngine::reshard(Unit& u) {
+  if (u.state == UnitState::gathering) wait_for_unshard(u);
+  if (mesh_.shard->size() == 1 && options_.param_dtype == DType::f32) return;  // nothing was gathered
+  bind_data(u.layout, nullptr);
+  u.gathered = Tensor();
+  u.state = UnitState::sharded;
+}
+
+void FsdpEngine::prefetch(int unit_index) {
+  if (unit_index < 0) return;
+  Unit& u = *units_[unit_index];
+  if (u.state != UnitState::sharded) return;
+  if (options_.limit_all_gathers) {
+    // At most two non-root units' gathered buffers alive at once (the one computing + this one).
+    int alive = 0;
+    for (size_t i = 1; i < units_.size(); ++i) alive += units_[i]->state != UnitState::sharded;
+    if (alive >= 2) return;
+  }
+  unshard(u);
+}
+
+void FsdpEngine::pre_forward(Module& layer) {
+  Unit& u = unit_of(layer);
+  if (u.forward_layers_left == 0) u.forward_layers_left = static_cast<int>(u.spec.layers.size());
+  wait_for_unshard(u);
+  if (options_.forward_prefetch) {
+    auto it = std::find(forward_order_.begin(), forward_order_.end(), index_of(u));
+    if (it != forward_order_.end() && it + 1 != forward_order_.end()) prefetch(*(it + 1));
+  }
+}
+
+void FsdpEngine::post_forward(Module& layer) {
+  Unit& u = unit_of(layer);
+  if (--u.forward_layers_left == 0 && !keeps_params_after_forward(u)) reshard(u);
+}
+
+void FsdpEngine::pre_backward(Module& layer) {
+  in_backward_ = true;
+  Unit& u = unit_of(layer);
+  if (u.backward_layers_left == 0) {
+    u.backward_layers_left = static_cast<int>(u.spec.layers.size());
+    wait_for_unshard(u);
+    if (mesh_.shard->size() == 1 && options_.reduce_dtype == DType::f32) {
+      bind_grad(u.layout, grad_shards_.f32() + u.shard_offset);  // NO_SHARD: accumulate in place
+    } else if (!u.full_grad.defined()) {
+      // Kept across micro-batches under no_sync; zeroed only when a step's first backward needs it.
+      u.full_grad = Tensor::zeros({u.padded_numel}, DType::f32, MemCategory::grads, &mem_);
+      bind_grad(u.layout, u.full_grad.f32());
+    } else {
+      bind_grad(u.layout, u.full_grad.f32());
+    }
+  }
+  if (options_.backward_prefetch == BackwardPrefetch::pre) {
+    // The unit backward reaches next: the nearest earlier layer of another unit.
+    const std::vector<Layer*>& layers = model_.layers();
+    int pos = static_cast<int>(std::find(layers.begin(), layers.end(), &layer) - layers.begin());
+    for (int p = pos - 1; p >= 0; --p)
+      if (unit_of_layer_[p] != index_of(u)) {
+        prefetch(unit_of_layer_[p]);
+        break;
+      }
+  }
+}
+
+void FsdpEngine::post_backward(Module& layer) {
+  Unit& u = unit_of(layer);
+  if (--u.backward_layers_left > 0) return;
+  if (options_.backward_prefetch == BackwardPrefetch::post) {
+    const std::vector<Layer*>& layers = model_.layers();
+    int pos = static_cast<int>(std::find(layers.begin(), layers.end(), &layer) - layers.begin());
+    for (int p = pos - 1; p >= 0; --p)
+      if (unit_of_layer_[p] != index_of(u)) {
+        prefetch(unit_of_layer_[p]);
+        break;
+      }
+  }
+  post_backward(u);
+}
+
+void FsdpEngine::post_backward(Unit& u) {
+  bind_grad(u.layout, nullptr);
+  const int64_t n = mesh_.shard->size();
+  const bool direct = n == 1 && options_.reduce_dtype == DType::f32;
+  if (sync_grads_ && !direct) {
+    // At most one reduction in flight besides this one: bounds the full gradients kept alive.
+    while (pending_reductions_.size() > 1) {
+      pending_reductions_.front().work->wait();
+      pending_reductions_.erase(pending_reductions_.begin());
+    }
+    float* dst = grad_shards_.f32() + u.shard_offset;
+    const size_t count = static_cast<size_t>(u.shard_numel);
+    if (options_.reduce_dtype == DType::f32) {
+      auto work = mesh_.shard->reduce_scatter(u.full_grad.f32(), dst, count, DType::f32, ReduceOp::sum);
+      pending_reductions_.push_back({std::move(work), std::move(u.full_grad)});
+    } else {
+      // Reduce in bf16/f16 (half the bytes), accumulate the result into the f32 grad shard.
+      Tensor low = Tensor::empty({u.padded_numel}, options_.reduce_dtype, MemCategory::comm, &mem_);
+      convert(u.full_grad.f32(), DType::f32, low.raw(), options_.reduce_dtype, static_cast<size_t>(u.padded_numel));
+      u.full_grad = Tensor();
+      Tensor out = Tensor::empty({u.shard_numel}, options_.reduce_dtype, MemCategory::comm, &mem_);
+      mesh_.shard->reduce_scatter(low.raw(), out.raw(), count, options_.reduce_dtype, ReduceOp::sum)->wait();
+      std::vector<float> widened(count);
+      convert(out.raw(), options_.reduce_dtype, widened.data(), DType::f32, count);
+      for (size_t i = 0; i < count; ++i) dst[i] += widened[i];
+    }
+    u.full_grad = Tensor();
+  }
+  reshard(u);  // every strategy frees a unit's parameters once its backward is done
+}
+
+void FsdpEngine::begin_step() {
+  grad_shards_.zero();
+  in_backward_ = false;
+}
+
+void FsdpEngine::finish_backward() {
+  for (auto& p : pending_reductions_) p.work->wait();
+  pending_reductions_.clear();
+  if (sync_grads_ && mesh_.replicate->size() > 1 && !options_.skip_replicate_reduce) {
+    // HYBRID and NO_SHARD: replicas of the same shard sum their gradients — one all_reduce over
+    // every unit's shard at once.
+    mesh_.replicate->all_reduce(grad_shards_.raw(), grad_shards_.raw(), static_cast<size_t>(grad_shards_.numel()),
+                                DType::f32, ReduceOp::sum)
+        ->wait();
+  }
+  in_backward_ = false;
+}
+
+void FsdpEngine::end_forward_only() {
+  for (auto& u : units_) {
+    u->forward_layers_left = 0;
+    if (u->state != UnitState::sharded) reshard(*u);
+  }
+}
+
+double FsdpEngine::clip_grad_norm(double max_norm) {
+  double local = 0.0;
+  const float* g = grad_shards_.f32();
+  for (int64_t i = 0; i < grad_shards_.numel(); ++i) local += static_cast<double>(g[i]) * g[i];
+  double total = local;
+  // Shards of one replica partition the gradient: their squares add up over the shard group.
+  mesh_.shard->all_reduce(&local, &total, 1, DType::f64, ReduceOp::sum)->wait();
+  double norm = std::sqrt(total);
+  if (max_norm > 0.0) {
+    float coef = static_cast<float>(std::min(1.0, max_norm / (norm + 1e-6)));
+    float* gw = grad_shards_.f32();
+    for (int64_t i = 0; i < grad_shards_.numel(); ++i) gw[i] *= coef;
+  }
+  return norm;
+}
+
+}  // namespace fsdp

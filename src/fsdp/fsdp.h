@@ -1,0 +1,145 @@
+#pragma once
+// Fully Sharded Data Parallelism over the collective layer. The model's top-level layers are
+// grouped into units by a wrap policy; each unit flattens its parameters (PyTorch order) into
+// one FlatParam padded to a multiple of the shard-group size N, and rank r keeps slice r — a
+// shard is {offset, size}. Per unit, named verbs: unshard (start the all_gather),
+// wait_for_unshard, reshard (free the gathered buffer), post_backward (reduce_scatter the
+// gradient into the grad shard, then all_reduce it across the replicate group for HYBRID).
+// The engine runs them from the model's hooks; the optimizer steps on the concatenated shards.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "comm/comm.h"
+#include "models/model.h"
+#include "nn/flat.h"
+#include "tensor/tensor.h"
+
+namespace fsdp {
+
+struct FsdpConfig;
+
+enum class Strategy { full_shard, shard_grad_op, no_shard, hybrid_shard, hybrid_shard_zero2 };
+Strategy parse_strategy(const std::string& name);
+std::string_view strategy_name(Strategy s);
+enum class BackwardPrefetch { none, pre, post };
+
+struct FsdpOptions {
+  Strategy strategy = Strategy::full_shard;
+  std::string wrap_policy = "size_based";  // size_based | transformer_layer | manual
+  int64_t min_num_params = 100;
+  std::vector<std::string> wrap_modules;   // manual
+  DType param_dtype = DType::f32;          // all_gather and compute precision of parameters
+  DType reduce_dtype = DType::f32;         // reduce_scatter precision of gradients
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::pre;
+  bool forward_prefetch = false;
+  bool limit_all_gathers = true;           // at most two units' gathered buffers alive
+  bool activation_checkpointing = false;
+  int shard_group_size = 0;                // hybrid: ranks per shard group, 0 = ranks per node
+  // Tests only: drop the replicate-group all_reduce (the HYBRID bug the tests must catch).
+  bool skip_replicate_reduce = false;
+};
+FsdpOptions fsdp_options(const FsdpConfig& config);
+
+// Which top-level layers form each unit. The root unit (index 0) holds every layer no policy
+// wrapped (it may be empty); units are formed at top-level-layer granularity.
+struct UnitSpec {
+  std::string name;              // "root" or the first layer's name
+  std::vector<Layer*> layers;    // in forward order
+};
+std::vector<UnitSpec> apply_wrap_policy(Model& model, const FsdpOptions& options);
+
+// The ranks that share shards (N of them) and the ranks that hold replicas of the same shard.
+struct ProcessMesh {
+  std::unique_ptr<Communicator> shard;      // size N
+  std::unique_ptr<Communicator> replicate;  // size world / N
+};
+// node_color: equal for ranks on one node (e.g. the world rank of the node's first rank).
+ProcessMesh make_mesh(Communicator& world, Strategy strategy, int shard_group_size, int node_color, int local_rank);
+
+enum class UnitState { sharded, gathering, gathered };
+
+struct Unit {
+  UnitSpec spec;
+  FlatLayout layout;          // unpadded params, PyTorch order
+  int64_t padded_numel = 0;   // layout.numel rounded up to a multiple of N
+  int64_t shard_numel = 0;    // padded_numel / N
+  int64_t shard_offset = 0;   // this unit's shard in the engine's concatenated shard buffers
+  UnitState state = UnitState::sharded;
+  Tensor gathered;            // (padded_numel) f32 compute copy while unsharded
+  Tensor gathered_lowp;       // (padded_numel) param_dtype when it is not f32
+  Tensor full_grad;           // (padded_numel) f32 gradients during backward
+  std::unique_ptr<Work> pending_gather;
+  int forward_layers_left = 0;
+  int backward_layers_left = 0;
+};
+
+class FsdpEngine : public ModuleHooks {
+ public:
+  FsdpEngine(Model& model, Communicator& world, ProcessMesh mesh, const FsdpOptions& options, MemoryTracker& mem);
+  ~FsdpEngine() override;
+
+  // Deferred sharded init: each rank materialises only its own slice of every unit.
+  void init_shards(uint64_t seed);
+  // sync_module_states: rank 0 reads /model/<name> from an HDF5 file unit by unit and
+  // broadcasts it; every rank keeps its slice. Replaces init_shards' values.
+  void load_full_weights(const std::string& path);
+
+  // A training step: begin_step zeroes the grad shards; forward/backward run through the hooks;
+  // with sync_grads false (gradient accumulation, all but the last micro-batch) post_backward
+  // keeps the full gradients instead of reducing them; finish_backward waits for every reduction.
+  void begin_step();
+  void set_sync_grads(bool sync) { sync_grads_ = sync; }
+  void finish_backward();
+  // After a forward without backward (evaluation): free what forward left gathered.
+  void end_forward_only();
+
+  // Global L2 norm of the gradient (f64 partial sums, one all_reduce over the shard group),
+  // then scales the grad shards by min(1, max_norm / (norm + 1e-6)) as PyTorch does.
+  double clip_grad_norm(double max_norm);
+  std::span<float> param_shards() { return {shards_.f32(), static_cast<size_t>(shards_.numel())}; }
+  std::span<float> grad_shards() { return {grad_shards_.f32(), static_cast<size_t>(grad_shards_.numel())}; }
+
+  const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
+  const ProcessMesh& mesh() const { return mesh_; }
+  Communicator& world() { return world_; }
+  const FsdpOptions& options() const { return options_; }
+
+  // ModuleHooks
+  void pre_forward(Module& layer) override;
+  void post_forward(Module& layer) override;
+  void pre_backward(Module& layer) override;
+  void post_backward(Module& layer) override;
+
+ private:
+  void unshard(Unit& u);
+  void wait_for_unshard(Unit& u);
+  void reshard(Unit& u);
+  void post_backward(Unit& u);
+  void prefetch(int unit_index);
+  bool keeps_params_after_forward(const Unit& u) const;
+  Unit& unit_of(Module& layer);
+  int index_of(const Unit& u) const;
+
+  Model& model_;
+  Communicator& world_;
+  ProcessMesh mesh_;
+  FsdpOptions options_;
+  MemoryTracker& mem_;
+  std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<int> unit_of_layer_;  // by position in model.layers()
+  std::vector<int> forward_order_;  // unit indices in order of first forward use
+  Tensor shards_;       // concatenated f32 master shards of every unit
+  Tensor grad_shards_;  // concatenated f32 gradient shards
+  bool sync_grads_ = true;
+  bool in_backward_ = false;
+  struct PendingReduction {
+    std::unique_ptr<Work> work;
+    Tensor input;  // the unit's full gradient, alive until the reduce_scatter is done
+  };
+  std::vector<PendingReduction> pending_reductions_;
+};
+
+}  // namespace fsdp
