@@ -1,5 +1,6 @@
 #include "ckpt/h5.h"
 
+#include <cstdio>
 #include <set>
 #include <unistd.h>
 
@@ -69,21 +70,44 @@ void load_model_weights(const std::string& path, const std::vector<Param*>& para
   file.read(params);
 }
 
-void save_model_weights(const std::string& path, const std::vector<Param*>& params) {
-  H5Quiet quiet;
-  H5Id file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-  if (!file.valid()) throw Error("cannot create HDF5 file " + path);
-  H5Id group(H5Gcreate2(file.get(), "/model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+WeightWriter::WeightWriter(const std::string& path) : path_(path), tmp_path_(path + ".tmp") {
+  file_ = H5Id(H5Fcreate(tmp_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  if (!file_.valid()) throw Error("cannot create HDF5 file " + tmp_path_);
+  group_ = H5Id(H5Gcreate2(file_.get(), "/model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+  if (!group_.valid()) throw Error("cannot create /model in " + tmp_path_);
+}
+
+WeightWriter::~WeightWriter() {
+  if (file_.valid()) {
+    group_.reset();
+    file_.reset();
+    std::remove(tmp_path_.c_str());
+  }
+}
+
+void WeightWriter::write(const std::vector<Param*>& params) {
   for (const Param* p : params) {
     std::vector<hsize_t> dims(p->shape.begin(), p->shape.end());
     H5Id space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
-    H5Id ds(H5Dcreate2(group.get(), p->name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
+    H5Id ds(H5Dcreate2(group_.get(), p->name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
                        H5P_DEFAULT),
             H5Dclose);
     if (!ds.valid() || H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, p->data) < 0)
-      throw Error("cannot write /model/" + p->name + " to " + path);
+      throw Error("cannot write /model/" + p->name + " to " + tmp_path_);
   }
-  if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) throw Error("cannot flush " + path);
+}
+
+void WeightWriter::commit() {
+  if (H5Fflush(file_.get(), H5F_SCOPE_GLOBAL) < 0) throw Error("cannot flush " + tmp_path_);
+  group_.reset();
+  file_.reset();
+  if (std::rename(tmp_path_.c_str(), path_.c_str()) != 0) throw Error("cannot rename " + tmp_path_ + " to " + path_);
+}
+
+void save_model_weights(const std::string& path, const std::vector<Param*>& params) {
+  WeightWriter w(path);
+  w.write(params);
+  w.commit();
 }
 
 }  // namespace fsdp

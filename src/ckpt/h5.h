@@ -71,6 +71,23 @@ class WeightFile {
 
 // check() then read() of every param.
 void load_model_weights(const std::string& path, const std::vector<Param*>& params);
+// Writes /model/<name> datasets (f32, full shape) a few params at a time, under a temporary
+// name renamed into place by commit(): the file appears only when complete.
+class WeightWriter {
+ public:
+  explicit WeightWriter(const std::string& path);
+  ~WeightWriter();  // without commit(): the temporary file is removed
+  WeightWriter(const WeightWriter&) = delete;
+  WeightWriter& operator=(const WeightWriter&) = delete;
+  void write(const std::vector<Param*>& params);
+  void commit();
+
+ private:
+  std::string path_, tmp_path_;
+  H5Quiet quiet_;
+  H5Id file_, group_;
+};
+
 // Writes every param's data as /model/<name> (f32, full shape) into a new file.
 void save_model_weights(const std::string& path, const std::vector<Param*>& params);
 

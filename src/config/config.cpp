@@ -139,6 +139,7 @@ std::vector<Field> schema(Config& c) {
       {"fsdp.activation_checkpointing", &f.activation_checkpointing},
       {"fsdp.cpu_offload", &f.cpu_offload},
       {"fsdp.hybrid.shard_group_size", &f.shard_group_size, at_least(0)},
+      {"fsdp.debug.skip_replicate_reduce", &f.debug_skip_replicate_reduce},
       {"comm.backend", &c.comm.backend, {}, {"mpi", "ucx", "nccl"}},
       {"comm.timeout_s", &c.comm.timeout_s, above(0)},
       {"checkpoint.dir", &c.checkpoint.dir},
@@ -149,6 +150,7 @@ std::vector<Field> schema(Config& c) {
       {"checkpoint.resume", &c.checkpoint.resume},
       {"output.metrics", &c.output.metrics},
       {"output.log_every", &c.output.log_every, at_least(1)},
+      {"output.save_weights", &c.output.save_weights},
   };
 }
 

@@ -92,6 +92,9 @@ struct FsdpConfig {
   bool activation_checkpointing = false;
   bool cpu_offload = false;
   int64_t shard_group_size = 0;  // hybrid.shard_group_size, 0 = ranks per node
+  // debug.skip_replicate_reduce: drops HYBRID's replicate all_reduce — only so a test can show
+  // that the equivalence check catches a gradient that never crosses the replicate group.
+  bool debug_skip_replicate_reduce = false;
 };
 
 struct CommConfig {
@@ -111,6 +114,7 @@ struct CheckpointConfig {
 struct OutputConfig {
   std::string metrics;   // JSON-lines file, "" = none
   int64_t log_every = 10;  // >= 1
+  std::string save_weights;  // at the end: HDF5 file with /model/<state_dict name> (full shapes)
 };
 
 struct Config {

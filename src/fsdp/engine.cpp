@@ -287,6 +287,14 @@ void FsdpEngine::finish_backward() {
   in_backward_ = false;
 }
 
+void FsdpEngine::for_each_gathered_unit(const std::function<void(const Unit&)>& fn) {
+  for (auto& u : units_) {
+    wait_for_unshard(*u);
+    fn(*u);
+    reshard(*u);
+  }
+}
+
 void FsdpEngine::end_forward_only() {
   for (auto& u : units_) {
     u->forward_layers_left = 0;

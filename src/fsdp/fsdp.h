@@ -7,6 +7,7 @@
 // gradient into the grad shard, then all_reduce it across the replicate group for HYBRID).
 // The engine runs them from the model's hooks; the optimizer steps on the concatenated shards.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -93,6 +94,9 @@ class FsdpEngine : public ModuleHooks {
   void begin_step();
   void set_sync_grads(bool sync) { sync_grads_ = sync; }
   void finish_backward();
+  // Gathers each unit in turn (all ranks), calls fn with its params bound to full values, then
+  // frees it: how full weights are written without any rank holding the whole model.
+  void for_each_gathered_unit(const std::function<void(const Unit&)>& fn);
   // After a forward without backward (evaluation): free what forward left gathered.
   void end_forward_only();
 

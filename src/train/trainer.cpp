@@ -284,6 +284,14 @@ TrainSummary Trainer::run() {
     run_eval(summary.steps, (total_steps - 1) / steps_per_epoch);
   if (tty && c.train.eval_every == "never") std::printf("\n");
   summary.samples_per_s = timed_s > 0 ? timed_samples / timed_s : 0.0;
+  if (!c.output.save_weights.empty()) {
+    std::unique_ptr<WeightWriter> writer;
+    if (leader) writer = std::make_unique<WeightWriter>(c.output.save_weights);
+    engine.for_each_gathered_unit([&](const Unit& u) {
+      if (writer) writer->write(u.layout.params);
+    });
+    if (writer) writer->commit();
+  }
   if (leader) {
     std::printf("done: %lld steps, %.1f samples/s, peak memory %.1f MiB\n", static_cast<long long>(summary.steps),
                 summary.samples_per_s, mem.peak_total_bytes() / 1048576.0);

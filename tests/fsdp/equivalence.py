@@ -1,0 +1,129 @@
+#!/usr/bin/python3
+"""FSDP equivalence: for a fixed global batch, every strategy at every world size trains like
+one rank. Per model (mnist_cnn on synthetic images, a small transformer on synthetic tokens),
+dropout on, 20 steps: the loss at each step and the parameters at the end must match the np=1
+NO_SHARD run within float-reordering tolerance; a repeated run must be bitwise identical; and
+HYBRID_SHARD without its replicate all_reduce must be caught as different.
+
+usage: equivalence.py FSDP_APP [--quick]      (Debian's /usr/bin/python3 with h5py, numpy)
+Prints a table and Boost.Test-style "N test cases out of M passed/failed" lines."""
+import json, os, subprocess, sys, tempfile
+
+import h5py
+import numpy as np
+
+APP = os.path.abspath(sys.argv[1])
+QUICK = "--quick" in sys.argv
+STEPS = 20
+GLOBAL_BATCH = 24  # divisible by 1, 2, 3, 4 and 8
+LOSS_RTOL = 1e-5
+PARAM_ATOL, PARAM_RTOL = 2e-5, 1e-4  # after 20 steps of reordered float sums
+STRATEGIES = ["NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"]
+NPS = [1, 2, 3, 4, 8] if not QUICK else [1, 2, 3]
+SHARD_GROUP = {1: 1, 2: 1, 3: 1, 4: 2, 8: 4}  # HYBRID: 2x2 at np=4, 2 nodes x 4 at np=8
+
+MODELS = {
+    "mnist_cnn": [
+        "model.kind=mnist_cnn", "data.kind=synthetic", "data.synthetic_samples=480",
+        "train.optimizer.kind=adadelta", "train.optimizer.lr=1.0", "fsdp.auto_wrap.policy=size_based",
+        "fsdp.auto_wrap.min_num_params=100",
+    ],
+    "transformer": [
+        "model.kind=transformer", "model.vocab=64", "model.d_model=32", "model.n_layers=3", "model.n_heads=4",
+        "model.d_ff=64", "model.seq_len=16", "data.kind=synthetic", "data.synthetic_samples=480",
+        "train.optimizer.kind=adamw", "train.optimizer.lr=0.003", "train.clip_grad_norm=1.0",
+        "fsdp.auto_wrap.policy=transformer_layer",
+    ],
+}
+
+env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+tmp = tempfile.mkdtemp(prefix="fsdp_equiv_")
+
+
+def run(model, strategy, np_, tag, extra=()):
+    metrics, weights = f"{tmp}/{tag}.jsonl", f"{tmp}/{tag}.h5"
+    sets = MODELS[model] + [
+        f"train.batch_size={GLOBAL_BATCH // np_}", f"train.steps={STEPS}", "train.epochs=0", "train.eval_every=never",
+        "train.dropout=true", "train.shuffle=true", "train.threads=1", f"fsdp.sharding_strategy={strategy}",
+        f"fsdp.hybrid.shard_group_size={SHARD_GROUP[np_]}", f"output.metrics={metrics}", f"output.save_weights={weights}",
+        "output.log_every=1000", *extra]
+    cfg = f"{tmp}/empty.yaml"
+    open(cfg, "w").close()
+    cmd = ["timeout", "300", "mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np_), APP, cfg]
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{model} {strategy} np={np_} exit {p.returncode}: {p.stderr.strip()[-400:]}")
+    losses = [json.loads(l)["loss"] for l in open(metrics) if '"loss"' in l]
+    with h5py.File(weights, "r") as f:
+        params = {k: f["model"][k][()] for k in f["model"]}
+    return losses, params
+
+
+def comparable(name, v):
+    # The key third of attention's in_proj_bias has an exactly-zero true gradient (softmax is
+    # invariant to adding q.b_k to a whole row), so its computed gradient is rounding noise whose
+    # sign depends on summation order, and Adam's normalised update turns that noise into steps
+    # of size lr. That is expected to differ between world sizes (PyTorch does the same), so it
+    # is left out of the parameter comparison; the loss comparison still covers it.
+    if name.endswith("attn.in_proj_bias"):
+        c = v.shape[0] // 3
+        return np.concatenate([v[:c], v[2 * c:]])
+    return v
+
+
+def compare(base, other):
+    bl, bp = base
+    ol, op = other
+    loss_rel = max(abs(a - b) / abs(a) for a, b in zip(bl, ol)) if len(bl) == len(ol) == STEPS else float("inf")
+    worst = 0.0
+    for k, v in bp.items():
+        v, o = comparable(k, v), comparable(k, op[k])
+        excess = np.abs(o - v) - (PARAM_ATOL + PARAM_RTOL * np.abs(v))
+        worst = max(worst, float(np.max(np.abs(o - v))))
+        if (excess > 0).any():
+            return loss_rel, worst, False
+    return loss_rel, worst, loss_rel <= LOSS_RTOL
+
+
+passed = failed = 0
+print(f"{'model':12} {'strategy':19} {'np':>3} {'max rel loss diff':>18} {'max |param diff|':>17}  result")
+for model in MODELS:
+    base = run(model, "NO_SHARD", 1, f"{model}_base")
+    for strategy in STRATEGIES:
+        for np_ in NPS:
+            try:
+                r = run(model, strategy, np_, f"{model}_{strategy}_{np_}")
+                loss_rel, pdiff, ok = compare(base, r)
+                print(f"{model:12} {strategy:19} {np_:>3} {loss_rel:>18.2e} {pdiff:>17.2e}  {'PASS' if ok else 'FAIL'}")
+            except RuntimeError as e:
+                ok = False
+                print(f"{model:12} {strategy:19} {np_:>3} {'error':>18} {'':>17}  FAIL  {e}")
+            passed += ok
+            failed += not ok
+    # Repeated runs at the same np and backend are bitwise identical.
+    np_rep = 3
+    a = run(model, "FULL_SHARD", np_rep, f"{model}_rep_a")
+    b = run(model, "FULL_SHARD", np_rep, f"{model}_rep_b")
+    same = a[0] == b[0] and all(np.array_equal(a[1][k], b[1][k]) for k in a[1])
+    print(f"{model:12} {'repeat FULL_SHARD':19} {np_rep:>3} {'bitwise':>18} {'':>17}  {'PASS' if same else 'FAIL'}")
+    passed += same
+    failed += not same
+    # The bug PyTorch users hit: a gradient that never crosses the replicate group. It must show.
+    if not QUICK:
+        bad = run(model, "HYBRID_SHARD", 4, f"{model}_noreplicate", ["fsdp.debug.skip_replicate_reduce=true"])
+        loss_rel, pdiff, ok = compare(base, bad)
+        caught = not ok
+        print(f"{model:12} {'HYBRID no replicate':19} {4:>3} {loss_rel:>18.2e} {pdiff:>17.2e}  "
+              f"{'PASS (caught)' if caught else 'FAIL (not caught)'}")
+        passed += caught
+        failed += not caught
+
+subprocess.run(["rm", "-rf", tmp])
+if passed:
+    print(f"  {passed} test case{'s' if passed != 1 else ''} out of {passed + failed} passed")
+if failed:
+    print(f"  {failed} test case{'s' if failed != 1 else ''} out of {passed + failed} failed")
+sys.exit(1 if failed else 0)
