@@ -48,6 +48,9 @@ FsdpEngine::FsdpEngine(Model& model, Communicator& world, ProcessMesh mesh, cons
   for (size_t li = 0; li < layers.size(); ++li)
     if (std::find(forward_order_.begin(), forward_order_.end(), unit_of_layer_[li]) == forward_order_.end())
       forward_order_.push_back(unit_of_layer_[li]);
+  // Activation checkpointing per unit: every wrapped (non-root) unit's layers recompute.
+  for (size_t ui = 1; ui < units_.size(); ++ui)
+    for (Layer* l : units_[ui]->spec.layers) model.set_checkpointed(*l, options.activation_checkpointing);
   shards_ = Tensor::zeros({total}, DType::f32, MemCategory::params, &mem_);
   grad_shards_ = Tensor::zeros({total}, DType::f32, MemCategory::grads, &mem_);
 }

@@ -6,23 +6,40 @@
 namespace fsdp {
 
 double Model::forward(RunCtx& ctx, const Tensor& inputs, const Tensor& targets) {
-  const Tensor* x = &inputs;
-  for (Layer* layer : layers_) {
+  // Tensor handles, not pointers: a checkpointed layer releases its buffers, and its output
+  // must outlive that for the next layer.
+  Tensor x = inputs;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Layer* layer = layers_[i];
     if (ctx.hooks) ctx.hooks->pre_forward(*layer);
-    x = &layer->forward(ctx, *x);
+    const bool ckpt = checkpointed_[i] && ctx.training;
+    if (ckpt) saved_inputs_[i] = x;
+    x = layer->forward(ctx, x);
+    if (ckpt) layer->release_activations();
     if (ctx.hooks) ctx.hooks->post_forward(*layer);
   }
   output_ = x;
-  return loss_->forward(ctx, *x, targets);
+  return loss_->forward(ctx, x, targets);
 }
 
 void Model::backward(RunCtx& ctx) {
-  const Tensor* dy = &loss_->backward(ctx);
-  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
-    if (ctx.hooks) ctx.hooks->pre_backward(**it);
-    dy = &(*it)->backward(ctx, *dy);
-    if (ctx.hooks) ctx.hooks->post_backward(**it);
+  Tensor dy = loss_->backward(ctx);
+  for (size_t i = layers_.size(); i-- > 0;) {
+    Layer* layer = layers_[i];
+    if (ctx.hooks) ctx.hooks->pre_backward(*layer);  // FSDP gathers the unit here: recompute after
+    if (checkpointed_[i]) {
+      layer->forward(ctx, saved_inputs_[i]);
+      saved_inputs_[i] = Tensor();
+    }
+    dy = layer->backward(ctx, dy);
+    if (checkpointed_[i]) layer->release_activations();  // dy keeps its own handle on dx
+    if (ctx.hooks) ctx.hooks->post_backward(*layer);
   }
+}
+
+void Model::set_checkpointed(const Layer& layer, bool on) {
+  for (size_t i = 0; i < layers_.size(); ++i)
+    if (layers_[i] == &layer) checkpointed_[i] = on;
 }
 
 namespace {

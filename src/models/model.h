@@ -20,9 +20,12 @@ class Model : public Module {
   double forward(RunCtx& ctx, const Tensor& inputs, const Tensor& targets);
   // Gradients accumulate (+=) into the params' grad pointers.
   void backward(RunCtx& ctx);
-  const Tensor& output() const { return *output_; }
+  const Tensor& output() const { return output_; }
   const Loss& loss() const { return *loss_; }
   const std::vector<Layer*>& layers() const { return layers_; }
+  // Activation checkpointing of one top-level layer: its buffers are dropped after forward and
+  // rebuilt by a recomputing forward (same ctx: same dropout masks) just before its backward.
+  void set_checkpointed(const Layer& layer, bool on);
   // Per-sample count the loss averages over: 1 for a classifier, T tokens for an LM.
   virtual int64_t loss_elements_per_sample() const { return 1; }
 
@@ -31,13 +34,17 @@ class Model : public Module {
   L& add_layer(Args&&... args) {
     L& l = add_child<L>(std::forward<Args>(args)...);
     layers_.push_back(&l);
+    checkpointed_.push_back(false);
+    saved_inputs_.emplace_back();
     return l;
   }
 
  private:
   std::unique_ptr<Loss> loss_;
   std::vector<Layer*> layers_;
-  const Tensor* output_ = nullptr;
+  std::vector<bool> checkpointed_;   // by layer position
+  std::vector<Tensor> saved_inputs_;  // checkpointed layers' inputs, forward to backward
+  Tensor output_;
 };
 
 // The PyTorch MNIST example's Net: conv1 1->32 3x3, ReLU, conv2 32->64 3x3, ReLU, max_pool 2,

@@ -16,12 +16,17 @@ class Linear : public Layer {
   Linear(const std::string& name, int64_t in, int64_t out, bool bias = true);
   const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  void release_activations() override;
   Param& weight;
   Param* bias = nullptr;
 
  private:
   int64_t in_, out_;
   Tensor x_, y_, dx_;
+
+ public:  // memory plan (Layer::plan_forward)
+  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
+  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 // torch.nn.Conv2d, stride 1: W (out, in, k, k), b (out), bounds 1/sqrt(in*k*k).
@@ -31,6 +36,7 @@ class Conv2d : public Layer {
   Conv2d(const std::string& name, int64_t in, int64_t out, int64_t kernel, int64_t padding = 0);
   const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  void release_activations() override;
   Param& weight;
   Param& bias;
 
@@ -40,6 +46,10 @@ class Conv2d : public Layer {
   Tensor col_;   // (in*k*k, B*OH*OW), kept for the weight gradient
   Tensor ybuf_;  // (out, B*OH*OW) GEMM output before the batch-major permute
   Tensor y_, dyt_, dcol_, dx_;
+
+ public:  // memory plan (Layer::plan_forward)
+  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
+  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 class ReLU : public Layer {
@@ -47,9 +57,14 @@ class ReLU : public Layer {
   explicit ReLU(const std::string& name) : Layer(name, "ReLU") {}
   const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  void release_activations() override;
 
  private:
   Tensor y_, dx_;
+
+ public:  // memory plan (Layer::plan_forward)
+  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
+  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 // Exact (erf) GELU, torch.nn.GELU() default.
@@ -58,9 +73,14 @@ class GELU : public Layer {
   explicit GELU(const std::string& name) : Layer(name, "GELU") {}
   const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  void release_activations() override;
 
  private:
   Tensor x_, y_, dx_;
+
+ public:  // memory plan (Layer::plan_forward)
+  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
+  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 // Inverted dropout. The mask of element j of global sample n at step s is a counter-RNG draw
@@ -70,11 +90,16 @@ class Dropout : public Layer {
   Dropout(const std::string& name, float p) : Layer(name, "Dropout"), p_(p) {}
   const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  void release_activations() override;
 
  private:
   float p_;
   bool active_ = false;
   Tensor x_, mask_, y_, dx_;
+
+ public:  // memory plan (Layer::plan_forward)
+  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
+  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 // torch.nn.MaxPool2d(2): (B, C, H, W) -> (B, C, H/2, W/2).
@@ -83,10 +108,15 @@ class MaxPool2d : public Layer {
   explicit MaxPool2d(const std::string& name) : Layer(name, "MaxPool2d") {}
   const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  void release_activations() override;
 
  private:
   Tensor argmax_, y_, dx_;
   Shape x_shape_;
+
+ public:  // memory plan (Layer::plan_forward)
+  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
+  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 // torch.flatten(x, 1): a view.
@@ -95,10 +125,15 @@ class Flatten : public Layer {
   explicit Flatten(const std::string& name) : Layer(name, "Flatten") {}
   const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  void release_activations() override;
 
  private:
   Shape x_shape_;
   Tensor y_, dx_;
+
+ public:  // memory plan (Layer::plan_forward)
+  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
+  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 // F.log_softmax(x, dim=-1).
@@ -107,9 +142,14 @@ class LogSoftmax : public Layer {
   explicit LogSoftmax(const std::string& name) : Layer(name, "LogSoftmax") {}
   const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  void release_activations() override;
 
  private:
   Tensor y_, dx_;
+
+ public:  // memory plan (Layer::plan_forward)
+  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
+  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 // torch.nn.LayerNorm(C), eps 1e-5: weight ones, bias zeros. x (..., C).
@@ -118,6 +158,7 @@ class LayerNorm : public Layer {
   LayerNorm(const std::string& name, int64_t C, float eps = 1e-5f);
   const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  void release_activations() override;
   Param& weight;
   Param& bias;
 
@@ -125,6 +166,10 @@ class LayerNorm : public Layer {
   int64_t C_;
   float eps_;
   Tensor x_, y_, mean_, rstd_, dx_;
+
+ public:  // memory plan (Layer::plan_forward)
+  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
+  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 // torch.nn.Embedding(n, C): weight (n, C) ~ N(0, 1). A parameter holder for Embeddings.
@@ -141,12 +186,17 @@ class Embeddings : public Layer {
   Embeddings(int64_t vocab, int64_t max_seq, int64_t C);
   const Tensor& forward(RunCtx& ctx, const Tensor& tokens) override;
   const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  void release_activations() override;
   Embedding& tok;
   Embedding& pos;
 
  private:
   int64_t vocab_, max_seq_, C_;
   Tensor tokens_, y_, none_;
+
+ public:  // memory plan (Layer::plan_forward)
+  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
+  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 // torch.nn.MultiheadAttention(C, H, batch_first=True) called as attn(x, x, x, attn_mask=causal):
@@ -157,6 +207,7 @@ class MultiheadAttention : public Layer {
   MultiheadAttention(const std::string& name, int64_t C, int64_t heads);
   const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  void release_activations() override;
   Param& in_proj_weight;
   Param& in_proj_bias;
   Linear& out_proj;
@@ -164,6 +215,10 @@ class MultiheadAttention : public Layer {
  private:
   int64_t C_, H_;
   Tensor x_, qkv_, att_, y_, dy_att_, dqkv_, dx_, dp_;
+
+ public:  // memory plan (Layer::plan_forward)
+  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
+  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 // Pre-norm decoder block: x + attn(ln1(x)), then + fc2(gelu(fc1(ln2(.)))). FSDP's
@@ -173,6 +228,7 @@ class TransformerBlock : public Layer {
   TransformerBlock(const std::string& name, int64_t C, int64_t heads, int64_t d_ff);
   const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  void release_activations() override;
   LayerNorm& ln1;
   MultiheadAttention& attn;
   LayerNorm& ln2;
@@ -182,6 +238,10 @@ class TransformerBlock : public Layer {
 
  private:
   Tensor a_, y_, da_, dx_;
+
+ public:  // memory plan (Layer::plan_forward)
+  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
+  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 }  // namespace fsdp

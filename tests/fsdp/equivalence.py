@@ -111,6 +111,12 @@ for model in MODELS:
     print(f"{model:12} {'repeat FULL_SHARD':19} {np_rep:>3} {'bitwise':>18} {'':>17}  {'PASS' if same else 'FAIL'}")
     passed += same
     failed += not same
+    # Activation checkpointing recomputes the same arithmetic (same dropout masks): bitwise equal.
+    c = run(model, "FULL_SHARD", np_rep, f"{model}_ckpt", ["fsdp.activation_checkpointing=true"])
+    same = a[0] == c[0] and all(np.array_equal(a[1][k], c[1][k]) for k in a[1])
+    print(f"{model:12} {'activation ckpt':19} {np_rep:>3} {'bitwise':>18} {'':>17}  {'PASS' if same else 'FAIL'}")
+    passed += same
+    failed += not same
     # The bug PyTorch users hit: a gradient that never crosses the replicate group. It must show.
     if not QUICK:
         bad = run(model, "HYBRID_SHARD", 4, f"{model}_noreplicate", ["fsdp.debug.skip_replicate_reduce=true"])
