@@ -116,3 +116,33 @@ BOOST_AUTO_TEST_CASE(transformer_trains_on_the_text_corpus) {
   BOOST_TEST(s.eval_loss < l.front());
   std::filesystem::remove(m);
 }
+
+BOOST_AUTO_TEST_CASE(f16_dynamic_loss_scaling_skips_overflowing_steps) {
+  // Gradients times an initial scale of 2^28 overflow f16 in the reduction: those steps are
+  // skipped and the scale halves until the gradients fit; then training proceeds.
+  std::string m = tmp("f16_metrics");
+  fsdp::train(cfg(kLm, {"train.steps=30", "fsdp.mixed_precision.param_dtype=f16",
+                        "fsdp.mixed_precision.reduce_dtype=f16", "fsdp.mixed_precision.init_loss_scale=268435456",
+                        "output.metrics=" + m}),
+              {});
+  std::ifstream f(m);
+  std::string line;
+  int skipped = 0, steps = 0;
+  double first_scale = 0, last_scale = 0, first_loss = 0, last_loss = 0;
+  while (std::getline(f, line)) {
+    if (line.find("\"loss_scale\"") == std::string::npos) continue;
+    double scale = std::stod(line.substr(line.find("\"loss_scale\": ") + 14));
+    double loss = std::stod(line.substr(line.find("\"loss\": ") + 8));
+    skipped += line.find("\"step_skipped\": 1") != std::string::npos;
+    if (steps++ == 0) first_scale = scale, first_loss = loss;
+    last_scale = scale;
+    last_loss = loss;
+  }
+  BOOST_TEST(steps == 30);
+  BOOST_TEST(first_scale == 268435456.0);
+  BOOST_TEST(skipped >= 1);
+  BOOST_TEST(last_scale < first_scale);
+  BOOST_TEST(std::isfinite(last_loss));
+  BOOST_TEST(last_loss < first_loss);
+  std::filesystem::remove(m);
+}

@@ -130,6 +130,7 @@ std::vector<Field> schema(Config& c) {
       {"fsdp.mixed_precision.param_dtype", &mp.param_dtype, {}, dtypes},
       {"fsdp.mixed_precision.reduce_dtype", &mp.reduce_dtype, {}, dtypes},
       {"fsdp.mixed_precision.buffer_dtype", &mp.buffer_dtype, {}, dtypes},
+      {"fsdp.mixed_precision.init_loss_scale", &mp.init_loss_scale, above(0)},
       {"fsdp.backward_prefetch",
        &f.backward_prefetch,
        {},

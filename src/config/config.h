@@ -76,6 +76,7 @@ struct MixedPrecisionConfig {
   std::string param_dtype = "f32";   // f32 | bf16 | f16
   std::string reduce_dtype = "f32";
   std::string buffer_dtype = "f32";
+  double init_loss_scale = 65536.0;  // f16 dynamic loss scaling starts here (GradScaler's 2^16)
 };
 
 struct FsdpConfig {

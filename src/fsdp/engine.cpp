@@ -305,6 +305,19 @@ void FsdpEngine::end_forward_only() {
   }
 }
 
+bool FsdpEngine::grads_finite() {
+  int32_t bad = 0;
+  const float* g = grad_shards_.f32();
+  for (int64_t i = 0; i < grad_shards_.numel() && !bad; ++i) bad = !std::isfinite(g[i]);
+  world_.all_reduce(&bad, &bad, 1, DType::i32, ReduceOp::max)->wait();
+  return bad == 0;
+}
+
+void FsdpEngine::scale_grads(float factor) {
+  float* g = grad_shards_.f32();
+  for (int64_t i = 0; i < grad_shards_.numel(); ++i) g[i] *= factor;
+}
+
 double FsdpEngine::clip_grad_norm(double max_norm) {
   double local = 0.0;
   const float* g = grad_shards_.f32();

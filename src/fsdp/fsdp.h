@@ -103,6 +103,11 @@ class FsdpEngine : public ModuleHooks {
   // Global L2 norm of the gradient (f64 partial sums, one all_reduce over the shard group),
   // then scales the grad shards by min(1, max_norm / (norm + 1e-6)) as PyTorch does.
   double clip_grad_norm(double max_norm);
+  // True when every rank's gradient shard is finite (one all_reduce over the world); false
+  // means an f16 overflow somewhere, and the step must be skipped on every rank.
+  bool grads_finite();
+  // grad shards *= factor (undoes the loss scale).
+  void scale_grads(float factor);
   std::span<float> param_shards() { return {shards_.f32(), static_cast<size_t>(shards_.numel())}; }
   std::span<float> grad_shards() { return {grad_shards_.f32(), static_cast<size_t>(grad_shards_.numel())}; }
 

@@ -46,7 +46,7 @@ const Tensor& NLLLoss::backward(RunCtx& ctx) {
   ensure(grad_, shape_, DType::f32, MemCategory::activations, ctx.mem);
   grad_.zero();
   int64_t C = shape_.back(), rows = grad_.numel() / C;
-  float g = static_cast<float>(-1.0 / ctx.loss_normalizer);
+  float g = static_cast<float>(-ctx.loss_scale / ctx.loss_normalizer);
   const int32_t* t = targets_.i32();
   float* d = grad_.f32();
   for (int64_t r = 0; r < rows; ++r) d[r * C + t[r]] = g;
@@ -66,7 +66,7 @@ double CrossEntropyLoss::forward(RunCtx& ctx, const Tensor& logits, const Tensor
 const Tensor& CrossEntropyLoss::backward(RunCtx& ctx) {
   ensure(grad_, logp_.shape(), DType::f32, MemCategory::activations, ctx.mem);
   int64_t C = logp_.shape().back(), rows = logp_.numel() / C;
-  float inv_n = static_cast<float>(1.0 / ctx.loss_normalizer);
+  float inv_n = static_cast<float>(ctx.loss_scale / ctx.loss_normalizer);
   const float* lp = logp_.f32();
   const int32_t* t = targets_.i32();
   float* d = grad_.f32();
@@ -76,6 +76,30 @@ const Tensor& CrossEntropyLoss::backward(RunCtx& ctx) {
     d[r * C + t[r]] -= inv_n;
   }
   return grad_;
+}
+
+}  // namespace fsdp
+
+// ---- Memory plan: the ensure() calls and held references of forward/backward above ----
+
+namespace fsdp {
+
+void NLLLoss::plan_forward(ActivationPlan& p, const PlanTensor& logp, const PlanTensor& targets) const {
+  p.hold(this, &targets_, targets);
+  p.hold(this, &shape_, {nullptr, logp.shape});
+}
+
+PlanTensor NLLLoss::plan_backward(ActivationPlan& p) const {
+  return p.ensure(this, &grad_, p.get(&shape_).shape, DType::f32);
+}
+
+void CrossEntropyLoss::plan_forward(ActivationPlan& p, const PlanTensor& logits, const PlanTensor& targets) const {
+  p.hold(this, &targets_, targets);
+  p.ensure(this, &logp_, logits.shape, DType::f32);
+}
+
+PlanTensor CrossEntropyLoss::plan_backward(ActivationPlan& p) const {
+  return p.ensure(this, &grad_, p.get(&logp_).shape, DType::f32);
 }
 
 }  // namespace fsdp

@@ -121,6 +121,30 @@ bool eval_due(const std::string& every, int64_t step_done, bool epoch_end) {
   return step_done % std::stoll(every) == 0;
 }
 
+// torch.cuda.amp.GradScaler's rule, for f16 parameters or reductions: start at init_loss_scale
+// (2^16 by default), halve and
+// skip the step on an overflow, double after 2000 good steps in a row.
+struct LossScaler {
+  bool enabled = false;
+  double scale = 65536.0;
+  int64_t good_steps = 0;
+  // Returns whether the optimizer may step; unscales the gradients when it may.
+  bool update(FsdpEngine& engine) {
+    if (!enabled) return true;
+    if (!engine.grads_finite()) {
+      scale *= 0.5;
+      good_steps = 0;
+      return false;
+    }
+    engine.scale_grads(static_cast<float>(1.0 / scale));
+    if (++good_steps == 2000) {
+      scale *= 2.0;
+      good_steps = 0;
+    }
+    return true;
+  }
+};
+
 }  // namespace
 
 struct Trainer::State {
@@ -135,6 +159,7 @@ struct Trainer::State {
   int64_t micro_global = 0, global_batch = 0, steps_per_epoch = 0, total_steps = 0;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<LrSchedule> schedule;
+  LossScaler scaler;
   explicit State(const Config& config) : c(config) {}
 };
 
@@ -160,6 +185,8 @@ Trainer::Trainer(const Config& c, const RunEnv& env_in) : s_(std::make_unique<St
   ProcessMesh mesh = make_mesh(*s.env.world, fo.strategy, fo.shard_group_size, s.env.node_color, s.env.local_rank);
   s.engine = std::make_unique<FsdpEngine>(*s.model, *s.env.world, std::move(mesh), fo, s.mem);
   s.engine->init_shards(c.train.seed);
+  s.scaler.enabled = fo.param_dtype == DType::f16 || fo.reduce_dtype == DType::f16;
+  s.scaler.scale = c.fsdp.mixed_precision.init_loss_scale;
   s.optimizer = make_optimizer(c.train.optimizer, static_cast<int64_t>(s.engine->param_shards().size()), &s.mem);
 
   // The schedule of global batches: the same for any world size.
@@ -234,6 +261,7 @@ TrainSummary Trainer::run() {
     double loss = 0.0;
     ctx.training = true;
     ctx.step = step;
+    ctx.loss_scale = s.scaler.enabled ? s.scaler.scale : 1.0;
     for (int64_t m = 0; m < c.train.grad_accum; ++m) {
       auto [offset, count] = Sampler::rank_slice(s.micro_global, env.rank, env.world_size);
       std::span<const int64_t> mine(global.data() + m * s.micro_global + offset, count);
@@ -246,8 +274,11 @@ TrainSummary Trainer::run() {
     engine.finish_backward();
     env.world->all_reduce(&loss, &loss, 1, DType::f64, ReduceOp::sum)->wait();
 
-    if (c.train.clip_grad_norm > 0.0) engine.clip_grad_norm(c.train.clip_grad_norm);
-    s.optimizer->step(engine.param_shards(), engine.grad_shards(), lr);
+    const bool step_ok = s.scaler.update(engine);  // false: an f16 overflow, the step is skipped
+    if (step_ok) {
+      if (c.train.clip_grad_norm > 0.0) engine.clip_grad_norm(c.train.clip_grad_norm);
+      s.optimizer->step(engine.param_shards(), engine.grad_shards(), lr);
+    }
 
     const double step_s = seconds_since(t0);
     const int64_t done = step + 1;
@@ -263,6 +294,7 @@ TrainSummary Trainer::run() {
       j.integer("step", done).integer("epoch", epoch + 1).num("loss", loss).num("lr", lr).num("step_time_s", step_s);
       j.num("samples_per_s", rate);
       if (lm) j.num("tokens_per_s", rate * elems_per_sample);
+      if (s.scaler.enabled) j.num("loss_scale", ctx.loss_scale).integer("step_skipped", step_ok ? 0 : 1);
       j.raw("mem_peak_bytes", mem_peaks_json(mem));
       metrics.write(j);
       if (tty) {
