@@ -18,18 +18,24 @@
 #include "comm/comm.h"
 #include "comm/mpi_env.h"
 #include "config/config.h"
+#include "fsdp/plan.h"
 #include "train/trainer.h"
 
 namespace {
 
 constexpr const char* kUsage =
-    "usage: fsdp_app INPUT.yaml [--set dotted.key=value ...]\n"
-    "  trains the model described by INPUT.yaml (see input/ and the README)\n";
+    "usage: fsdp_app INPUT.yaml [--set dotted.key=value ...] [--plan [--world-size N]]\n"
+    "  trains the model described by INPUT.yaml (see input/ and the README)\n"
+    "  --plan          print the predicted per-rank memory by category and the bytes each\n"
+    "                  collective moves per step, then exit without training\n"
+    "  --world-size N  plan for N ranks instead of the ranks of this launch\n";
 
 struct Args {
   std::string input;
   std::vector<std::string> overrides;
   bool help = false;
+  bool plan = false;
+  int plan_world_size = 0;  // 0: this launch's
 };
 
 Args parse_args(int argc, char** argv) {
@@ -41,6 +47,14 @@ Args parse_args(int argc, char** argv) {
     } else if (s == "--set") {
       if (i + 1 >= argc) throw fsdp::Error("--set needs a dotted.key=value argument");
       a.overrides.push_back(argv[++i]);
+    } else if (s == "--plan") {
+      a.plan = true;
+    } else if (s == "--world-size") {
+      if (i + 1 >= argc) throw fsdp::Error("--world-size needs a number of ranks");
+      std::string v = argv[++i];
+      if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos || v.size() > 7 || std::stoi(v) < 1)
+        throw fsdp::Error("--world-size '" + v + "': expected a positive number of ranks");
+      a.plan_world_size = std::stoi(v);
     } else if (s.rfind("--set=", 0) == 0) {
       a.overrides.push_back(s.substr(6));
     } else if (s.rfind("-", 0) == 0) {
@@ -51,6 +65,7 @@ Args parse_args(int argc, char** argv) {
       throw fsdp::Error("unexpected argument '" + s + "': one input file only");
     }
   }
+  if (a.plan_world_size > 0 && !a.plan) throw fsdp::Error("--world-size goes with --plan");
   if (!a.help && a.input.empty()) throw fsdp::Error("no input file given (usage: fsdp_app INPUT.yaml [--set key=value ...])");
   return a;
 }
@@ -75,6 +90,16 @@ int main(int argc, char** argv) {
       return 0;
     }
     fsdp::Config config = fsdp::load_config(args.input, args.overrides);
+    if (args.plan) {
+      // Building the model allocates no parameter storage: a plan for any size runs anywhere.
+      fsdp::PlanRequest request;
+      request.world_size = args.plan_world_size > 0 ? args.plan_world_size : mpi.size();
+      // HYBRID with shard_group_size 0 shards over a node: this launch's ranks per node.
+      request.shard_group_size = args.plan_world_size > 0 || config.fsdp.shard_group_size > 0 ? 0 : mpi.local_size();
+      std::string text = fsdp::plan_memory(config, request).text();
+      if (mpi.rank() == 0) std::fputs(text.c_str(), stdout);
+      return 0;
+    }
     world = fsdp::make_communicator(config.comm.backend, MPI_COMM_WORLD, {config.comm.timeout_s});
     trainer = std::make_unique<fsdp::Trainer>(
         config, fsdp::RunEnv{mpi.rank(), mpi.size(), world.get(), mpi.node_color(), mpi.local_rank()});

@@ -13,6 +13,8 @@ packages=(
   libopenblas-openmp-dev
   # data: Fashion-MNIST (IDX, gzipped) and a text corpus (the fortune cookie files)
   dataset-fashion-mnist fortunes fortunes-min
+  # jobs/plot-bench.sh draws fsdp_bench's CSV
+  gnuplot-nox
   # reference checks against PyTorch (Debian's system python3, not pyenv's)
   python3-torch python3-h5py python3-numpy
 )

@@ -1,11 +1,14 @@
 #pragma once
 // The MPI backend: non-blocking MPI-3 collectives on a private duplicate of the bootstrap
-// communicator, user-defined ops for bf16/f16 (f32 arithmetic, one rounding per op).
+// communicator, user-defined ops for bf16/f16 (f32 arithmetic, one rounding per op). When all
+// ranks share one node, reduce_scatter and all_reduce run our own shared-memory pipeline
+// (mpi_shm.h) instead of OpenMPI's, where it measured faster (table in mpi_comm.cpp).
 #include <mpi.h>
 
 #include <memory>
 
 #include "comm/comm.h"
+#include "mpi/mpi_shm.h"
 
 namespace fsdp {
 
@@ -41,7 +44,9 @@ class MpiCommHandle {
 
 class MpiCommunicator : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm owned, std::shared_ptr<MpiHalfTypes> types, const CommOptions& options);
+  MpiCommunicator(MPI_Comm owned, std::shared_ptr<MpiHalfTypes> types, std::shared_ptr<ShmProgress> progress,
+                  const CommOptions& options);
+  ~MpiCommunicator() override;
   std::string_view backend() const override { return "mpi"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -54,12 +59,19 @@ class MpiCommunicator : public Communicator {
   std::unique_ptr<Work> broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) override;
   void barrier() override;
   MPI_Comm comm() const { return comm_.get(); }
+  // Whether the MPI library can take device pointers (Open MPI's MPIX_Query_cuda_support, run
+  // time); false when the library has no such extension. The NCCL-less GPU path asks this.
+  bool cuda_aware() const;
+  // Whether reduce_scatter/all_reduce may use the node-local shared-memory pipeline.
+  bool shared_memory() const { return shm_ != nullptr; }
 
  private:
   CollectiveDesc describe(const char* collective, size_t count, DType dtype);
   MpiCommHandle comm_;
   std::shared_ptr<MpiHalfTypes> types_;
+  std::shared_ptr<ShmProgress> progress_;
   int rank_ = 0, size_ = 1;
+  std::unique_ptr<ShmChannel> shm_;  // declared last: its window is freed before the comms
 };
 
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm bootstrap, const CommOptions& options);

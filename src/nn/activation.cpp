@@ -188,3 +188,90 @@ const Tensor& Embeddings::backward(RunCtx&, const Tensor& dy) {
 }
 
 }  // namespace fsdp
+
+// ---- Memory plan: the ensure() calls and held references of forward/backward above ----
+
+namespace fsdp {
+
+PlanTensor ReLU::plan_forward(ActivationPlan& p, const RunCtx&, const PlanTensor& x) const {
+  return p.ensure(this, &y_, x.shape, DType::f32);
+}
+
+PlanTensor ReLU::plan_backward(ActivationPlan& p, const RunCtx&, const PlanTensor&) const {
+  return p.ensure(this, &dx_, p.get(&y_).shape, DType::f32);
+}
+
+PlanTensor GELU::plan_forward(ActivationPlan& p, const RunCtx&, const PlanTensor& x) const {
+  p.hold(this, &x_, x);
+  return p.ensure(this, &y_, x.shape, DType::f32);
+}
+
+PlanTensor GELU::plan_backward(ActivationPlan& p, const RunCtx&, const PlanTensor&) const {
+  return p.ensure(this, &dx_, p.get(&x_).shape, DType::f32);
+}
+
+PlanTensor Dropout::plan_forward(ActivationPlan& p, const RunCtx& ctx, const PlanTensor& x) const {
+  bool& active = p.flag(&active_);
+  active = ctx.training && ctx.dropout && p_ > 0.0f;
+  if (!active) return x;
+  p.ensure(this, &mask_, x.shape, DType::f32);
+  return p.ensure(this, &y_, x.shape, DType::f32);
+}
+
+PlanTensor Dropout::plan_backward(ActivationPlan& p, const RunCtx&, const PlanTensor& dy) const {
+  if (!p.flag(&active_)) return dy;
+  return p.ensure(this, &dx_, dy.shape, DType::f32);
+}
+
+PlanTensor MaxPool2d::plan_forward(ActivationPlan& p, const RunCtx&, const PlanTensor& x) const {
+  p.hold(this, &x_shape_, {nullptr, x.shape});
+  Shape ys = {x.shape.at(0), x.shape.at(1), x.shape.at(2) / 2, x.shape.at(3) / 2};
+  p.ensure(this, &y_, ys, DType::f32);
+  p.ensure(this, &argmax_, ys, DType::i32);
+  return p.get(&y_);
+}
+
+PlanTensor MaxPool2d::plan_backward(ActivationPlan& p, const RunCtx&, const PlanTensor&) const {
+  return p.ensure(this, &dx_, p.get(&x_shape_).shape, DType::f32);
+}
+
+PlanTensor Flatten::plan_forward(ActivationPlan& p, const RunCtx&, const PlanTensor& x) const {
+  p.hold(this, &x_shape_, {nullptr, x.shape});
+  return p.hold(this, &y_, x.view({x.shape.at(0), shape_numel(Shape(x.shape.begin() + 1, x.shape.end()))}));
+}
+
+PlanTensor Flatten::plan_backward(ActivationPlan& p, const RunCtx&, const PlanTensor& dy) const {
+  return p.hold(this, &dx_, dy.view(p.get(&x_shape_).shape));
+}
+
+PlanTensor LogSoftmax::plan_forward(ActivationPlan& p, const RunCtx&, const PlanTensor& x) const {
+  return p.ensure(this, &y_, x.shape, DType::f32);
+}
+
+PlanTensor LogSoftmax::plan_backward(ActivationPlan& p, const RunCtx&, const PlanTensor&) const {
+  return p.ensure(this, &dx_, p.get(&y_).shape, DType::f32);
+}
+
+PlanTensor LayerNorm::plan_forward(ActivationPlan& p, const RunCtx&, const PlanTensor& x) const {
+  p.hold(this, &x_, x);
+  int64_t rows = shape_numel(x.shape) / C_;
+  p.ensure(this, &y_, x.shape, DType::f32);
+  p.ensure(this, &mean_, {rows}, DType::f32);
+  p.ensure(this, &rstd_, {rows}, DType::f32);
+  return p.get(&y_);
+}
+
+PlanTensor LayerNorm::plan_backward(ActivationPlan& p, const RunCtx&, const PlanTensor&) const {
+  return p.ensure(this, &dx_, p.get(&x_).shape, DType::f32);
+}
+
+PlanTensor Embeddings::plan_forward(ActivationPlan& p, const RunCtx&, const PlanTensor& tokens) const {
+  p.hold(this, &tokens_, tokens);
+  return p.ensure(this, &y_, {tokens.shape.at(0), tokens.shape.at(1), C_}, DType::f32);
+}
+
+PlanTensor Embeddings::plan_backward(ActivationPlan&, const RunCtx&, const PlanTensor&) const {
+  return {};  // token ids have no gradient
+}
+
+}  // namespace fsdp

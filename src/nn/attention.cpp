@@ -138,3 +138,44 @@ const Tensor& TransformerBlock::backward(RunCtx& ctx, const Tensor& dy) {
 }
 
 }  // namespace fsdp
+
+// ---- Memory plan: the ensure() calls and held references of forward/backward above ----
+
+namespace fsdp {
+
+PlanTensor MultiheadAttention::plan_forward(ActivationPlan& p, const RunCtx& ctx, const PlanTensor& x) const {
+  p.hold(this, &x_, x);
+  int64_t B = x.shape.at(0), T = x.shape.at(1);
+  p.ensure(this, &qkv_, {B, T, 3 * C_}, DType::f32);
+  p.ensure(this, &att_, {B, H_, T, T}, DType::f32);
+  p.ensure(this, &y_, {B, T, C_}, DType::f32);
+  return out_proj.plan_forward(p, ctx, p.get(&y_));
+}
+
+PlanTensor MultiheadAttention::plan_backward(ActivationPlan& p, const RunCtx& ctx, const PlanTensor& dy) const {
+  const Shape xs = p.get(&x_).shape;
+  int64_t B = xs.at(0), T = xs.at(1);
+  out_proj.plan_backward(p, ctx, dy);
+  p.ensure(this, &dqkv_, {B, T, 3 * C_}, DType::f32);
+  p.ensure(this, &dp_, {T, T}, DType::f32);
+  if (need_input_grad) p.ensure(this, &dx_, xs, DType::f32);
+  return p.get(&dx_);
+}
+
+PlanTensor TransformerBlock::plan_forward(ActivationPlan& p, const RunCtx& ctx, const PlanTensor& x) const {
+  p.ensure(this, &a_, x.shape, DType::f32);
+  p.ensure(this, &y_, x.shape, DType::f32);
+  attn.plan_forward(p, ctx, ln1.plan_forward(p, ctx, x));
+  fc2.plan_forward(p, ctx, act.plan_forward(p, ctx, fc1.plan_forward(p, ctx, ln2.plan_forward(p, ctx, p.get(&a_)))));
+  return p.get(&y_);
+}
+
+PlanTensor TransformerBlock::plan_backward(ActivationPlan& p, const RunCtx& ctx, const PlanTensor& dy) const {
+  p.ensure(this, &da_, dy.shape, DType::f32);
+  p.ensure(this, &dx_, dy.shape, DType::f32);
+  ln2.plan_backward(p, ctx, fc1.plan_backward(p, ctx, act.plan_backward(p, ctx, fc2.plan_backward(p, ctx, dy))));
+  ln1.plan_backward(p, ctx, attn.plan_backward(p, ctx, p.get(&da_)));
+  return p.get(&dx_);
+}
+
+}  // namespace fsdp

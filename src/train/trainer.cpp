@@ -18,6 +18,7 @@
 #include "models/model.h"
 #include "comm/local.h"
 #include "fsdp/fsdp.h"
+#include "fsdp/plan.h"
 #include "nn/flat.h"
 #include "optim/optim.h"
 #include "tensor/error.h"
@@ -160,6 +161,7 @@ struct Trainer::State {
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<LrSchedule> schedule;
   LossScaler scaler;
+  MemoryPlan plan;  // predicted per-rank peaks, reported next to the measured ones
   explicit State(const Config& config) : c(config) {}
 };
 
@@ -196,6 +198,12 @@ Trainer::Trainer(const Config& c, const RunEnv& env_in) : s_(std::make_unique<St
   s.steps_per_epoch = s.sampler->steps_per_epoch();
   s.total_steps = c.train.steps > 0 ? c.train.steps : c.train.epochs * s.steps_per_epoch;
   s.schedule = std::make_unique<LrSchedule>(c.train.scheduler, c.train.optimizer.lr, s.total_steps);
+  PlanRequest request;
+  request.world_size = s.env.world_size;
+  request.shard_group_size = s.engine->mesh().shard->size();
+  request.train_samples = s.data.train->size();
+  request.eval_samples = s.data.eval->size();
+  s.plan = plan_memory(c, request);
 }
 
 Trainer::~Trainer() = default;
@@ -295,7 +303,7 @@ TrainSummary Trainer::run() {
       j.num("samples_per_s", rate);
       if (lm) j.num("tokens_per_s", rate * elems_per_sample);
       if (s.scaler.enabled) j.num("loss_scale", ctx.loss_scale).integer("step_skipped", step_ok ? 0 : 1);
-      j.raw("mem_peak_bytes", mem_peaks_json(mem));
+      j.raw("mem_peak_bytes", mem_peaks_json(mem)).raw("mem_plan_bytes", s.plan.peaks_json());
       metrics.write(j);
       if (tty) {
         std::printf("\r[epoch %lld] step %lld/%lld  loss %.4f  lr %.3g  %.0f %s/s   ", static_cast<long long>(epoch + 1),
@@ -325,10 +333,11 @@ TrainSummary Trainer::run() {
     if (writer) writer->commit();
   }
   if (leader) {
-    std::printf("done: %lld steps, %.1f samples/s, peak memory %.1f MiB\n", static_cast<long long>(summary.steps),
-                summary.samples_per_s, mem.peak_total_bytes() / 1048576.0);
+    std::printf("done: %lld steps, %.1f samples/s, peak memory %.1f MiB (planned %.1f MiB)\n",
+                static_cast<long long>(summary.steps), summary.samples_per_s, mem.peak_total_bytes() / 1048576.0,
+                s.plan.total_peak_bytes / 1048576.0);
     metrics.write(JsonLine().str("event", "done").integer("steps", summary.steps).num("samples_per_s", summary.samples_per_s)
-                      .raw("mem_peak_bytes", mem_peaks_json(mem)));
+                      .raw("mem_peak_bytes", mem_peaks_json(mem)).raw("mem_plan_bytes", s.plan.peaks_json()));
   }
   return summary;
 }

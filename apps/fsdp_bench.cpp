@@ -1,0 +1,600 @@
+// fsdp_bench [--backend mpi,ucx,nccl|all] [--op all_gather,reduce_scatter,all_reduce|all]
+//            [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS] [-w WARMUP] [-d DTYPE]
+//            [--csv FILE] [--timeout S]
+// Compares the collective backends with each other and with the MPI library called directly,
+// in nccl-tests' terms: for each op and size, the average time of one collective, the
+// algorithm bandwidth and the bus bandwidth, and the number of wrong elements in the output.
+//
+//   size  = the whole array in bytes: the all_gather output, the reduce_scatter input, the
+//           all_reduce buffer. count = the Communicator's count argument (elements per rank
+//           for all_gather and reduce_scatter, the whole array for all_reduce).
+//   algbw = size / time
+//   busbw = algbw * (n-1)/n for all_gather and reduce_scatter, algbw * 2(n-1)/n for
+//           all_reduce: what each rank's link carries in a bandwidth-optimal ring, so the
+//           numbers compare across world sizes and with the hardware's bandwidth.
+//   time  = average over -n iterations after -w warmup ones, started after a barrier, the
+//           maximum over ranks.
+// Reductions are sums. Every size is checked: inputs are small integers that depend on the
+// rank and the index, so every sum is exact in every dtype (bf16 holds integers up to 256
+// exactly, and |sum| <= nranks) and each output element has one right value.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "comm/comm.h"
+#include "comm/mpi_env.h"
+#include "comm/reduce.h"
+#include "tensor/dtype.h"
+#include "tensor/error.h"
+
+namespace {
+
+using fsdp::DType;
+using fsdp::Error;
+
+constexpr const char* kUsage =
+    "usage: fsdp_bench [--backend mpi,ucx,nccl|all] [--op all_gather,reduce_scatter,all_reduce|all]\n"
+    "                  [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
+    "                  [-d f32|bf16|f16|f64|i32|i64|u8] [--csv FILE] [--timeout S]\n"
+    "  sizes take K, M, G suffixes (powers of 1024); defaults: -b 1K -e 64M -f 2 -n 20 -w 5 -d f32\n"
+    "  --timeout 60; every built backend; every op. Run under mpirun/srun for more than one rank.\n";
+
+// ---- element access: every dtype through double (all values used here are exact in it) ----
+
+double load(const void* p, size_t i, DType d) {
+  switch (d) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::f64: return static_cast<const double*>(p)[i];
+    case DType::bf16: return fsdp::bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::f16: return fsdp::f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::i32: return static_cast<const int32_t*>(p)[i];
+    case DType::i64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DType::u8: return static_cast<const uint8_t*>(p)[i];
+  }
+  return 0;
+}
+
+void store(void* p, size_t i, DType d, double v) {
+  switch (d) {
+    case DType::f32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
+    case DType::f64: static_cast<double*>(p)[i] = v; return;
+    case DType::bf16: static_cast<uint16_t*>(p)[i] = fsdp::f32_to_bf16(static_cast<float>(v)); return;
+    case DType::f16: static_cast<uint16_t*>(p)[i] = fsdp::f32_to_f16(static_cast<float>(v)); return;
+    case DType::i32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); return;
+    case DType::i64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); return;
+    case DType::u8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(static_cast<int64_t>(v) & 0xff); return;
+  }
+}
+
+// An unsigned result wraps; every other dtype holds these small integers exactly.
+double as_stored(double v, DType d) { return d == DType::u8 ? static_cast<double>(static_cast<int64_t>(v) & 0xff) : v; }
+
+// all_gather: any rank- and index-dependent value in [0, 240] (exact in every dtype).
+double gather_value(int rank, size_t i) { return static_cast<double>((static_cast<uint64_t>(rank) * 131 + i * 7) % 241); }
+// sums: one of -1, 0, 1 (u8: 0, 1, 2), so any partial sum has |s| <= 2 nranks.
+double sum_value(int rank, size_t i, DType d) {
+  double v = static_cast<double>((static_cast<uint64_t>(rank) * 3 + i) % 3);
+  return d == DType::u8 ? v : v - 1;
+}
+double expected_sum(int nranks, size_t i, DType d) {
+  double s = 0;
+  for (int r = 0; r < nranks; ++r) s += sum_value(r, i, d);
+  return as_stored(s, d);
+}
+
+// A value no correct output holds, so an element never written is counted wrong (u8: gathers
+// are <= 240 and sums <= 2 nranks).
+double sentinel(DType d) { return d == DType::u8 ? 255 : -77; }
+
+// ---- the raw MPI baseline's datatypes and ops (bf16/f16: user ops in f32, like the backend) ----
+
+template <DType D>
+void half_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  fsdp::reduce_into(inout, in, static_cast<size_t>(*len), D, fsdp::ReduceOp::sum);
+}
+
+class RawMpiTypes {
+ public:
+  explicit RawMpiTypes(DType dtype) {
+    switch (dtype) {
+      case DType::f32: type_ = MPI_FLOAT; break;
+      case DType::f64: type_ = MPI_DOUBLE; break;
+      case DType::i32: type_ = MPI_INT32_T; break;
+      case DType::i64: type_ = MPI_INT64_T; break;
+      case DType::u8: type_ = MPI_UINT8_T; break;
+      case DType::bf16:
+      case DType::f16:
+        MPI_Type_contiguous(1, MPI_UINT16_T, &type_);
+        MPI_Type_commit(&type_);
+        MPI_Op_create(dtype == DType::bf16 ? half_sum<DType::bf16> : half_sum<DType::f16>, 1, &op_);
+        owned_ = true;
+        return;
+    }
+    op_ = MPI_SUM;
+  }
+  ~RawMpiTypes() {
+    if (!owned_) return;
+    MPI_Op_free(&op_);
+    MPI_Type_free(&type_);
+  }
+  RawMpiTypes(const RawMpiTypes&) = delete;
+  RawMpiTypes& operator=(const RawMpiTypes&) = delete;
+  MPI_Datatype type() const { return type_; }
+  MPI_Op sum() const { return op_; }
+
+ private:
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+  MPI_Op op_ = MPI_OP_NULL;
+  bool owned_ = false;
+};
+
+void mpi_check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw Error(std::string("raw ") + what + ": " + std::string(msg, len));
+}
+
+// ---- one descriptor per collective: the only place that knows its shape and formula ----
+
+struct Collective {
+  const char* name;
+  double (*factor)(int n);  // busbw = algbw * factor(nranks)
+  size_t (*count_for)(size_t size_bytes, int n, size_t elem_bytes);  // the Communicator's count
+  size_t (*size_of)(size_t count, int n, size_t elem_bytes);         // whole array in bytes
+  size_t (*in_count)(size_t count, int n);
+  size_t (*out_count)(size_t count, int n);
+  void (*fill_in)(void* in, size_t count, DType d, int rank, int n);
+  double (*expected)(size_t j, size_t count, DType d, int rank, int n);  // out[j]
+  std::unique_ptr<fsdp::Work> (*issue)(fsdp::Communicator& c, const void* in, void* out, size_t count, DType d);
+  void (*raw)(const void* in, void* out, size_t count, const RawMpiTypes& t, MPI_Comm comm);
+};
+
+int to_int(size_t count) {
+  if (count > static_cast<size_t>(INT32_MAX)) throw Error("count " + std::to_string(count) + " exceeds MPI's int range");
+  return static_cast<int>(count);
+}
+
+const Collective kAllGather = {
+    "all_gather", [](int n) { return (n - 1) / static_cast<double>(n); },
+    [](size_t bytes, int n, size_t b) { return bytes / (static_cast<size_t>(n) * b); },
+    [](size_t count, int n, size_t b) { return count * static_cast<size_t>(n) * b; },
+    [](size_t count, int) { return count; },
+    [](size_t count, int n) { return count * static_cast<size_t>(n); },
+    [](void* in, size_t count, DType d, int rank, int) {
+      for (size_t i = 0; i < count; ++i) store(in, i, d, gather_value(rank, i));
+    },
+    [](size_t j, size_t count, DType, int, int) { return gather_value(static_cast<int>(j / count), j % count); },
+    [](fsdp::Communicator& c, const void* in, void* out, size_t count, DType d) { return c.all_gather(in, out, count, d); },
+    [](const void* in, void* out, size_t count, const RawMpiTypes& t, MPI_Comm comm) {
+      mpi_check(MPI_Allgather(in, to_int(count), t.type(), out, to_int(count), t.type(), comm), "MPI_Allgather");
+    },
+};
+
+const Collective kReduceScatter = {
+    "reduce_scatter", [](int n) { return (n - 1) / static_cast<double>(n); },
+    [](size_t bytes, int n, size_t b) { return bytes / (static_cast<size_t>(n) * b); },
+    [](size_t count, int n, size_t b) { return count * static_cast<size_t>(n) * b; },
+    [](size_t count, int n) { return count * static_cast<size_t>(n); },
+    [](size_t count, int) { return count; },
+    [](void* in, size_t count, DType d, int rank, int n) {
+      for (size_t i = 0; i < count * static_cast<size_t>(n); ++i) store(in, i, d, sum_value(rank, i, d));
+    },
+    [](size_t j, size_t count, DType d, int rank, int n) { return expected_sum(n, static_cast<size_t>(rank) * count + j, d); },
+    [](fsdp::Communicator& c, const void* in, void* out, size_t count, DType d) {
+      return c.reduce_scatter(in, out, count, d, fsdp::ReduceOp::sum);
+    },
+    [](const void* in, void* out, size_t count, const RawMpiTypes& t, MPI_Comm comm) {
+      mpi_check(MPI_Reduce_scatter_block(in, out, to_int(count), t.type(), t.sum(), comm), "MPI_Reduce_scatter_block");
+    },
+};
+
+const Collective kAllReduce = {
+    "all_reduce", [](int n) { return 2.0 * (n - 1) / static_cast<double>(n); },
+    [](size_t bytes, int, size_t b) { return bytes / b; },
+    [](size_t count, int, size_t b) { return count * b; },
+    [](size_t count, int) { return count; },
+    [](size_t count, int) { return count; },
+    [](void* in, size_t count, DType d, int rank, int) {
+      for (size_t i = 0; i < count; ++i) store(in, i, d, sum_value(rank, i, d));
+    },
+    [](size_t j, size_t, DType d, int, int n) { return expected_sum(n, j, d); },
+    [](fsdp::Communicator& c, const void* in, void* out, size_t count, DType d) {
+      return c.all_reduce(in, out, count, d, fsdp::ReduceOp::sum);
+    },
+    [](const void* in, void* out, size_t count, const RawMpiTypes& t, MPI_Comm comm) {
+      mpi_check(MPI_Allreduce(in, out, to_int(count), t.type(), t.sum(), comm), "MPI_Allreduce");
+    },
+};
+
+const Collective* const kCollectives[] = {&kAllGather, &kReduceScatter, &kAllReduce};
+
+// ---- options ----
+
+struct Args {
+  std::vector<std::string> backends;  // empty until resolved; "all" expands to built_backends()
+  std::vector<const Collective*> ops;
+  size_t min_bytes = 1024, max_bytes = 64u << 20;
+  uint64_t factor = 2;
+  int iters = 20, warmup = 5;
+  DType dtype = DType::f32;
+  std::string csv;
+  double timeout_s = 60;
+  bool help = false;
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t comma = s.find(',', start);
+    if (comma == std::string::npos) comma = s.size();
+    if (comma > start) out.push_back(s.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+size_t parse_bytes(const std::string& opt, const std::string& v) {
+  if (v.empty() || !std::isdigit(static_cast<unsigned char>(v[0])))
+    throw Error(opt + " " + v + ": expected a size in bytes like 1024, 1K, 64M or 1G");
+  errno = 0;
+  char* end = nullptr;
+  unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+  std::string suffix(end);
+  unsigned shift = 0;
+  if (suffix == "K" || suffix == "k") shift = 10;
+  else if (suffix == "M" || suffix == "m") shift = 20;
+  else if (suffix == "G" || suffix == "g") shift = 30;
+  else if (!suffix.empty()) throw Error(opt + " " + v + ": unknown size suffix '" + suffix + "' (use K, M or G)");
+  if (errno == ERANGE || n > (~0ull >> shift)) throw Error(opt + " " + v + ": too large");
+  return static_cast<size_t>(n << shift);
+}
+
+long parse_int(const std::string& opt, const std::string& v, long lo, long hi) {
+  errno = 0;
+  char* end = nullptr;
+  long n = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno == ERANGE || n < lo || n > hi)
+    throw Error(opt + " " + v + ": expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return n;
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  std::string backend_list = "all", op_list = "all";
+  for (int i = 1; i < argc; ++i) {
+    std::string opt = argv[i], value;
+    bool inline_value = false;
+    if (opt.rfind("--", 0) == 0 && opt.find('=') != std::string::npos) {
+      value = opt.substr(opt.find('=') + 1);
+      opt = opt.substr(0, opt.find('='));
+      inline_value = true;
+    }
+    if (opt == "-h" || opt == "--help") {
+      a.help = true;
+      continue;
+    }
+    static const std::set<std::string> kWithValue = {"--backend", "--op", "-b", "-e", "-f", "-n", "-w", "-d",
+                                                     "--csv", "--timeout", "--minbytes", "--maxbytes",
+                                                     "--stepfactor", "--iters", "--warmup_iters", "--datatype"};
+    if (!kWithValue.count(opt)) throw Error("unknown option '" + opt + "' (try --help)");
+    if (!inline_value) {
+      if (i + 1 >= argc) throw Error(opt + " needs a value (try --help)");
+      value = argv[++i];
+    }
+    if (opt == "--backend") backend_list = value;
+    else if (opt == "--op") op_list = value;
+    else if (opt == "-b" || opt == "--minbytes") a.min_bytes = parse_bytes(opt, value);
+    else if (opt == "-e" || opt == "--maxbytes") a.max_bytes = parse_bytes(opt, value);
+    else if (opt == "-f" || opt == "--stepfactor") a.factor = static_cast<uint64_t>(parse_int(opt, value, 2, 1 << 20));
+    else if (opt == "-n" || opt == "--iters") a.iters = static_cast<int>(parse_int(opt, value, 1, 1 << 30));
+    else if (opt == "-w" || opt == "--warmup_iters") a.warmup = static_cast<int>(parse_int(opt, value, 0, 1 << 30));
+    else if (opt == "-d" || opt == "--datatype") a.dtype = fsdp::parse_dtype(value);
+    else if (opt == "--csv") a.csv = value;
+    else if (opt == "--timeout") {
+      char* end = nullptr;
+      a.timeout_s = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !(a.timeout_s > 0) || !std::isfinite(a.timeout_s))
+        throw Error("--timeout " + value + ": expected a positive number of seconds");
+    }
+  }
+  if (a.min_bytes == 0) throw Error("-b 0: the smallest size must be at least 1 byte");
+  if (a.max_bytes < a.min_bytes)
+    throw Error("-e " + std::to_string(a.max_bytes) + " is smaller than -b " + std::to_string(a.min_bytes));
+
+  std::vector<std::string> built = fsdp::built_backends();
+  for (const std::string& b : split_list(backend_list)) {
+    if (b == "all") {
+      for (const auto& x : built)
+        if (std::find(a.backends.begin(), a.backends.end(), x) == a.backends.end()) a.backends.push_back(x);
+    } else if (std::find(built.begin(), built.end(), b) == built.end()) {
+      throw Error("--backend " + b + ": not built in this binary (built: " + join(built) + ")");
+    } else if (std::find(a.backends.begin(), a.backends.end(), b) == a.backends.end()) {
+      a.backends.push_back(b);
+    }
+  }
+  if (split_list(backend_list).empty()) throw Error("--backend: empty list (built: " + join(built) + ")");
+  for (const std::string& o : split_list(op_list)) {
+    bool found = false;
+    for (const Collective* c : kCollectives) {
+      if (o == "all" || o == c->name) {
+        found = true;
+        if (std::find(a.ops.begin(), a.ops.end(), c) == a.ops.end()) a.ops.push_back(c);
+      }
+    }
+    if (!found) throw Error("--op " + o + ": unknown (all_gather, reduce_scatter, all_reduce or all)");
+  }
+  if (a.ops.empty()) throw Error("--op: empty list (all_gather, reduce_scatter, all_reduce or all)");
+  // Keep the descriptor order whatever order the user named them in.
+  std::sort(a.ops.begin(), a.ops.end(), [](const Collective* x, const Collective* y) {
+    return std::find(std::begin(kCollectives), std::end(kCollectives), x) <
+           std::find(std::begin(kCollectives), std::end(kCollectives), y);
+  });
+  return a;
+}
+
+// ---- measurement ----
+
+struct Row {
+  std::string backend, op;
+  size_t size_bytes = 0, count = 0;
+  DType dtype = DType::f32;
+  double time_us = 0, algbw_GBps = 0, busbw_GBps = 0;
+  uint64_t wrong = 0;
+};
+
+// Aligned, untouched-until-filled storage for one buffer.
+struct Buffer {
+  explicit Buffer(size_t bytes) : ptr(static_cast<char*>(std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64)))) {
+    if (!ptr) throw std::bad_alloc();
+  }
+  ~Buffer() { std::free(ptr); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  char* ptr;
+};
+
+// One (op, size) on one backend, or on raw MPI when comm is null.
+Row measure(const Collective& c, size_t count, const Args& a, fsdp::Communicator* comm, const RawMpiTypes& raw,
+            MPI_Comm world, int rank, int n) {
+  const DType d = a.dtype;
+  const size_t b = fsdp::dtype_bytes(d);
+  const size_t in_n = c.in_count(count, n), out_n = c.out_count(count, n);
+  Buffer in(in_n * b), out(out_n * b);
+  c.fill_in(in.ptr, count, d, rank, n);
+  for (size_t j = 0; j < out_n; ++j) store(out.ptr, j, d, sentinel(d));
+
+  auto once = [&] {
+    if (comm) c.issue(*comm, in.ptr, out.ptr, count, d)->wait();
+    else c.raw(in.ptr, out.ptr, count, raw, world);
+  };
+  for (int i = 0; i < a.warmup; ++i) once();
+  MPI_Barrier(world);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < a.iters; ++i) once();
+  double local_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / a.iters;
+  MPI_Barrier(world);
+
+  // Every iteration writes the same output, so the last one's is checked whole.
+  uint64_t wrong = 0;
+  for (size_t j = 0; j < out_n; ++j)
+    if (load(out.ptr, j, d) != c.expected(j, count, d, rank, n)) ++wrong;
+
+  double max_s = 0;
+  uint64_t wrong_total = 0;
+  MPI_Reduce(&local_s, &max_s, 1, MPI_DOUBLE, MPI_MAX, 0, world);
+  MPI_Reduce(&wrong, &wrong_total, 1, MPI_UINT64_T, MPI_SUM, 0, world);
+
+  Row r;
+  r.backend = comm ? std::string(comm->backend()) : "mpi-raw";
+  r.op = c.name;
+  r.size_bytes = c.size_of(count, n, b);
+  r.count = count;
+  r.dtype = d;
+  r.time_us = max_s * 1e6;
+  r.algbw_GBps = max_s > 0 ? r.size_bytes / max_s / 1e9 : 0;
+  r.busbw_GBps = r.algbw_GBps * c.factor(n);
+  r.wrong = wrong_total;
+  return r;
+}
+
+void print_row(const Row& r) {
+  std::printf("%14s %15s %12zu %11zu %6s %12.2f %11.3f %11.3f %7llu\n", r.backend.c_str(), r.op.c_str(), r.size_bytes,
+              r.count, std::string(fsdp::dtype_name(r.dtype)).c_str(), r.time_us, r.algbw_GBps, r.busbw_GBps,
+              static_cast<unsigned long long>(r.wrong));
+  std::fflush(stdout);
+}
+
+void csv_row(FILE* f, const Row& r) {
+  if (!f) return;
+  std::fprintf(f, "%s,%s,%zu,%zu,%s,%.3f,%.6f,%.6f,%llu\n", r.backend.c_str(), r.op.c_str(), r.size_bytes, r.count,
+               std::string(fsdp::dtype_name(r.dtype)).c_str(), r.time_us, r.algbw_GBps, r.busbw_GBps,
+               static_cast<unsigned long long>(r.wrong));
+  std::fflush(f);
+}
+
+// Distinct host names across the job, gathered on rank 0.
+std::vector<std::string> host_names(MPI_Comm world, int rank, int n) {
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_Get_processor_name(name, &len);
+  std::vector<char> all(rank == 0 ? static_cast<size_t>(n) * MPI_MAX_PROCESSOR_NAME : 1);
+  MPI_Gather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, 0, world);
+  std::set<std::string> hosts;
+  if (rank == 0)
+    for (int r = 0; r < n; ++r) hosts.insert(std::string(&all[static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME]));
+  return {hosts.begin(), hosts.end()};
+}
+
+// The sizes -b..-e by -f, as counts; sizes too small for one element per rank are left out
+// and two sizes that round to the same count are measured once.
+std::vector<size_t> counts_for(const Collective& c, const Args& a, int n) {
+  std::vector<size_t> counts;
+  const size_t b = fsdp::dtype_bytes(a.dtype);
+  for (size_t s = a.min_bytes; s <= a.max_bytes;) {
+    size_t count = c.count_for(s, n, b);
+    if (count > 0 && (counts.empty() || counts.back() != count)) counts.push_back(count);
+    if (s > a.max_bytes / a.factor) break;
+    s *= a.factor;
+  }
+  return counts;
+}
+
+int run(const Args& a, MPI_Comm world, int rank, int n) {
+  std::vector<std::string> hosts = host_names(world, rank, n);
+  FILE* csv = nullptr;
+  int csv_ok = 1;
+  if (rank == 0 && !a.csv.empty()) {
+    csv = std::fopen(a.csv.c_str(), "w");
+    csv_ok = csv != nullptr;
+    if (!csv) std::fprintf(stderr, "fsdp_bench: --csv %s: cannot write (%s)\n", a.csv.c_str(), std::strerror(errno));
+  }
+  MPI_Bcast(&csv_ok, 1, MPI_INT, 0, world);
+  if (!csv_ok) return 1;  // every rank knows: no abort needed
+  if (csv) std::fprintf(csv, "backend,op,size_bytes,count,dtype,time_us,algbw_GBps,busbw_GBps,wrong\n");
+
+  // Each backend is started once first, so one that cannot start is reported before any
+  // numbers; one that fails on any rank is skipped on every rank. Its row sets then get a
+  // communicator of their own, alive only while they run: a backend's progress threads or
+  // polling must not slow the raw-MPI rows or another backend's.
+  std::vector<std::string> started;
+  for (const std::string& name : a.backends) {
+    std::unique_ptr<fsdp::Communicator> comm;
+    std::string reason;
+    try {
+      comm = fsdp::make_communicator(name, world, fsdp::CommOptions{a.timeout_s});
+    } catch (const std::exception& e) {
+      reason = e.what();
+    }
+    // The lowest rank where it failed tells rank 0 why, so the skip line carries the reason.
+    int mine = comm ? n : rank, first_failed = n;
+    MPI_Allreduce(&mine, &first_failed, 1, MPI_INT, MPI_MIN, world);
+    comm.reset();
+    if (first_failed == n) {
+      started.push_back(name);
+      continue;
+    }
+    if (first_failed != 0) {
+      if (rank == first_failed) MPI_Send(reason.data(), static_cast<int>(reason.size()), MPI_CHAR, 0, 0, world);
+      if (rank == 0) {
+        MPI_Status st;
+        int len = 0;
+        MPI_Probe(first_failed, 0, world, &st);
+        MPI_Get_count(&st, MPI_CHAR, &len);
+        reason.assign(static_cast<size_t>(len), '\0');
+        MPI_Recv(reason.data(), len, MPI_CHAR, first_failed, 0, world, MPI_STATUS_IGNORE);
+      }
+    }
+    if (rank == 0) std::printf("# skipped backend %s: rank %d: %s\n", name.c_str(), first_failed, reason.c_str());
+  }
+
+  RawMpiTypes raw(a.dtype);
+  if (rank == 0) {
+    std::printf("# fsdp_bench: nranks %d, hosts %zu (%s), dtype %s, iters %d, warmup %d, timeout %g s\n", n,
+                hosts.size(), join(hosts).c_str(), std::string(fsdp::dtype_name(a.dtype)).c_str(), a.iters, a.warmup,
+                a.timeout_s);
+    std::printf("# backends: mpi-raw (MPI_Allgather, MPI_Reduce_scatter_block, MPI_Allreduce%s)%s%s\n",
+                a.dtype == DType::bf16 || a.dtype == DType::f16 ? " with an f32 user op for the sum" : "",
+                started.empty() ? "" : ", ", join(started).c_str());
+    std::printf("# size = whole array (bytes); count = elements per call; time = mean of %d, max over ranks;\n"
+                "# busbw = algbw*(n-1)/n (all_gather, reduce_scatter), algbw*2(n-1)/n (all_reduce); wrong = bad elements\n",
+                a.iters);
+    std::printf("%14s %15s %12s %11s %6s %12s %11s %11s %7s\n", "backend", "op", "size(B)", "count", "dtype", "time_us",
+                "algbw_GBps", "busbw_GBps", "wrong");
+    std::fflush(stdout);
+  }
+
+  uint64_t wrong_total = 0;
+  try {
+    for (const Collective* c : a.ops) {
+      std::vector<size_t> counts = counts_for(*c, a, n);
+      for (size_t k = 0; k <= started.size(); ++k) {
+        std::unique_ptr<fsdp::Communicator> comm;
+        if (k > 0) comm = fsdp::make_communicator(started[k - 1], world, fsdp::CommOptions{a.timeout_s});
+        for (size_t count : counts) {
+          Row r = measure(*c, count, a, comm.get(), raw, world, rank, n);
+          wrong_total += r.wrong;
+          if (rank == 0) {
+            print_row(r);
+            csv_row(csv, r);
+          }
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    // A timeout or a failed collective leaves the other ranks inside some collective. End the
+    // job from here: unwinding would destroy communicators, and a backend's teardown may itself
+    // be collective (and wait for ranks that never come).
+    std::fprintf(stderr, "fsdp_bench: rank %d: %s\n", rank, e.what());
+    std::fflush(stderr);
+    if (csv) std::fflush(csv);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  if (csv) std::fclose(csv);
+  if (wrong_total > 0) {
+    if (rank == 0) std::fprintf(stderr, "fsdp_bench: %llu wrong elements in total: a collective returned wrong data\n",
+                                static_cast<unsigned long long>(wrong_total));
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  fsdp::MpiSession mpi(&argc, &argv);
+  const int rank = mpi.rank(), n = mpi.size();
+  Args args;
+  // Option errors happen identically on every rank before any communication: each rank exits 1
+  // by itself and rank 0 prints the one line.
+  try {
+    args = parse_args(argc, argv);
+  } catch (const std::exception& e) {
+    if (rank == 0) std::fprintf(stderr, "fsdp_bench: %s\n", e.what());
+    return 1;
+  }
+  if (args.help) {
+    if (rank == 0) std::fputs(kUsage, stdout);
+    return 0;
+  }
+  MPI_Comm world = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &world);  // the bench's own traffic never matches a backend's
+  MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);
+  int rc = 1;
+  try {
+    rc = run(args, world, rank, n);
+    MPI_Comm_free(&world);
+    return rc;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "fsdp_bench: rank %d: out of memory\n", rank);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fsdp_bench: rank %d: %s\n", rank, e.what());
+  }
+  // A failure past start-up (a timeout, a failed collective) may leave other ranks inside a
+  // collective: end the whole job rather than let them wait.
+  std::fflush(stderr);
+  if (n > 1) mpi.abort(1);
+  return 1;
+}

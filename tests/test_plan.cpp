@@ -1,0 +1,256 @@
+#define BOOST_TEST_MODULE plan
+#include <boost/test/unit_test.hpp>
+// The memory plan: predicted per-category peaks against the MemoryTracker's measured ones
+// (in-process runs, one rank), and the formulas at larger world sizes — shard sizes with
+// padding, the 16 Psi / N model states, and bytes moved per step by each collective.
+#include <unistd.h>
+
+#include <array>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "fsdp/plan.h"
+#include "nn/layers.h"
+#include "train/trainer.h"
+
+namespace {
+
+using fsdp::MemCategory;
+
+fsdp::Config cfg(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  return fsdp::parse_config(yaml, "test.yaml", overrides);
+}
+
+std::string tmp(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / (name + std::to_string(getpid()))).string();
+}
+
+int64_t json_int(const std::string& obj, const std::string& key) {
+  auto at = obj.find("\"" + key + "\": ");
+  BOOST_REQUIRE_MESSAGE(at != std::string::npos, "no " << key << " in " << obj);
+  return std::stoll(obj.substr(at + key.size() + 4));
+}
+
+struct Measured {
+  std::array<int64_t, fsdp::kMemCategoryCount> peak{};
+  int64_t total = 0;
+};
+
+// The peaks of the final {"event": "done"} line of a metrics file.
+Measured measured_peaks(const std::string& metrics_path) {
+  std::ifstream f(metrics_path);
+  std::string line, done;
+  while (std::getline(f, line))
+    if (line.find("\"event\": \"done\"") != std::string::npos) done = line;
+  BOOST_REQUIRE_MESSAGE(!done.empty(), "no done line in " << metrics_path);
+  std::string obj = done.substr(done.find("\"mem_peak_bytes\""));
+  obj = obj.substr(obj.find('{'));
+  Measured m;
+  for (size_t c = 0; c < fsdp::kMemCategoryCount; ++c)
+    m.peak[c] = json_int(obj, std::string(fsdp::mem_category_name(static_cast<MemCategory>(c))));
+  m.total = json_int(obj, "total");
+  return m;
+}
+
+double rel(int64_t planned, int64_t measured) {
+  return measured == 0 ? (planned == 0 ? 0.0 : 1.0) : std::abs(double(planned - measured)) / double(measured);
+}
+
+// Trains in-process, then checks the plan for the same config against what was measured.
+void check_plan_against_run(const std::string& yaml, const std::vector<std::string>& overrides) {
+  std::string metrics = tmp("plan_metrics");
+  std::vector<std::string> all = overrides;
+  all.push_back("output.metrics=" + metrics);
+  fsdp::Config c = cfg(yaml, all);
+  fsdp::train(c, {});
+  Measured m = measured_peaks(metrics);
+  std::filesystem::remove(metrics);
+  fsdp::MemoryPlan plan = fsdp::plan_memory(c, {1});
+
+  std::string label;
+  for (const std::string& o : overrides) label += o + " ";
+  for (size_t i = 0; i < fsdp::kMemCategoryCount; ++i) {
+    auto cat = static_cast<MemCategory>(i);
+    BOOST_TEST_MESSAGE(label << fsdp::mem_category_name(cat) << ": planned " << plan.peak_bytes[i] << " measured "
+                             << m.peak[i]);
+    if (cat == MemCategory::activations)
+      BOOST_TEST(rel(plan.peak_bytes[i], m.peak[i]) < 0.03,
+                 label << "activations planned " << plan.peak_bytes[i] << " measured " << m.peak[i]);
+    else  // model states, gathered buffers and comm staging are exact
+      BOOST_TEST(plan.peak_bytes[i] == m.peak[i], label << fsdp::mem_category_name(cat) << " planned "
+                                                        << plan.peak_bytes[i] << " measured " << m.peak[i]);
+  }
+  BOOST_TEST_MESSAGE(label << "total: planned " << plan.total_peak_bytes << " measured " << m.total);
+  BOOST_TEST(rel(plan.total_peak_bytes, m.total) < 0.10,
+             label << "total planned " << plan.total_peak_bytes << " measured " << m.total);
+}
+
+// Evaluation between steps (eval_every 3 of 6 steps) and a short last eval batch (50 eval
+// samples in batches of 32 / 12): the activation buffers change shape both ways.
+const char* kCnn =
+    "model: {kind: mnist_cnn}\n"
+    "data: {kind: synthetic, synthetic_samples: 200}\n"
+    "train: {batch_size: 16, steps: 6, eval_every: '3', eval_batch_size: 32,\n"
+    "        optimizer: {kind: adadelta, lr: 1.0}}\n";
+
+const char* kLm =
+    "model: {kind: transformer, vocab: 32, d_model: 32, n_layers: 3, n_heads: 4, d_ff: 64, seq_len: 16}\n"
+    "data: {kind: synthetic, synthetic_samples: 200}\n"
+    "train: {batch_size: 8, steps: 4, eval_every: '2', eval_batch_size: 12,\n"
+    "        optimizer: {kind: adamw, lr: 0.003}}\n"
+    "fsdp: {auto_wrap: {policy: transformer_layer}}\n";
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(plan_matches_measured_mnist_cnn) {
+  for (const char* s : {"NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP"})
+    check_plan_against_run(kCnn, {std::string("fsdp.sharding_strategy=") + s});
+  // sgd with momentum (one state), no evaluation.
+  check_plan_against_run(kCnn, {"train.optimizer.kind=sgd", "train.optimizer.lr=0.01", "train.optimizer.momentum=0.9",
+                                "train.eval_every=never"});
+}
+
+BOOST_AUTO_TEST_CASE(plan_matches_measured_transformer) {
+  for (const char* s : {"NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP"})
+    check_plan_against_run(kLm, {std::string("fsdp.sharding_strategy=") + s});
+  // Gradient accumulation keeps the full gradients of every unit between micro-batches.
+  check_plan_against_run(kLm, {"train.grad_accum=2", "fsdp.mixed_precision.reduce_dtype=bf16"});
+}
+
+BOOST_AUTO_TEST_CASE(plan_matches_measured_low_precision_on_one_rank) {
+  // bf16 gathers and reductions gather and stage even on one rank: gathered, grads and comm
+  // are all non-zero here.
+  check_plan_against_run(kLm, {"fsdp.mixed_precision.param_dtype=bf16", "fsdp.mixed_precision.reduce_dtype=bf16"});
+  check_plan_against_run(kCnn, {"fsdp.mixed_precision.param_dtype=bf16", "fsdp.mixed_precision.reduce_dtype=bf16",
+                                "fsdp.sharding_strategy=SHARD_GRAD_OP"});
+}
+
+BOOST_AUTO_TEST_CASE(plan_matches_measured_activation_checkpointing) {
+  check_plan_against_run(kLm, {"fsdp.activation_checkpointing=true", "fsdp.mixed_precision.param_dtype=bf16"});
+}
+
+// ---- formulas at world sizes the test cannot run ----
+
+namespace {
+
+// Odd sizes so that units need padding: C 24, F 50, V 37, T 10, 3 blocks.
+constexpr int64_t V = 37, C = 24, F = 50, T = 10, L = 3;
+const char* kOdd =
+    "model: {kind: transformer, vocab: 37, d_model: 24, n_layers: 3, n_heads: 4, d_ff: 50, seq_len: 10}\n"
+    "data: {kind: synthetic, synthetic_samples: 64}\n"
+    "train: {batch_size: 4, steps: 2, eval_every: never, optimizer: {kind: adamw, lr: 0.001}}\n"
+    "fsdp: {auto_wrap: {policy: transformer_layer}}\n";
+
+constexpr int64_t kBlock = 4 * C * C + 2 * C * F + 9 * C + F;  // ln1, in_proj, out_proj, ln2, fc1, fc2
+constexpr int64_t kRoot = V * C + T * C + 2 * C + C * V + V;   // tok_emb, pos_emb, ln_f, head
+int64_t pad(int64_t n, int64_t N) { return (n + N - 1) / N * N; }
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(shard_sizes_and_model_states) {
+  for (int N : {2, 4, 8}) {
+    fsdp::MemoryPlan p = fsdp::plan_memory(cfg(kOdd), {N});
+    BOOST_TEST_MESSAGE(p.text());
+    BOOST_REQUIRE(p.units.size() == size_t(L + 1));
+    BOOST_TEST(p.num_params == kRoot + L * kBlock);
+    BOOST_TEST(p.units[0].numel == kRoot);
+    int64_t padded = 0;
+    for (const fsdp::UnitPlan& u : p.units) {
+      BOOST_TEST(u.padded_numel == pad(u.numel, N));
+      BOOST_TEST(u.shard_numel * N == u.padded_numel);
+      padded += u.padded_numel;
+      if (&u != &p.units[0]) BOOST_TEST(u.numel == kBlock);
+    }
+    // f32 master shard + grad shard + adamw's two states = 16 bytes per padded param / N.
+    const int64_t shard_bytes = 4 * padded / N;
+    BOOST_TEST(p.peak(MemCategory::params) == shard_bytes);
+    BOOST_TEST(p.peak(MemCategory::optim) == 2 * shard_bytes);
+    BOOST_TEST(p.peak(MemCategory::params) + p.peak(MemCategory::optim) + shard_bytes == 16 * padded / N);
+    // Full gradients: the root's, alive through the whole backward, plus three blocks: two whose
+    // reduce_scatter is in flight and the one in backward.
+    BOOST_TEST(p.peak(MemCategory::grads) == shard_bytes + 4 * (pad(kRoot, N) + 3 * pad(kBlock, N)));
+    // The root stays gathered; limit_all_gathers allows two more (computing + prefetched).
+    BOOST_TEST(p.peak(MemCategory::gathered) == 4 * (pad(kRoot, N) + 2 * pad(kBlock, N)));
+    BOOST_TEST(p.peak(MemCategory::comm) == 0);
+
+    // Bytes per step: every block gathered twice (forward, backward), the root once (kept
+    // from forward to backward); one reduce_scatter per unit; no all_reduce.
+    BOOST_TEST(p.all_gather.calls == 2 * L + 1);
+    BOOST_TEST(p.all_gather.bytes == 4 * (pad(kRoot, N) + 2 * L * pad(kBlock, N)));
+    BOOST_TEST(p.all_gather.wire_bytes == p.all_gather.bytes * (N - 1) / N);
+    BOOST_TEST(p.reduce_scatter.calls == L + 1);
+    BOOST_TEST(p.reduce_scatter.bytes == 4 * padded);
+    BOOST_TEST(p.all_reduce.calls == 0);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(strategies_at_world_size_eight) {
+  const int64_t psi = kRoot + L * kBlock, N = 8;
+  int64_t padded = pad(kRoot, N) + L * pad(kBlock, N);
+
+  fsdp::MemoryPlan ns = fsdp::plan_memory(cfg(kOdd, {"fsdp.sharding_strategy=NO_SHARD"}), {8});
+  BOOST_TEST_MESSAGE(ns.text());
+  BOOST_TEST(ns.shard_group_size == 1);
+  BOOST_TEST(ns.replicas == 8);
+  // 16 Psi, nothing gathered, gradients accumulate in the (whole) grad shard.
+  BOOST_TEST(ns.peak(MemCategory::params) + ns.peak(MemCategory::grads) + ns.peak(MemCategory::optim) == 16 * psi);
+  BOOST_TEST(ns.peak(MemCategory::gathered) == 0);
+  BOOST_TEST(ns.all_gather.calls == 0);
+  BOOST_TEST(ns.reduce_scatter.calls == 0);
+  BOOST_TEST(ns.all_reduce.calls == 1);
+  BOOST_TEST(ns.all_reduce.bytes == 4 * psi);                        // one all_reduce of all gradients
+  BOOST_TEST(ns.all_reduce.wire_bytes == 2 * 4 * psi * 7 / 8);       // ~2 Psi per rank
+
+  fsdp::MemoryPlan zero2 = fsdp::plan_memory(cfg(kOdd, {"fsdp.sharding_strategy=SHARD_GRAD_OP"}), {8});
+  // Every unit gathered by the end of forward: 4 Psi (padded) on top of 16 Psi / N.
+  BOOST_TEST(zero2.peak(MemCategory::gathered) == 4 * padded);
+  BOOST_TEST(zero2.peak(MemCategory::params) + zero2.peak(MemCategory::optim) == 12 * padded / N);
+  BOOST_TEST(zero2.all_gather.calls == L + 1);  // once per unit, in forward
+  BOOST_TEST(zero2.all_gather.bytes == 4 * padded);
+
+  // bf16 gathers and reductions: half the bytes; the bf16 gather buffer of the prefetched block
+  // is alive on top of the f32 copies; reduce_scatter stages in comm.
+  fsdp::MemoryPlan mp = fsdp::plan_memory(
+      cfg(kOdd, {"fsdp.mixed_precision.param_dtype=bf16", "fsdp.mixed_precision.reduce_dtype=bf16"}), {8});
+  BOOST_TEST(mp.all_gather.bytes == 2 * (pad(kRoot, N) + 2 * L * pad(kBlock, N)));
+  BOOST_TEST(mp.reduce_scatter.bytes == 2 * padded);
+  BOOST_TEST(mp.peak(MemCategory::gathered) == 4 * (pad(kRoot, N) + 2 * pad(kBlock, N)) + 2 * pad(kBlock, N));
+  // The largest unit (a block here) stages padded + shard bf16 elements.
+  BOOST_TEST(mp.peak(MemCategory::comm) == 2 * (pad(kBlock, N) + pad(kBlock, N) / N));
+  // Waited reductions: the root's full gradient and the block in backward, no more.
+  BOOST_TEST(mp.peak(MemCategory::grads) == 4 * padded / N + 4 * (pad(kRoot, N) + pad(kBlock, N)));
+
+  // HYBRID_SHARD, 8 ranks in shard groups of 4: pad to 4, all_reduce the shards over 2 replicas.
+  fsdp::MemoryPlan hy = fsdp::plan_memory(cfg(kOdd, {"fsdp.sharding_strategy=HYBRID_SHARD"}), {8, 4});
+  const int64_t padded4 = pad(kRoot, 4) + L * pad(kBlock, 4);
+  BOOST_TEST(hy.shard_group_size == 4);
+  BOOST_TEST(hy.replicas == 2);
+  BOOST_TEST(hy.peak(MemCategory::params) == padded4);  // 4 bytes * padded / 4
+  BOOST_TEST(hy.all_reduce.calls == 1);
+  BOOST_TEST(hy.all_reduce.group_size == 2);
+  BOOST_TEST(hy.all_reduce.bytes == padded4);
+  BOOST_CHECK_THROW(fsdp::plan_memory(cfg(kOdd, {"fsdp.sharding_strategy=HYBRID_SHARD"}), {8, 3}), fsdp::Error);
+}
+
+BOOST_AUTO_TEST_CASE(layer_activation_bytes) {
+  fsdp::Linear fc("fc", 4, 3);
+  BOOST_TEST(fc.output_shape({5, 4}) == fsdp::Shape({5, 3}));
+  BOOST_TEST(fc.activation_bytes({5, 4}, false) == 5 * 3 * 4);              // y
+  BOOST_TEST(fc.activation_bytes({5, 4}, true) == (5 * 3 + 5 * 4) * 4);     // y, dx
+  fsdp::Conv2d conv("conv", 2, 3, 3);
+  BOOST_TEST(conv.output_shape({2, 2, 6, 6}) == fsdp::Shape({2, 3, 4, 4}));
+  // col (18, 32), ybuf (3, 32), y (2,3,4,4); backward dyt (3, 32), dcol (18, 32), dx (2,2,6,6)
+  BOOST_TEST(conv.activation_bytes({2, 2, 6, 6}, true) == (18 * 32 + 3 * 32 + 96 + 3 * 32 + 18 * 32 + 144) * 4);
+  fsdp::MaxPool2d pool("pool");
+  BOOST_TEST(pool.activation_bytes({1, 2, 4, 4}, false) == 8 * 4 + 8 * 4);  // y f32 + argmax i32
+  fsdp::Dropout drop("drop", 0.5f);
+  BOOST_TEST(drop.activation_bytes({3, 7}, false) == 0);                      // identity when not training
+  BOOST_TEST(drop.activation_bytes({3, 7}, true) == 3 * 21 * 4);             // mask, y, dx
+  fsdp::TransformerBlock block("b", 8, 2, 16);
+  BOOST_TEST(block.output_shape({2, 5, 8}) == fsdp::Shape({2, 5, 8}));
+  BOOST_TEST(block.activation_bytes({2, 5, 8}, true) > block.activation_bytes({2, 5, 8}, false));
+}
