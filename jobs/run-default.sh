@@ -7,6 +7,7 @@ bash jobs/install-deps.sh
 [ -f build/build.ninja ] || meson setup build >/dev/null
 meson compile -C build >/dev/null
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# One rank until the FSDP engine lands; then: mpirun -np 4 --oversubscribe.
-# --bind-to none: OpenMPI pins a lone rank to one core, which would idle the others' threads.
-exec mpirun -np 1 --bind-to none build/apps/fsdp_app input/fashion_mnist.yaml "$@"
+# FULL_SHARD on 4 ranks. Ranks may outnumber cores here (2 on CI machines): oversubscribe, no
+# binding, and one BLAS/OpenMP thread per rank so they don't fight over cores.
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+exec mpirun -np 4 --oversubscribe --bind-to none build/apps/fsdp_app input/fashion_mnist.yaml "$@"
