@@ -560,3 +560,16 @@ BOOST_AUTO_TEST_CASE(yaml_text_reproduces_the_run) {
   BOOST_TEST(again.checkpoint.dir == "~");
   BOOST_TEST(again.model.seq_len == 64);
 }
+
+BOOST_AUTO_TEST_CASE(global_batch_size_splits_over_the_ranks) {
+  fsdp::Config c = fsdp::parse_config("train: {global_batch_size: 64}\n", "g.yaml");
+  BOOST_TEST(fsdp::for_world_size(c, 1).train.batch_size == 64);
+  BOOST_TEST(fsdp::for_world_size(c, 4).train.batch_size == 16);
+  BOOST_TEST(fsdp::for_world_size(c, 8).train.batch_size == 8);
+  BOOST_CHECK_EXCEPTION(fsdp::for_world_size(c, 3), fsdp::ConfigError, [](const fsdp::ConfigError& e) {
+    return std::string(e.what()).find("train.global_batch_size 64 is not divisible by the 3 ranks") != std::string::npos;
+  });
+  // Without it, batch_size stays per rank.
+  fsdp::Config d = fsdp::parse_config("train: {batch_size: 32}\n", "b.yaml");
+  BOOST_TEST(fsdp::for_world_size(d, 4).train.batch_size == 32);
+}

@@ -95,6 +95,7 @@ std::vector<Field> schema(Config& c) {
       {"data.eval_fraction", &c.data.eval_fraction, {0, 1, true, true}},
       {"data.synthetic_samples", &c.data.synthetic_samples, at_least(1)},
       {"train.batch_size", &t.batch_size, at_least(1)},
+      {"train.global_batch_size", &t.global_batch_size, at_least(0)},
       {"train.epochs", &t.epochs, at_least(0)},
       {"train.steps", &t.steps, at_least(0)},
       {"train.seed", &t.seed},
@@ -535,6 +536,18 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   for (size_t n; (n = std::fread(buf, 1, sizeof buf, file.get())) > 0;) text.append(buf, n);
   if (std::ferror(file.get())) throw cannot_read();  // e.g. a directory: EISDIR
   return parse_config(text, path, overrides);
+}
+
+Config for_world_size(const Config& config, int world_size) {
+  Config c = config;
+  const int64_t global = c.train.global_batch_size;
+  if (global > 0) {
+    if (global % world_size != 0)
+      throw ConfigError(c.source_path + ": train.global_batch_size " + std::to_string(global) +
+                        " is not divisible by the " + std::to_string(world_size) + " ranks of this run");
+    c.train.batch_size = global / world_size;
+  }
+  return c;
 }
 
 }  // namespace fsdp

@@ -58,6 +58,9 @@ struct SchedulerConfig {
 
 struct TrainConfig {
   int64_t batch_size = 64;  // per rank
+  // > 0: the global batch, whatever the world size (batch_size becomes this / ranks): the same
+  // recipe, and the same losses, at any number of ranks.
+  int64_t global_batch_size = 0;
   int64_t epochs = 1;
   int64_t steps = 0;        // > 0: stop after this many steps in total
   uint64_t seed = 1;
@@ -132,6 +135,10 @@ struct Config {
 
 // Reads and validates `path` with overrides ("dotted.key=value", value parsed as YAML).
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The config as a run on `world_size` ranks sees it: train.global_batch_size, when given,
+// becomes the per-rank train.batch_size (ConfigError when the ranks do not divide it).
+Config for_world_size(const Config& config, int world_size);
+
 // Same from text; `source_name` is used in messages in place of a file name.
 Config parse_config(const std::string& yaml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides = {});

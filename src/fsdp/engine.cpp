@@ -183,6 +183,15 @@ void FsdpEngine::prefetch(int unit_index) {
   unshard(u);
 }
 
+int FsdpEngine::next_in_backward(Module& layer) const {
+  // The unit backward reaches next: that of the nearest earlier layer in another unit.
+  const std::vector<Layer*>& layers = model_.layers();
+  int pos = static_cast<int>(std::find(layers.begin(), layers.end(), &layer) - layers.begin());
+  for (int p = pos - 1; p >= 0; --p)
+    if (unit_of_layer_[p] != unit_of_layer_[pos]) return unit_of_layer_[p];
+  return -1;
+}
+
 void FsdpEngine::pre_forward(Module& layer) {
   Unit& u = unit_of(layer);
   if (u.forward_layers_left == 0) u.forward_layers_left = static_cast<int>(u.spec.layers.size());
@@ -214,30 +223,13 @@ void FsdpEngine::pre_backward(Module& layer) {
       bind_grad(u.layout, u.full_grad.f32());
     }
   }
-  if (options_.backward_prefetch == BackwardPrefetch::pre) {
-    // The unit backward reaches next: the nearest earlier layer of another unit.
-    const std::vector<Layer*>& layers = model_.layers();
-    int pos = static_cast<int>(std::find(layers.begin(), layers.end(), &layer) - layers.begin());
-    for (int p = pos - 1; p >= 0; --p)
-      if (unit_of_layer_[p] != index_of(u)) {
-        prefetch(unit_of_layer_[p]);
-        break;
-      }
-  }
+  if (options_.backward_prefetch == BackwardPrefetch::pre) prefetch(next_in_backward(layer));
 }
 
 void FsdpEngine::post_backward(Module& layer) {
   Unit& u = unit_of(layer);
   if (--u.backward_layers_left > 0) return;
-  if (options_.backward_prefetch == BackwardPrefetch::post) {
-    const std::vector<Layer*>& layers = model_.layers();
-    int pos = static_cast<int>(std::find(layers.begin(), layers.end(), &layer) - layers.begin());
-    for (int p = pos - 1; p >= 0; --p)
-      if (unit_of_layer_[p] != index_of(u)) {
-        prefetch(unit_of_layer_[p]);
-        break;
-      }
-  }
+  if (options_.backward_prefetch == BackwardPrefetch::post) prefetch(next_in_backward(layer));
   post_backward(u);
 }
 

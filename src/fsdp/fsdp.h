@@ -127,7 +127,8 @@ class FsdpEngine : public ModuleHooks {
   void wait_for_unshard(Unit& u);
   void reshard(Unit& u);
   void post_backward(Unit& u);
-  void prefetch(int unit_index);
+  void prefetch(int unit_index);  // -1: nothing to prefetch
+  int next_in_backward(Module& layer) const;
   bool keeps_params_after_forward(const Unit& u) const;
   Unit& unit_of(Module& layer);
   int index_of(const Unit& u) const;

@@ -324,9 +324,10 @@ std::string grouped(int64_t v) {
 
 }  // namespace
 
-MemoryPlan plan_memory(const Config& c, const PlanRequest& request) {
+MemoryPlan plan_memory(const Config& config, const PlanRequest& request) {
   const int world = request.world_size;
   if (world < 1) throw Error("memory plan: world size " + std::to_string(world) + " is not >= 1");
+  const Config c = for_world_size(config, world);
   const FsdpOptions o = fsdp_options(c.fsdp);
   for (DType d : {o.param_dtype, o.reduce_dtype})
     if (d != DType::f32 && d != DType::bf16 && d != DType::f16)

@@ -162,11 +162,12 @@ struct Trainer::State {
   std::unique_ptr<LrSchedule> schedule;
   LossScaler scaler;
   MemoryPlan plan;  // predicted per-rank peaks, reported next to the measured ones
-  explicit State(const Config& config) : c(config) {}
+  State(const Config& config, int world_size) : c(for_world_size(config, world_size)) {}
 };
 
-Trainer::Trainer(const Config& c, const RunEnv& env_in) : s_(std::make_unique<State>(c)) {
+Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_unique<State>(config, env_in.world_size)) {
   State& s = *s_;
+  const Config& c = s.c;
   s.env = env_in;
   if (!s.env.world) {
     s.local_world = make_local_communicator({c.comm.timeout_s});
