@@ -111,6 +111,17 @@ for model in MODELS:
     print(f"{model:12} {'repeat FULL_SHARD':19} {np_rep:>3} {'bitwise':>18} {'':>17}  {'PASS' if same else 'FAIL'}")
     passed += same
     failed += not same
+    # The UCX backend trains the same model to the same tolerance (when it is built).
+    try:
+        u = run(model, "FULL_SHARD", np_rep, f"{model}_ucx", ["comm.backend=ucx"])
+        loss_rel, pdiff, ok = compare(base, u)
+        print(f"{model:12} {'FULL_SHARD on ucx':19} {np_rep:>3} {loss_rel:>18.2e} {pdiff:>17.2e}  {'PASS' if ok else 'FAIL'}")
+        passed += ok
+        failed += not ok
+    except RuntimeError as e:
+        if "not built" not in str(e):
+            raise
+        print(f"{model:12} {'FULL_SHARD on ucx':19} {np_rep:>3} skipped: ucx backend not built")
     # Activation checkpointing recomputes the same arithmetic (same dropout masks): bitwise equal.
     c = run(model, "FULL_SHARD", np_rep, f"{model}_ckpt", ["fsdp.activation_checkpointing=true"])
     same = a[0] == c[0] and all(np.array_equal(a[1][k], c[1][k]) for k in a[1])
