@@ -23,7 +23,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_TH
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/bench-fsdp.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 warmup=2
-echo "bench-fsdp: transformer d_model 512, 8 layers, seq 256, batch 8 per rank, $steps steps (first $warmup untimed), backend $backend, $(nproc) cores"
+echo "bench-fsdp: transformer d_model 512, 8 layers, seq 256, batch 8 per rank, $steps steps (first $warmup untimed), backend $backend, $(nproc --all) cores"
 printf '%-4s %-12s %-14s %12s %12s\n' np strategy prefetch step_time_s tokens_per_s
 for np in $nps; do
   for strategy in NO_SHARD FULL_SHARD; do

@@ -284,8 +284,9 @@ TrainSummary Trainer::run() {
     env.world->all_reduce(&loss, &loss, 1, DType::f64, ReduceOp::sum)->wait();
 
     const bool step_ok = s.scaler.update(engine);  // false: an f16 overflow, the step is skipped
+    double grad_norm = -1.0;
     if (step_ok) {
-      if (c.train.clip_grad_norm > 0.0) engine.clip_grad_norm(c.train.clip_grad_norm);
+      if (c.train.clip_grad_norm > 0.0) grad_norm = engine.clip_grad_norm(c.train.clip_grad_norm);
       s.optimizer->step(engine.param_shards(), engine.grad_shards(), lr);
     }
 
@@ -303,6 +304,7 @@ TrainSummary Trainer::run() {
       j.integer("step", done).integer("epoch", epoch + 1).num("loss", loss).num("lr", lr).num("step_time_s", step_s);
       j.num("samples_per_s", rate);
       if (lm) j.num("tokens_per_s", rate * elems_per_sample);
+      if (grad_norm >= 0.0) j.num("grad_norm", grad_norm);  // before clipping, as PyTorch returns it
       if (s.scaler.enabled) j.num("loss_scale", ctx.loss_scale).integer("step_skipped", step_ok ? 0 : 1);
       j.raw("mem_peak_bytes", mem_peaks_json(mem)).raw("mem_plan_bytes", s.plan.peaks_json());
       metrics.write(j);
