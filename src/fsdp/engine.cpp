@@ -208,7 +208,6 @@ void FsdpEngine::post_forward(Module& layer) {
 }
 
 void FsdpEngine::pre_backward(Module& layer) {
-  in_backward_ = true;
   Unit& u = unit_of(layer);
   if (u.backward_layers_left == 0) {
     u.backward_layers_left = static_cast<int>(u.spec.layers.size());
@@ -266,7 +265,6 @@ void FsdpEngine::post_backward(Unit& u) {
 
 void FsdpEngine::begin_step() {
   grad_shards_.zero();
-  in_backward_ = false;
 }
 
 void FsdpEngine::finish_backward() {
@@ -279,7 +277,6 @@ void FsdpEngine::finish_backward() {
                                 DType::f32, ReduceOp::sum)
         ->wait();
   }
-  in_backward_ = false;
 }
 
 void FsdpEngine::for_each_gathered_unit(const std::function<void(const Unit&)>& fn) {

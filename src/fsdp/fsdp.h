@@ -144,7 +144,6 @@ class FsdpEngine : public ModuleHooks {
   Tensor shards_;       // concatenated f32 master shards of every unit
   Tensor grad_shards_;  // concatenated f32 gradient shards
   bool sync_grads_ = true;
-  bool in_backward_ = false;
   struct PendingReduction {
     std::unique_ptr<Work> work;
     Tensor input;  // the unit's full gradient, alive until the reduce_scatter is done
