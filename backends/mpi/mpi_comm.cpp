@@ -236,12 +236,6 @@ MPI_Op MpiHalfTypes::op(DType dtype, ReduceOp op) const {
   return i == 1 ? MPI_MAX : i == 2 ? MPI_MIN : MPI_SUM;
 }
 
-MpiCommHandle::~MpiCommHandle() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
-}
-
 MpiCommunicator::MpiCommunicator(MPI_Comm owned, std::shared_ptr<MpiHalfTypes> types,
                                  std::shared_ptr<ShmProgress> progress, const CommOptions& options)
     : Communicator(options), comm_(owned), types_(std::move(types)), progress_(std::move(progress)) {

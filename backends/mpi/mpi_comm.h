@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "comm/comm.h"
+#include "comm/mpi_env.h"
 #include "mpi/mpi_shm.h"
 
 namespace fsdp {
@@ -27,19 +28,6 @@ class MpiHalfTypes {
   MPI_Datatype bf16_ = MPI_DATATYPE_NULL, f16_ = MPI_DATATYPE_NULL;
   MPI_Op bf16_ops_[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};  // sum, max, min
   MPI_Op f16_ops_[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
-};
-
-// Owns an MPI_Comm (freed on destruction).
-class MpiCommHandle {
- public:
-  explicit MpiCommHandle(MPI_Comm comm) : comm_(comm) {}
-  ~MpiCommHandle();
-  MpiCommHandle(const MpiCommHandle&) = delete;
-  MpiCommHandle& operator=(const MpiCommHandle&) = delete;
-  MPI_Comm get() const { return comm_; }
-
- private:
-  MPI_Comm comm_;
 };
 
 class MpiCommunicator : public Communicator {

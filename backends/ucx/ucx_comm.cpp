@@ -626,12 +626,6 @@ size_t env_size(const char* name, size_t fallback) {
 
 }  // namespace
 
-UcxMpiComm::~UcxMpiComm() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
-}
-
 UcxCommunicator::UcxCommunicator(MPI_Comm owned, std::shared_ptr<ucx::Context> context, const CommOptions& options,
                                  UcxTuning tuning, uint8_t id)
     : Communicator(options), comm_(owned), context_(std::move(context)), tuning_(tuning), id_(id) {

@@ -27,6 +27,7 @@
 #include <memory>
 
 #include "comm/comm.h"
+#include "comm/mpi_env.h"
 #include "ucx/ucx_resources.h"
 
 namespace fsdp {
@@ -41,20 +42,6 @@ class UcxWork;  // ucx_comm.cpp
 struct UcxTuning {
   size_t chunk_bytes = size_t{512} << 10;  // largest message of a ring step (the staging slot size)
   size_t lanes = 8;                          // chunks a reduce-scatter keeps in flight (2 slots each)
-};
-
-// Owns an MPI_Comm: the bootstrap duplicate used for address exchange, splits and the fence at
-// destruction. Freed unless MPI is already finalized.
-class UcxMpiComm {
- public:
-  explicit UcxMpiComm(MPI_Comm comm) : comm_(comm) {}
-  ~UcxMpiComm();
-  UcxMpiComm(const UcxMpiComm&) = delete;
-  UcxMpiComm& operator=(const UcxMpiComm&) = delete;
-  MPI_Comm get() const { return comm_; }
-
- private:
-  MPI_Comm comm_;
 };
 
 class UcxCommunicator : public Communicator {
@@ -79,7 +66,7 @@ class UcxCommunicator : public Communicator {
   CollectiveDesc describe(const char* collective, size_t count, DType dtype);
   std::unique_ptr<UcxWork> make_work(CollectiveDesc desc) const;
 
-  UcxMpiComm comm_;  // first: freed last
+  MpiCommHandle comm_;  // first: freed last; the bootstrap duplicate (address exchange, splits, fence)
   std::shared_ptr<ucx::Context> context_;
   std::shared_ptr<ucx::Worker> worker_;
   UcxTuning tuning_;

@@ -4,6 +4,12 @@
 
 namespace fsdp {
 
+MpiCommHandle::~MpiCommHandle() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
 MpiSession::MpiSession(int* argc, char*** argv) {
   int provided = 0;
   MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);

@@ -5,6 +5,20 @@
 
 namespace fsdp {
 
+// Owns an MPI_Comm: freed on destruction unless MPI is already finalized. Every backend that
+// keeps a private communicator (duplicates, splits) holds it in one of these.
+class MpiCommHandle {
+ public:
+  explicit MpiCommHandle(MPI_Comm comm) : comm_(comm) {}
+  ~MpiCommHandle();
+  MpiCommHandle(const MpiCommHandle&) = delete;
+  MpiCommHandle& operator=(const MpiCommHandle&) = delete;
+  MPI_Comm get() const { return comm_; }
+
+ private:
+  MPI_Comm comm_;
+};
+
 class MpiSession {
  public:
   MpiSession(int* argc, char*** argv);
