@@ -55,30 +55,8 @@ constexpr const char* kUsage =
 
 // ---- element access: every dtype through double (all values used here are exact in it) ----
 
-double load(const void* p, size_t i, DType d) {
-  switch (d) {
-    case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::f64: return static_cast<const double*>(p)[i];
-    case DType::bf16: return fsdp::bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::f16: return fsdp::f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::i32: return static_cast<const int32_t*>(p)[i];
-    case DType::i64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DType::u8: return static_cast<const uint8_t*>(p)[i];
-  }
-  return 0;
-}
-
-void store(void* p, size_t i, DType d, double v) {
-  switch (d) {
-    case DType::f32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
-    case DType::f64: static_cast<double*>(p)[i] = v; return;
-    case DType::bf16: static_cast<uint16_t*>(p)[i] = fsdp::f32_to_bf16(static_cast<float>(v)); return;
-    case DType::f16: static_cast<uint16_t*>(p)[i] = fsdp::f32_to_f16(static_cast<float>(v)); return;
-    case DType::i32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); return;
-    case DType::i64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); return;
-    case DType::u8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(static_cast<int64_t>(v) & 0xff); return;
-  }
-}
+double load(const void* p, size_t i, DType d) { return fsdp::load_element(p, d, i); }
+void store(void* p, size_t i, DType d, double v) { fsdp::store_element(p, d, i, v); }
 
 // An unsigned result wraps; every other dtype holds these small integers exactly.
 double as_stored(double v, DType d) { return d == DType::u8 ? static_cast<double>(static_cast<int64_t>(v) & 0xff) : v; }

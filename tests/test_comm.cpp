@@ -80,31 +80,8 @@ class Buf {
   size_t count() const { return count_; }
   void* data() { return bytes_.data(); }
   char* at(size_t i) { return bytes_.data() + i * fsdp::dtype_bytes(d_); }
-  double get(size_t i) const {
-    const void* p = bytes_.data();
-    switch (d_) {
-      case DType::f32: return static_cast<const float*>(p)[i];
-      case DType::f64: return static_cast<const double*>(p)[i];
-      case DType::bf16: return fsdp::bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-      case DType::f16: return fsdp::f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-      case DType::i32: return static_cast<const int32_t*>(p)[i];
-      case DType::i64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-      case DType::u8: return static_cast<const uint8_t*>(p)[i];
-    }
-    return 0;
-  }
-  void set(size_t i, double v) {
-    void* p = bytes_.data();
-    switch (d_) {
-      case DType::f32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
-      case DType::f64: static_cast<double*>(p)[i] = v; return;
-      case DType::bf16: static_cast<uint16_t*>(p)[i] = fsdp::f32_to_bf16(static_cast<float>(v)); return;
-      case DType::f16: static_cast<uint16_t*>(p)[i] = fsdp::f32_to_f16(static_cast<float>(v)); return;
-      case DType::i32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); return;
-      case DType::i64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); return;
-      case DType::u8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(static_cast<int64_t>(v) & 0xff); return;
-    }
-  }
+  double get(size_t i) const { return fsdp::load_element(bytes_.data(), d_, i); }
+  void set(size_t i, double v) { fsdp::store_element(bytes_.data(), d_, i, v); }
 
  private:
   DType d_;

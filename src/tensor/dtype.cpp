@@ -41,25 +41,33 @@ DType parse_dtype(std::string_view name) {
   throw Error("unknown dtype '" + std::string(name) + "' (expected f32, bf16, f16, f64, i32, i64 or u8)");
 }
 
-namespace {
-double load(const void* p, DType d, size_t i) {
+double load_element(const void* p, DType d, size_t i) {
   switch (d) {
     case DType::f32: return static_cast<const float*>(p)[i];
     case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
     case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
     case DType::f64: return static_cast<const double*>(p)[i];
-    default: throw Error("convert: " + std::string(dtype_name(d)) + " is not a float type");
+    case DType::i32: return static_cast<const int32_t*>(p)[i];
+    case DType::i64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DType::u8: return static_cast<const uint8_t*>(p)[i];
   }
+  return 0.0;
 }
-void store(void* p, DType d, size_t i, double v) {
+
+void store_element(void* p, DType d, size_t i, double v) {
   switch (d) {
     case DType::f32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
     case DType::bf16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(static_cast<float>(v)); return;
     case DType::f16: static_cast<uint16_t*>(p)[i] = f32_to_f16(static_cast<float>(v)); return;
     case DType::f64: static_cast<double*>(p)[i] = v; return;
-    default: throw Error("convert: " + std::string(dtype_name(d)) + " is not a float type");
+    case DType::i32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); return;
+    case DType::i64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); return;
+    case DType::u8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(static_cast<int64_t>(v) & 0xff); return;
   }
 }
+
+namespace {
+bool is_float(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16 || d == DType::f64; }
 }  // namespace
 
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t count) {
@@ -94,7 +102,9 @@ void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_
     for (size_t i = 0; i < count; ++i) d[i] = f16_to_f32(s[i]);
     return;
   }
-  for (size_t i = 0; i < count; ++i) store(dst, dst_dtype, i, load(src, src_dtype, i));
+  for (DType d : {src_dtype, dst_dtype})
+    if (!is_float(d)) throw Error("convert: " + std::string(dtype_name(d)) + " is not a float type");
+  for (size_t i = 0; i < count; ++i) store_element(dst, dst_dtype, i, load_element(src, src_dtype, i));
 }
 
 }  // namespace fsdp

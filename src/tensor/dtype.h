@@ -81,6 +81,11 @@ inline float f16_to_f32(uint16_t bits) {
 }
 
 
+// Element i of an array of any dtype, through double (exact for every value of every type but
+// large i64): for checks and references, not hot loops. Integers store truncated, u8 wraps.
+double load_element(const void* p, DType dtype, size_t i);
+void store_element(void* p, DType dtype, size_t i, double value);
+
 // dst[i] = convert(src[i]) for count elements; any pair of the float types (f32, bf16, f16, f64).
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t count);
 
