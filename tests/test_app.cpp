@@ -33,12 +33,13 @@ struct Run {
   std::string out, err;
 };
 
-// Runs a shell command line with a timeout so a hang fails the test instead of the suite.
-Run run(const std::string& args) {
+// Runs `[launcher] fsdp_app ARGS` under a timeout, so a hang fails the test instead of the suite,
+// and captures the exit code, stdout and stderr.
+Run run_with(const std::string& launcher, const std::string& args, int timeout_s) {
   fs::path dir = fs::temp_directory_path() / ("fsdp_app_test_" + std::to_string(getpid()));
   fs::create_directories(dir);
-  std::string cmd = "timeout 120 " + app_path() + " " + args + " >" + (dir / "out").string() + " 2>" +
-                    (dir / "err").string();
+  std::string cmd = "timeout " + std::to_string(timeout_s) + " " + launcher + app_path() + " " + args + " >" +
+                    (dir / "out").string() + " 2>" + (dir / "err").string();
   int status = std::system(cmd.c_str());
   Run r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -53,6 +54,8 @@ Run run(const std::string& args) {
   fs::remove_all(dir);
   return r;
 }
+
+Run run(const std::string& args) { return run_with("", args, 120); }
 
 struct TempDir {
   fs::path path;
@@ -184,9 +187,8 @@ BOOST_AUTO_TEST_CASE(trains_and_writes_metrics_under_mpirun_and_alone) {
   std::string cfg = d.file("c.yaml", kTinyCnn);
   std::string metrics = (d.path / "m.jsonl").string();
   for (const std::string& launcher : {std::string(""), std::string("mpirun -np 1 ")}) {
-    std::string cmd = "timeout 120 " + launcher + app_path() + " " + cfg + " --set output.metrics=" + metrics +
-                      " --set train.eval_every=2 >/dev/null 2>&1";
-    BOOST_TEST(std::system(cmd.c_str()) == 0, cmd);
+    Run r = run_with(launcher, cfg + " --set output.metrics=" + metrics + " --set train.eval_every=2", 120);
+    BOOST_TEST(r.exit_code == 0, launcher << ": " << r.err);
     std::ifstream f(metrics);
     std::string line;
     int steps = 0, evals = 0;
@@ -204,20 +206,8 @@ BOOST_AUTO_TEST_CASE(trains_and_writes_metrics_under_mpirun_and_alone) {
   }
 }
 
-// Runs `mpirun -np N fsdp_app ARGS` with a timeout; returns exit code and stderr.
 Run run_mpi(int np, const std::string& args) {
-  fs::path err = fs::temp_directory_path() / ("fsdp_app_mpi_err_" + std::to_string(getpid()));
-  std::string cmd = "timeout 300 mpirun --oversubscribe --bind-to none -np " + std::to_string(np) + " " + app_path() +
-                    " " + args + " >/dev/null 2>" + err.string();
-  int status = std::system(cmd.c_str());
-  Run r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  std::ifstream f(err);
-  std::stringstream s;
-  s << f.rdbuf();
-  r.err = s.str();
-  fs::remove(err);
-  return r;
+  return run_with("mpirun --oversubscribe --bind-to none -np " + std::to_string(np) + " ", args, 300);
 }
 
 BOOST_AUTO_TEST_CASE(a_bad_input_under_mpirun_is_reported_once) {

@@ -254,9 +254,12 @@ void FsdpEngine::post_backward(Unit& u) {
       u.full_grad = Tensor();
       Tensor out = Tensor::empty({u.shard_numel}, options_.reduce_dtype, MemCategory::comm, &mem_);
       mesh_.shard->reduce_scatter(low.raw(), out.raw(), count, options_.reduce_dtype, ReduceOp::sum)->wait();
-      std::vector<float> widened(count);
-      convert(out.raw(), options_.reduce_dtype, widened.data(), DType::f32, count);
-      for (size_t i = 0; i < count; ++i) dst[i] += widened[i];
+      const auto* half = static_cast<const uint16_t*>(out.raw());
+      if (options_.reduce_dtype == DType::bf16) {
+        for (size_t i = 0; i < count; ++i) dst[i] += bf16_to_f32(half[i]);
+      } else {
+        for (size_t i = 0; i < count; ++i) dst[i] += f16_to_f32(half[i]);
+      }
     }
     u.full_grad = Tensor();
   }
