@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
     }
     world = fsdp::make_communicator(config.comm.backend, MPI_COMM_WORLD, {config.comm.timeout_s});
     trainer = std::make_unique<fsdp::Trainer>(
-        config, fsdp::RunEnv{mpi.rank(), mpi.size(), world.get(), mpi.node_color(), mpi.local_rank()});
+        config, fsdp::RunEnv{mpi.rank(), mpi.size(), world.get(), mpi.node_color(), mpi.local_rank(), MPI_COMM_WORLD});
   } catch (const std::exception& e) {
     setup_error = describe(e);
     if (setup_error.empty()) setup_error = "unknown error";

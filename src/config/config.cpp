@@ -98,6 +98,7 @@ std::vector<Field> schema(Config& c) {
       {"train.global_batch_size", &t.global_batch_size, at_least(0)},
       {"train.epochs", &t.epochs, at_least(0)},
       {"train.steps", &t.steps, at_least(0)},
+      {"train.stop_after_steps", &t.stop_after_steps, at_least(0)},
       {"train.seed", &t.seed},
       {"train.grad_accum", &t.grad_accum, at_least(1)},
       {"train.clip_grad_norm", &t.clip_grad_norm, at_least(0)},
@@ -150,6 +151,7 @@ std::vector<Field> schema(Config& c) {
       {"checkpoint.keep", &c.checkpoint.keep, at_least(1)},
       {"checkpoint.save_best", &c.checkpoint.save_best},
       {"checkpoint.resume", &c.checkpoint.resume},
+      {"checkpoint.io", &c.checkpoint.io, {}, {"collective", "independent"}},
       {"output.metrics", &c.output.metrics},
       {"output.log_every", &c.output.log_every, at_least(1)},
       {"output.save_weights", &c.output.save_weights},
@@ -479,6 +481,14 @@ void Reader::check_rules(const Config& c) const {
          "train.epochs and train.steps are both 0; one of them must bound the run");
   if (c.fsdp.wrap_policy == "manual" && c.fsdp.wrap_modules.empty())
     fail("fsdp.auto_wrap.policy", "manual requires a non-empty fsdp.auto_wrap.modules list");
+  const CheckpointConfig& k = c.checkpoint;
+  if (k.dir.empty()) {
+    if (k.every_steps > 0) fail("checkpoint.every_steps", "needs checkpoint.dir");
+    if (k.save_best) fail("checkpoint.save_best", "needs checkpoint.dir");
+    if (k.resume == "auto") fail("checkpoint.resume", "auto needs checkpoint.dir (it resumes from the newest file there)");
+  }
+  if (k.save_best && c.train.eval_every == "never")
+    fail(blame("checkpoint.save_best", "train.eval_every"), "checkpoint.save_best needs evaluations (train.eval_every is never)");
 }
 
 void Reader::read(const YAML::Node& root, Config& c) {

@@ -63,6 +63,8 @@ struct TrainConfig {
   int64_t global_batch_size = 0;
   int64_t epochs = 1;
   int64_t steps = 0;        // > 0: stop after this many steps in total
+  int64_t stop_after_steps = 0;  // > 0: this launch runs at most this many steps, saves, exits
+                                 // (a job chunked to fit a wall-time limit; the rest on resume)
   uint64_t seed = 1;
   int64_t grad_accum = 1;
   double clip_grad_norm = 0.0;  // 0 = off
@@ -113,6 +115,7 @@ struct CheckpointConfig {
   int64_t keep = 2;                     // >= 1
   bool save_best = false;
   std::string resume;                   // "" | auto | path
+  std::string io = "collective";        // MPI-IO transfers of a save: collective | independent
 };
 
 struct OutputConfig {

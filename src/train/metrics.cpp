@@ -72,11 +72,11 @@ std::string mem_peaks_json(const MemoryTracker& mem) {
   return j.text();
 }
 
-MetricsFile::MetricsFile(const std::string& path) {
+MetricsFile::MetricsFile(const std::string& path, bool append) {
   if (path.empty()) return;
   std::error_code ec;  // a missing parent folder is created; failure shows up in fopen below
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  file_ = std::fopen(path.c_str(), "w");
+  file_ = std::fopen(path.c_str(), append ? "a" : "w");
   if (!file_) throw Error("output.metrics: cannot open " + path + " (" + std::strerror(errno) + ")");
 }
 

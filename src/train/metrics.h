@@ -29,7 +29,8 @@ std::string mem_peaks_json(const MemoryTracker& mem);  // {"params": N, ..., "to
 
 class MetricsFile {
  public:
-  explicit MetricsFile(const std::string& path);  // "" = disabled; Error if it cannot be opened
+  // "" = disabled; Error if it cannot be opened. append: a resumed run continues the file.
+  explicit MetricsFile(const std::string& path, bool append = false);
   ~MetricsFile();
   MetricsFile(const MetricsFile&) = delete;
   MetricsFile& operator=(const MetricsFile&) = delete;

@@ -12,6 +12,7 @@
 #include <numeric>
 #include <span>
 
+#include "ckpt/checkpoint.h"
 #include "ckpt/h5.h"
 #include "config/config.h"
 #include "data/data.h"
@@ -22,6 +23,7 @@
 #include "nn/flat.h"
 #include "optim/optim.h"
 #include "tensor/error.h"
+#include "train/checkpointing.h"
 #include "train/metrics.h"
 
 namespace fsdp {
@@ -162,6 +164,11 @@ struct Trainer::State {
   std::unique_ptr<LrSchedule> schedule;
   LossScaler scaler;
   MemoryPlan plan;  // predicted per-rank peaks, reported next to the measured ones
+  // Checkpoints: where this launch starts and what save_best compares against.
+  bool resumed = false;
+  int64_t start_step = 0;
+  double best_eval_loss = -1.0;
+  std::string resume_note;  // printed by rank 0 when the run starts
   State(const Config& config, int world_size) : c(for_world_size(config, world_size)) {}
 };
 
@@ -205,6 +212,82 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
   request.train_samples = s.data.train->size();
   request.eval_samples = s.data.eval->size();
   s.plan = plan_memory(c, request);
+
+  // Resume last: it overwrites the shards and optimizer state just made. Collective, and its
+  // errors are agreed on inside, so a bad file is still a set-up error reported once.
+  if (!c.checkpoint.dir.empty()) prepare_checkpoint_dir(c.checkpoint.dir);
+  if (!c.checkpoint.resume.empty()) {
+    std::string path = resolve_resume(c.checkpoint, s.env.mpi_comm, &s.resume_note);
+    if (!path.empty()) resume(path);
+  }
+}
+
+void Trainer::resume(const std::string& path) {
+  State& s = *s_;
+  LoadOptions options;
+  options.optimizer = s.c.train.optimizer.kind;
+  CheckpointStats stats;
+  CheckpointMeta m = load_checkpoint(path, checkpoint_state(*s.engine, *s.optimizer), options, s.env.mpi_comm, &stats);
+  s.resumed = true;
+  s.start_step = m.step;
+  s.optimizer->set_step_count(m.optimizer_step);
+  if (s.scaler.enabled && m.loss_scale > 0) {
+    s.scaler.scale = m.loss_scale;
+    s.scaler.good_steps = m.loss_scale_good_steps;
+  }
+  s.best_eval_loss = m.best_eval_loss;
+  char line[512];
+  std::snprintf(line, sizeof line, "checkpoint: resumed from %s at step %lld (written by %lld rank%s, %s); %.1f MB in %.2f s\n",
+                path.c_str(), static_cast<long long>(m.step), static_cast<long long>(m.world_size),
+                m.world_size == 1 ? "" : "s", m.strategy.c_str(), stats.bytes / 1e6, stats.seconds);
+  s.resume_note += line;
+  if (m.global_batch_size != s.global_batch)
+    s.resume_note += "checkpoint: note: global batch " + std::to_string(m.global_batch_size) + " -> " +
+                     std::to_string(s.global_batch) + "; the sample order from here on differs from the original run\n";
+}
+
+CheckpointMeta Trainer::position(int64_t steps_done, double lr) const {
+  const State& s = *s_;
+  const Config& c = s.c;
+  CheckpointMeta m;
+  m.step = steps_done;
+  m.epoch = steps_done / s.steps_per_epoch;
+  m.step_in_epoch = steps_done % s.steps_per_epoch;
+  m.steps_per_epoch = s.steps_per_epoch;
+  m.world_size = s.env.world_size;
+  m.shard_group_size = s.engine->mesh().shard->size();
+  m.global_batch_size = s.global_batch;
+  m.seed = static_cast<int64_t>(c.train.seed);
+  m.strategy = c.fsdp.sharding_strategy;
+  m.backend = c.comm.backend;
+  m.wrap_policy = c.fsdp.wrap_policy;
+  m.model_kind = c.model.kind;
+  m.optimizer = c.train.optimizer.kind;
+  m.optimizer_step = s.optimizer->step_count();
+  m.scheduler = c.train.scheduler.kind;
+  m.lr = lr;
+  m.loss_scale = s.scaler.enabled ? s.scaler.scale : 0.0;
+  m.loss_scale_good_steps = s.scaler.good_steps;
+  m.best_eval_loss = s.best_eval_loss;
+  m.config_yaml = c.yaml_text;
+  return m;
+}
+
+CheckpointStats Trainer::save(const std::string& path, int64_t steps_done, double lr) {
+  State& s = *s_;
+  SaveOptions options;
+  options.format = parse_checkpoint_format(s.c.checkpoint.format);
+  options.collective = s.c.checkpoint.io == "collective";
+  // Test hook for the crash-safety tests: this rank dies in the middle of a save.
+  if (const char* kill = std::getenv("FSDP_TEST_KILL_RANK_DURING_SAVE")) options.kill_rank = std::atoi(kill);
+  CheckpointStats stats = save_checkpoint(path, checkpoint_state(*s.engine, *s.optimizer), position(steps_done, lr),
+                                          options, s.env.mpi_comm);
+  if (s.env.rank == 0) {
+    std::printf("checkpoint: step %lld saved to %s, %.1f MB in %.2f s (%.2f GB/s)\n", static_cast<long long>(steps_done),
+                path.c_str(), stats.bytes / 1e6, stats.seconds, stats.bytes / 1e9 / std::max(stats.seconds, 1e-9));
+    std::fflush(stdout);
+  }
+  return stats;
 }
 
 Trainer::~Trainer() = default;
@@ -217,10 +300,11 @@ TrainSummary Trainer::run() {
   FsdpEngine& engine = *s.engine;
   MemoryTracker& mem = s.mem;
   const bool leader = env.rank == 0;
-  // model.init_from is collective (rank 0 reads, everyone receives), so it runs here.
-  if (!c.model.init_from.empty()) engine.load_full_weights(c.model.init_from);
+  // model.init_from is collective (rank 0 reads, everyone receives), so it runs here. A resumed
+  // run has its weights already.
+  if (!c.model.init_from.empty() && !s.resumed) engine.load_full_weights(c.model.init_from);
 
-  MetricsFile metrics(leader ? c.output.metrics : "");
+  MetricsFile metrics(leader ? c.output.metrics : "", s.resumed);
   const bool tty = leader && interactive_terminal();
   const bool lm = c.model.kind == "transformer";
   const int64_t elems_per_sample = model.loss_elements_per_sample();
@@ -233,8 +317,24 @@ TrainSummary Trainer::run() {
                 c.data.kind.c_str(), static_cast<long long>(s.data.train->size()),
                 static_cast<long long>(s.data.eval->size()), static_cast<long long>(total_steps),
                 static_cast<long long>(steps_per_epoch));
+  if (leader && !s.resume_note.empty()) std::fputs(s.resume_note.c_str(), stdout);
+
+  const CheckpointConfig& ck = c.checkpoint;
+  int64_t last_saved_step = -1;
+  auto save_step = [&](int64_t done, double lr) {
+    if (done == last_saved_step) return;
+    CheckpointStats st = save(checkpoint_path(ck.dir, done), done, lr);
+    last_saved_step = done;
+    if (leader) {
+      prune_checkpoints(ck.dir, ck.keep);
+      metrics.write(JsonLine().str("event", "checkpoint").integer("step", done).str("path", checkpoint_path(ck.dir, done))
+                        .integer("bytes", st.bytes).num("save_s", st.seconds));
+    }
+  };
 
   TrainSummary summary;
+  summary.start_step = s.start_step;
+  summary.steps = s.start_step;
   RunCtx ctx;
   ctx.mem = &mem;
   ctx.seed = c.train.seed;
@@ -245,11 +345,16 @@ TrainSummary Trainer::run() {
   double timed_s = 0.0;
   int64_t timed_samples = 0;
   int64_t last_eval_step = -1;
+  double lr = s.schedule->lr(s.start_step, s.start_step / steps_per_epoch);
   auto run_eval = [&](int64_t step_done, int64_t epoch) {
     EvalResult r = evaluate(model, engine, *s.data.eval, c, env, mem);
     summary.eval_loss = r.loss;
     summary.eval_accuracy = r.accuracy;
     last_eval_step = step_done;
+    if (ck.save_best && (s.best_eval_loss < 0 || r.loss < s.best_eval_loss)) {
+      s.best_eval_loss = r.loss;
+      save(best_checkpoint_path(ck.dir), step_done, lr);
+    }
     if (!leader) return;
     if (tty) std::printf("\n");
     std::printf("eval step %lld epoch %lld: loss %.6f accuracy %.2f%%\n", static_cast<long long>(step_done),
@@ -259,10 +364,12 @@ TrainSummary Trainer::run() {
                       .num("eval_accuracy", r.accuracy));
   };
 
-  for (int64_t step = 0; step < total_steps; ++step) {
+  const int64_t end_step =
+      c.train.stop_after_steps > 0 ? std::min(total_steps, s.start_step + c.train.stop_after_steps) : total_steps;
+  for (int64_t step = s.start_step; step < end_step; ++step) {
     const int64_t epoch = step / steps_per_epoch, step_in_epoch = step % steps_per_epoch;
     const auto t0 = Clock::now();
-    const double lr = s.schedule->lr(step, epoch);
+    lr = s.schedule->lr(step, epoch);
     std::vector<int64_t> global = s.sampler->global_batch(epoch, step_in_epoch);
 
     // Forward/backward per micro-batch; only the last one reduces gradients (no_sync).
@@ -322,9 +429,13 @@ TrainSummary Trainer::run() {
     }
     const bool epoch_end = step_in_epoch == steps_per_epoch - 1;
     if (eval_due(c.train.eval_every, done, epoch_end)) run_eval(done, epoch);
+    if (ck.every_steps > 0 && done % ck.every_steps == 0) save_step(done, lr);
   }
-  if (c.train.eval_every != "never" && last_eval_step != summary.steps && total_steps > 0)
+  const bool finished = summary.steps == total_steps;
+  // The closing evaluation belongs to the end of training, not to a launch that stops early.
+  if (finished && c.train.eval_every != "never" && last_eval_step != summary.steps && total_steps > 0)
     run_eval(summary.steps, (total_steps - 1) / steps_per_epoch);
+  if (!ck.dir.empty() && summary.steps > s.start_step) save_step(summary.steps, lr);
   if (tty && c.train.eval_every == "never") std::printf("\n");
   summary.samples_per_s = timed_s > 0 ? timed_samples / timed_s : 0.0;
   if (!c.output.save_weights.empty()) {

@@ -3,6 +3,8 @@
 // (the set-up phase, which touches no training collective, so a failure there can be agreed on
 // by all ranks and reported once) and then runs the loop — forward, backward, reduce, clip,
 // step, schedule, evaluate, report (the run phase). Reads top-down in trainer.cpp.
+#include <mpi.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -11,6 +13,8 @@ namespace fsdp {
 
 struct Config;
 class Communicator;
+struct CheckpointMeta;
+struct CheckpointStats;
 
 struct RunEnv {
   int rank = 0;
@@ -18,10 +22,12 @@ struct RunEnv {
   Communicator* world = nullptr;  // comm.backend over all ranks; null: a local one-rank run
   int node_color = 0;             // equal on ranks of one node (hybrid sharding)
   int local_rank = 0;             // rank within the node
+  MPI_Comm mpi_comm = MPI_COMM_NULL;  // the same ranks for MPI-IO checkpoints; null: no MPI
 };
 
 struct TrainSummary {
-  int64_t steps = 0;
+  int64_t start_step = 0;       // > 0 when resumed from a checkpoint
+  int64_t steps = 0;            // steps done, counting those before a resume
   double last_loss = 0.0;
   double eval_loss = -1.0;      // -1 when no evaluation ran
   double eval_accuracy = -1.0;
@@ -35,6 +41,11 @@ class Trainer {
   TrainSummary run();                                  // run phase
 
  private:
+  void resume(const std::string& path);
+  // The root attributes of a checkpoint taken after `steps_done` steps.
+  CheckpointMeta position(int64_t steps_done, double lr) const;
+  CheckpointStats save(const std::string& path, int64_t steps_done, double lr);
+
   struct State;
   std::unique_ptr<State> s_;
 };

@@ -1,0 +1,328 @@
+// The ckpt building blocks: the process group of a save/load, CRC-32 pieces, flat-range
+// selections, attributes and the root-attribute table.
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+
+#include "ckpt/internal.h"
+#include "tensor/error.h"
+
+namespace fsdp::ckpt {
+
+Group::Group(MPI_Comm comm) : comm_(comm) {
+  if (comm_ == MPI_COMM_NULL) return;
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+std::vector<char> Group::all_gather(const std::vector<char>& mine) const {
+  if (!parallel()) return mine;
+  int n = static_cast<int>(mine.size());
+  std::vector<int> counts(size_), displs(size_);
+  MPI_Allgather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, comm_);
+  int64_t total = 0;
+  for (int r = 0; r < size_; ++r) {
+    displs[r] = static_cast<int>(total);
+    total += counts[r];
+  }
+  if (total > INT32_MAX) throw Error("checkpoint: piece table too large to exchange");
+  std::vector<char> all(total);
+  MPI_Allgatherv(mine.data(), n, MPI_BYTE, all.data(), counts.data(), displs.data(), MPI_BYTE, comm_);
+  return all;
+}
+
+void Group::agree(const std::string& error) const {
+  if (!parallel()) {
+    if (!error.empty()) throw Error(error);
+    return;
+  }
+  int mine = error.empty() ? size_ : rank_, first = size_;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm_);
+  if (first == size_) return;
+  int len = rank_ == first ? static_cast<int>(error.size()) : 0;
+  MPI_Bcast(&len, 1, MPI_INT, first, comm_);
+  std::string text = rank_ == first ? error : std::string(len, '\0');
+  MPI_Bcast(text.data(), len, MPI_CHAR, first, comm_);
+  throw Error(size_ > 1 ? text + " (on rank " + std::to_string(first) + ")" : text);
+}
+
+void Group::barrier() const {
+  if (parallel()) MPI_Barrier(comm_);
+}
+
+uint32_t crc32_floats(const float* data, int64_t count) {
+  // zlib's CRC runs at a few GB/s per core: chunks in parallel, then crc32_combine in order.
+  constexpr int64_t kChunk = 1 << 20;  // floats
+  const auto* bytes = reinterpret_cast<const Bytef*>(data);
+  const int64_t chunks = (count + kChunk - 1) / kChunk;
+  if (chunks <= 1) return static_cast<uint32_t>(crc32_z(0, bytes, static_cast<size_t>(count) * sizeof(float)));
+  std::vector<uLong> crcs(chunks);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    int64_t n = std::min(kChunk, count - c * kChunk);
+    crcs[c] = crc32_z(0, bytes + c * kChunk * sizeof(float), static_cast<size_t>(n) * sizeof(float));
+  }
+  uLong crc = crcs[0];
+  for (int64_t c = 1; c < chunks; ++c) {
+    int64_t n = std::min(kChunk, count - c * kChunk);
+    crc = crc32_combine64(crc, crcs[c], static_cast<z_off64_t>(n * sizeof(float)));
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+bool combine_crc(std::vector<PieceCrc> pieces, bool by_tensor, int64_t total, uint32_t* crc) {
+  auto off = [by_tensor](const PieceCrc& p) { return by_tensor ? p.tensor_offset : p.dataset_offset; };
+  std::sort(pieces.begin(), pieces.end(), [&](const PieceCrc& a, const PieceCrc& b) {
+    return off(a) != off(b) ? off(a) < off(b) : a.count < b.count;
+  });
+  uLong c = 0;
+  int64_t at = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const PieceCrc& p = pieces[i];
+    if (p.count == 0) continue;
+    if (i > 0 && off(p) == off(pieces[i - 1]) && p.count == pieces[i - 1].count) {
+      if (p.crc != pieces[i - 1].crc) return false;  // two ranks read different bytes
+      continue;
+    }
+    if (off(p) != at) return false;
+    c = at == 0 ? p.crc : crc32_combine64(c, p.crc, static_cast<z_off64_t>(p.count * sizeof(float)));
+    at += p.count;
+  }
+  if (at != total) return false;
+  *crc = static_cast<uint32_t>(c);
+  return true;
+}
+
+void select_flat_range(hid_t space, const std::vector<hsize_t>& dims, int64_t offset, int64_t count) {
+  const size_t rank = dims.size();
+  if (rank == 0) {  // a scalar
+    H5Sselect_all(space);
+    return;
+  }
+  std::vector<int64_t> stride(rank, 1);  // elements per step of dim d
+  for (size_t d = rank - 1; d > 0; --d) stride[d - 1] = stride[d] * static_cast<int64_t>(dims[d]);
+  H5Sselect_none(space);
+  std::vector<hsize_t> start(rank), block(rank);
+  int64_t p = offset;
+  const int64_t end = offset + count;
+  while (p < end) {
+    // The outermost dim d at which p is aligned and a whole step still fits: take as many of
+    // its steps as fit before `end` and before dim d wraps.
+    size_t d = 0;
+    while (d + 1 < rank && !(p % stride[d] == 0 && p + stride[d] <= end)) ++d;
+    int64_t index_d = (p / stride[d]) % static_cast<int64_t>(dims[d]);
+    int64_t steps = std::min((end - p) / stride[d], static_cast<int64_t>(dims[d]) - index_d);
+    int64_t rest = p;
+    for (size_t k = 0; k < rank; ++k) {
+      start[k] = static_cast<hsize_t>(rest / stride[k]);
+      rest %= stride[k];
+      block[k] = k < d ? 1 : k == d ? static_cast<hsize_t>(steps) : dims[k];
+    }
+    H5Sselect_hyperslab(space, H5S_SELECT_OR, start.data(), nullptr, block.data(), nullptr);
+    p += steps * stride[d];
+  }
+}
+
+namespace {
+
+H5Id string_type() {
+  H5Id t(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(t.get(), H5T_VARIABLE);
+  H5Tset_cset(t.get(), H5T_CSET_UTF8);
+  return t;
+}
+
+void write_raw_attr(hid_t obj, const char* name, hid_t type, hid_t space, const void* data) {
+  if (H5Aexists(obj, name) > 0) H5Adelete(obj, name);
+  H5Id a(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  if (!a.valid() || H5Awrite(a.get(), type, data) < 0) throw Error(std::string("cannot write attribute ") + name);
+}
+
+H5Id open_attr(hid_t obj, const char* name, const std::string& what) {
+  if (H5Aexists(obj, name) <= 0) throw Error(what + ": attribute " + name + " is missing");
+  H5Id a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  if (!a.valid()) throw Error(what + ": attribute " + name + " cannot be read");
+  return a;
+}
+
+// The attribute's dataspace must hold exactly `n` elements (scalar = 1).
+void expect_points(hid_t attr, hssize_t n, const char* name, const std::string& what) {
+  H5Id space(H5Aget_space(attr), H5Sclose);
+  if (H5Sget_simple_extent_npoints(space.get()) != n)
+    throw Error(what + ": attribute " + name + " has the wrong number of elements");
+}
+
+template <class T>
+T read_scalar(hid_t obj, const char* name, const std::string& what, H5T_class_t cls, hid_t mem_type) {
+  H5Id a = open_attr(obj, name, what);
+  H5Id type(H5Aget_type(a.get()), H5Tclose);
+  if (H5Tget_class(type.get()) != cls)
+    throw Error(what + ": attribute " + name + " is not " + (cls == H5T_INTEGER ? "an integer" : "a number"));
+  expect_points(a.get(), 1, name, what);
+  T v{};
+  if (H5Aread(a.get(), mem_type, &v) < 0) throw Error(what + ": attribute " + name + " cannot be read");
+  return v;
+}
+
+}  // namespace
+
+void write_attr(hid_t obj, const char* name, int64_t value) {
+  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+  write_raw_attr(obj, name, H5T_NATIVE_INT64, space.get(), &value);
+}
+
+void write_attr(hid_t obj, const char* name, double value) {
+  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+  write_raw_attr(obj, name, H5T_NATIVE_DOUBLE, space.get(), &value);
+}
+
+void write_attr(hid_t obj, const char* name, const std::string& value) {
+  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Id type = string_type();
+  const char* p = value.c_str();
+  write_raw_attr(obj, name, type.get(), space.get(), &p);
+}
+
+void write_attr(hid_t obj, const char* name, const std::vector<std::string>& value) {
+  hsize_t n = value.size();
+  // An empty list is a null dataspace: HDF5 has no zero-length simple one in every version.
+  H5Id space(n == 0 ? H5Screate(H5S_NULL) : H5Screate_simple(1, &n, nullptr), H5Sclose);
+  H5Id type = string_type();
+  std::vector<const char*> ptrs;
+  for (const auto& s : value) ptrs.push_back(s.c_str());
+  const char* empty = nullptr;
+  write_raw_attr(obj, name, type.get(), space.get(), ptrs.empty() ? static_cast<const void*>(&empty) : ptrs.data());
+}
+
+bool has_attr(hid_t obj, const char* name) { return H5Aexists(obj, name) > 0; }
+
+int64_t read_int_attr(hid_t obj, const char* name, const std::string& what) {
+  return read_scalar<int64_t>(obj, name, what, H5T_INTEGER, H5T_NATIVE_INT64);
+}
+
+double read_double_attr(hid_t obj, const char* name, const std::string& what) {
+  return read_scalar<double>(obj, name, what, H5T_FLOAT, H5T_NATIVE_DOUBLE);
+}
+
+std::vector<std::string> read_strings_attr(hid_t obj, const char* name, const std::string& what) {
+  H5Id a = open_attr(obj, name, what);
+  H5Id type(H5Aget_type(a.get()), H5Tclose);
+  if (H5Tget_class(type.get()) != H5T_STRING || H5Tis_variable_str(type.get()) <= 0)
+    throw Error(what + ": attribute " + name + " is not a string");
+  H5Id space(H5Aget_space(a.get()), H5Sclose);
+  hssize_t n = H5Sget_simple_extent_npoints(space.get());
+  if (n < 0 || n > (1 << 20)) throw Error(what + ": attribute " + name + " has a bad size");
+  std::vector<char*> ptrs(n, nullptr);
+  H5Id mem = string_type();
+  if (n > 0 && H5Aread(a.get(), mem.get(), ptrs.data()) < 0) throw Error(what + ": attribute " + name + " cannot be read");
+  std::vector<std::string> out;
+  for (char* p : ptrs) {
+    out.emplace_back(p ? p : "");
+    H5free_memory(p);
+  }
+  return out;
+}
+
+std::string read_string_attr(hid_t obj, const char* name, const std::string& what) {
+  std::vector<std::string> v = read_strings_attr(obj, name, what);
+  if (v.size() != 1) throw Error(what + ": attribute " + name + " is not a single string");
+  return v[0];
+}
+
+namespace {
+
+// One row per root attribute: the writer and the reader walk the same table.
+struct MetaField {
+  const char* name;
+  std::function<void(hid_t, const CheckpointMeta&)> write;
+  std::function<void(hid_t, CheckpointMeta&, const std::string&)> read;
+};
+
+template <class T>
+MetaField field(const char* name, T CheckpointMeta::*member) {
+  return {name, [=](hid_t f, const CheckpointMeta& m) { write_attr(f, name, m.*member); },
+          [=](hid_t f, CheckpointMeta& m, const std::string& what) {
+            if constexpr (std::is_same_v<T, int64_t>)
+              m.*member = read_int_attr(f, name, what);
+            else if constexpr (std::is_same_v<T, double>)
+              m.*member = read_double_attr(f, name, what);
+            else if constexpr (std::is_same_v<T, std::string>)
+              m.*member = read_string_attr(f, name, what);
+            else
+              m.*member = read_strings_attr(f, name, what);
+          }};
+}
+
+const std::vector<MetaField>& meta_fields() {
+  static const std::vector<MetaField> fields = {
+      field("format", &CheckpointMeta::format),
+      field("step", &CheckpointMeta::step),
+      field("epoch", &CheckpointMeta::epoch),
+      field("step_in_epoch", &CheckpointMeta::step_in_epoch),
+      field("steps_per_epoch", &CheckpointMeta::steps_per_epoch),
+      field("world_size", &CheckpointMeta::world_size),
+      field("shard_group_size", &CheckpointMeta::shard_group_size),
+      field("global_batch_size", &CheckpointMeta::global_batch_size),
+      field("seed", &CheckpointMeta::seed),
+      field("strategy", &CheckpointMeta::strategy),
+      field("backend", &CheckpointMeta::backend),
+      field("wrap_policy", &CheckpointMeta::wrap_policy),
+      field("model_kind", &CheckpointMeta::model_kind),
+      field("optimizer", &CheckpointMeta::optimizer),
+      field("optimizer_states", &CheckpointMeta::optimizer_states),
+      field("optimizer_step", &CheckpointMeta::optimizer_step),
+      field("scheduler", &CheckpointMeta::scheduler),
+      field("lr", &CheckpointMeta::lr),
+      field("loss_scale", &CheckpointMeta::loss_scale),
+      field("loss_scale_good_steps", &CheckpointMeta::loss_scale_good_steps),
+      field("best_eval_loss", &CheckpointMeta::best_eval_loss),
+      field("config_yaml", &CheckpointMeta::config_yaml),
+  };
+  return fields;
+}
+
+}  // namespace
+
+void write_meta(hid_t file, const CheckpointMeta& meta) {
+  // format_version first: a reader checks it before trusting anything else.
+  write_attr(file, "format_version", meta.format_version);
+  for (const MetaField& f : meta_fields()) f.write(file, meta);
+}
+
+CheckpointMeta read_meta(hid_t file, const std::string& what) {
+  CheckpointMeta m;
+  if (!has_attr(file, "format_version"))
+    throw Error(what + ": not an fsdp-hpc checkpoint (no format_version attribute)");
+  m.format_version = read_int_attr(file, "format_version", what);
+  if (m.format_version != kCheckpointFormatVersion)
+    throw Error(what + ": format_version " + std::to_string(m.format_version) + " is not supported (this build reads " +
+                std::to_string(kCheckpointFormatVersion) + ")");
+  for (const MetaField& f : meta_fields()) f.read(file, m, what);
+  if (m.format != "consolidated" && m.format != "sharded")
+    throw Error(what + ": unknown format '" + m.format + "'");
+  if (m.step < 0 || m.epoch < 0 || m.world_size < 1 || m.optimizer_step < 0)
+    throw Error(what + ": negative step, epoch or world_size attribute");
+  return m;
+}
+
+std::string consolidated_path(const std::string& name, int state, const std::vector<std::string>& state_names) {
+  return state == 0 ? "/model/" + name : "/optim/" + name + "/" + state_names[state - 1];
+}
+
+std::string shard_path(int64_t unit, int state, const std::vector<std::string>& state_names) {
+  std::string base = "/shards/" + std::to_string(unit);
+  return state == 0 ? base + "/params" : base + "/optim/" + state_names[state - 1];
+}
+
+H5Id open_checkpoint_file(const std::string& path, const std::string& what) {
+  if (access(path.c_str(), R_OK) != 0) throw Error(what + ": cannot read the file (" + std::strerror(errno) + ")");
+  if (H5Fis_hdf5(path.c_str()) <= 0) throw Error(what + ": not an HDF5 file (or truncated)");
+  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.valid()) throw Error(what + ": cannot open as HDF5 (truncated or damaged?)");
+  return file;
+}
+
+}  // namespace fsdp::ckpt

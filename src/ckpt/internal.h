@@ -1,0 +1,84 @@
+#pragma once
+// Pieces shared by save.cpp, load.cpp and files.cpp; not part of the ckpt interface.
+#include <hdf5.h>
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/h5.h"
+
+namespace fsdp::ckpt {
+
+// A process group for the save/load protocol; MPI_COMM_NULL = this process alone.
+class Group {
+ public:
+  explicit Group(MPI_Comm comm);
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MPI_Comm comm() const { return comm_; }
+  bool parallel() const { return comm_ != MPI_COMM_NULL; }
+  // Every rank's bytes, concatenated in rank order.
+  std::vector<char> all_gather(const std::vector<char>& mine) const;
+  // Error agreement: when any rank's message is non-empty, every rank throws the lowest failing
+  // rank's message (prefixed with its rank when the group has several).
+  void agree(const std::string& error) const;
+  void barrier() const;
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+};
+
+// One logical tensor of a checkpoint: a parameter (state 0) or one of its optimizer states.
+struct TensorRef {
+  std::string name;      // the parameter's state_dict name
+  int state = 0;         // 0 = the parameter, s = state_names[s - 1]
+  Shape shape;
+};
+
+// A contiguous range of a tensor's flattened elements, as one rank wrote or read it, with the
+// CRC-32 of its bytes. Exchanged between ranks as plain bytes.
+struct PieceCrc {
+  int64_t tensor = 0;    // index into the tensor list both sides agree on; -1 = padding
+  int64_t dataset = 0;   // index into the dataset list
+  int64_t tensor_offset = 0, dataset_offset = 0, count = 0;
+  uint64_t crc = 0;
+};
+
+// CRC-32 (zlib) of count floats' bytes, in parallel chunks.
+uint32_t crc32_floats(const float* data, int64_t count);
+// Combines pieces [begin, end) that tile [0, total) once sorted by `offset_of`, deduplicating
+// identical ranges (replicas read the same piece). False when they do not tile it.
+bool combine_crc(std::vector<PieceCrc> pieces, bool by_tensor, int64_t total, uint32_t* crc);
+
+// Flat elements [offset, offset + count) of a row-major dataset of `dims` as a union of at most
+// 2 * rank - 1 hyperslabs on `space` (replaces its selection).
+void select_flat_range(hid_t space, const std::vector<hsize_t>& dims, int64_t offset, int64_t count);
+
+// Attributes: scalar int64/f64, variable-length UTF-8 strings and string lists.
+void write_attr(hid_t obj, const char* name, int64_t value);
+void write_attr(hid_t obj, const char* name, double value);
+void write_attr(hid_t obj, const char* name, const std::string& value);
+void write_attr(hid_t obj, const char* name, const std::vector<std::string>& value);
+bool has_attr(hid_t obj, const char* name);
+// Readers throw Error("<what>: attribute <name> ...") when missing or of another kind.
+int64_t read_int_attr(hid_t obj, const char* name, const std::string& what);
+double read_double_attr(hid_t obj, const char* name, const std::string& what);
+std::string read_string_attr(hid_t obj, const char* name, const std::string& what);
+std::vector<std::string> read_strings_attr(hid_t obj, const char* name, const std::string& what);
+
+// The root attributes, one table for writing and reading.
+void write_meta(hid_t file, const CheckpointMeta& meta);
+CheckpointMeta read_meta(hid_t file, const std::string& what);
+
+// Dataset paths of a tensor in each format.
+std::string consolidated_path(const std::string& name, int state, const std::vector<std::string>& state_names);
+std::string shard_path(int64_t unit, int state, const std::vector<std::string>& state_names);
+
+// Opens a checkpoint for reading by this process alone; Error with one line when it is not one.
+H5Id open_checkpoint_file(const std::string& path, const std::string& what);
+
+}  // namespace fsdp::ckpt

@@ -1,0 +1,335 @@
+// load_checkpoint: each rank opens the file by itself (read-only), checks that it fits this
+// model, and reads exactly the pieces of its own new shard, wherever the old layout put them:
+// consolidated files by name and flat range of /model/<name>, sharded ones through the index
+// into the old units' flat buffers. The per-piece CRCs of all ranks are then combined per tensor
+// and compared with the stored ones, so every byte that was loaded has been checked.
+//
+// Reading by independent POSIX opens (HDF5's default driver) instead of one collective MPI-IO
+// open keeps a damaged file from ever leaving ranks in a collective that some never reach: each
+// rank fails or succeeds alone, and one agreement step decides for all.
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "ckpt/internal.h"
+#include "tensor/error.h"
+
+namespace fsdp {
+
+using namespace ckpt;
+
+namespace {
+
+constexpr int64_t kMaxIndexEntries = 1 << 24;
+constexpr int kMaxDims = 8;
+
+// Where one (parameter, state) lives in the file.
+struct TensorSource {
+  hid_t dataset = H5I_INVALID_HID;
+  std::vector<hsize_t> dims;  // the dataset's dims (selection space)
+  int64_t base = 0;           // the tensor's first element in it
+  uint32_t crc = 0;
+};
+
+std::vector<hsize_t> dataset_dims(hid_t ds) {
+  H5Id space(H5Dget_space(ds), H5Sclose);
+  int rank = H5Sget_simple_extent_ndims(space.get());
+  if (rank < 0 || rank > kMaxDims) return {static_cast<hsize_t>(-1)};
+  std::vector<hsize_t> dims(rank);
+  if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  return dims;
+}
+
+std::string dims_str(const std::vector<hsize_t>& dims) {
+  Shape s(dims.begin(), dims.end());
+  return shape_str(s);
+}
+
+class Reader {
+ public:
+  Reader(const std::string& path, const ShardedState& st, const LoadOptions& options)
+      : what_("checkpoint " + path), st_(st), options_(options) {
+    file_ = open_checkpoint_file(path, what_);
+    meta_ = read_meta(file_.get(), what_);
+    for (const UnitShard& u : st.units)
+      for (Param* p : u.layout->params) params_.push_back(p);
+    states_ = options.optimizer_state ? 1 + static_cast<int>(st.state_names.size()) : 1;
+    if (options.optimizer_state) check_optimizer();
+    sources_.resize(params_.size() * states_);
+    if (meta_.format == "consolidated")
+      map_consolidated();
+    else
+      map_sharded();
+  }
+
+  const CheckpointMeta& meta() const { return meta_; }
+  int states() const { return states_; }
+  const TensorSource& source(size_t param, int state) const { return sources_[param * states_ + state]; }
+
+  // Reads this rank's shard of every unit; returns the CRC of each piece read.
+  std::vector<PieceCrc> read_shards() {
+    std::vector<PieceCrc> pieces;
+    size_t param_index = 0;
+    for (const UnitShard& u : st_.units) {
+      const int64_t h_begin = u.held_begin, h_end = u.held_begin + u.held_count;
+      for (size_t i = 0; i < u.layout->params.size(); ++i, ++param_index) {
+        const int64_t p_begin = u.layout->offsets[i], p_end = p_begin + u.layout->params[i]->numel();
+        const int64_t lo = std::max(p_begin, h_begin), hi = std::min(p_end, h_end);
+        if (lo >= hi) continue;
+        for (int s = 0; s < states_; ++s) {
+          float* dest = st_.buffers[s] + u.local_offset + (lo - h_begin);
+          const TensorSource& src = source(param_index, s);
+          read_range(src, lo - p_begin, hi - lo, dest, param_index, s);
+          pieces.push_back({static_cast<int64_t>(param_index * states_ + s), 0, lo - p_begin, 0, hi - lo,
+                            crc32_floats(dest, hi - lo)});
+        }
+      }
+      // Padding is zero in every layout (it never receives a gradient).
+      const int64_t pad_lo = std::max(u.layout->numel, h_begin);
+      for (int s = 0; s < states_ && pad_lo < h_end; ++s)
+        std::memset(st_.buffers[s] + u.local_offset + (pad_lo - h_begin), 0, (h_end - pad_lo) * sizeof(float));
+    }
+    return pieces;
+  }
+
+  std::string tensor_name(size_t param, int state) const {
+    return state == 0 ? params_[param]->name : params_[param]->name + " (" + st_.state_names[state - 1] + ")";
+  }
+
+ private:
+  void check_optimizer() {
+    if (!options_.optimizer.empty() && meta_.optimizer != options_.optimizer)
+      throw Error(what_ + ": written with optimizer " + meta_.optimizer + ", this run uses " + options_.optimizer +
+                  " (load weights only with model.init_from)");
+    for (const std::string& s : st_.state_names) {
+      bool found = false;
+      for (const std::string& f : meta_.optimizer_states) found = found || f == s;
+      if (!found) throw Error(what_ + ": has no optimizer state '" + s + "'");
+    }
+  }
+
+  hid_t open_dataset(const std::string& path) {
+    auto it = open_.find(path);
+    if (it != open_.end()) return it->second.get();
+    if (H5Lexists(file_.get(), path.c_str(), H5P_DEFAULT) <= 0) return H5I_INVALID_HID;
+    H5Id ds(H5Dopen2(file_.get(), path.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!ds.valid()) throw Error(what_ + ": " + path + " is not a dataset");
+    H5Id type(H5Dget_type(ds.get()), H5Tclose);
+    if (H5Tget_class(type.get()) != H5T_FLOAT) throw Error(what_ + ": " + path + " is not a floating-point dataset");
+    hid_t id = ds.get();
+    open_.emplace(path, std::move(ds));
+    return id;
+  }
+
+  uint32_t crc_attr(hid_t ds, const std::string& path) {
+    int64_t v = read_int_attr(ds, "crc32", what_ + ": " + path);
+    if (v < 0 || v > UINT32_MAX) throw Error(what_ + ": " + path + " has a bad crc32 attribute");
+    return static_cast<uint32_t>(v);
+  }
+
+  void map_consolidated() {
+    if (H5Lexists(file_.get(), "/model", H5P_DEFAULT) <= 0) throw Error(what_ + ": has no /model group");
+    std::set<std::string> names;
+    for (Param* p : params_) names.insert(p->name);
+    H5Id group(H5Gopen2(file_.get(), "/model", H5P_DEFAULT), H5Gclose);
+    if (!group.valid()) throw Error(what_ + ": /model is not a group");
+    std::vector<std::string> in_file;
+    H5Literate(group.get(), H5_INDEX_NAME, H5_ITER_NATIVE, nullptr,
+               [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
+                 static_cast<std::vector<std::string>*>(out)->push_back(name);
+                 return 0;
+               },
+               &in_file);
+    for (const std::string& n : in_file)
+      if (!names.count(n)) throw Error(what_ + ": unexpected tensor /model/" + n + " (not in this model)");
+    for (size_t i = 0; i < params_.size(); ++i)
+      for (int s = 0; s < states_; ++s) {
+        const std::string path = consolidated_path(params_[i]->name, s, st_.state_names);
+        hid_t ds = open_dataset(path);
+        if (ds < 0) throw Error(what_ + ": missing tensor " + path);
+        std::vector<hsize_t> dims = dataset_dims(ds);
+        if (Shape(dims.begin(), dims.end()) != params_[i]->shape)
+          throw Error(what_ + ": " + path + " has shape " + dims_str(dims) + ", the model expects " +
+                      shape_str(params_[i]->shape));
+        sources_[i * states_ + s] = {ds, dims, 0, crc_attr(ds, path)};
+      }
+  }
+
+  template <class T>
+  std::vector<T> read_index(const char* name, hid_t mem_type, int64_t expect) {
+    const std::string path = std::string("/index/") + name;
+    if (H5Lexists(file_.get(), "/index", H5P_DEFAULT) <= 0 || H5Lexists(file_.get(), path.c_str(), H5P_DEFAULT) <= 0)
+      throw Error(what_ + ": sharded index " + path + " is missing");
+    H5Id ds(H5Dopen2(file_.get(), path.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!ds.valid()) throw Error(what_ + ": " + path + " is not a dataset");
+    H5Id space(H5Dget_space(ds.get()), H5Sclose);
+    hssize_t n = H5Sget_simple_extent_npoints(space.get());
+    if (n < 0 || n > kMaxIndexEntries * 16 || (expect >= 0 && n != expect))
+      throw Error(what_ + ": " + path + " has " + std::to_string(n) + " entries" +
+                  (expect >= 0 ? ", expected " + std::to_string(expect) : ""));
+    std::vector<T> v(n);
+    if (n > 0 && H5Dread(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
+      throw Error(what_ + ": cannot read " + path + " (truncated or damaged?)");
+    return v;
+  }
+
+  std::vector<std::string> read_names() {
+    if (H5Lexists(file_.get(), "/index", H5P_DEFAULT) <= 0 || H5Lexists(file_.get(), "/index/names", H5P_DEFAULT) <= 0)
+      throw Error(what_ + ": sharded index /index/names is missing");
+    H5Id ds(H5Dopen2(file_.get(), "/index/names", H5P_DEFAULT), H5Dclose);
+    H5Id type(H5Dget_type(ds.get()), H5Tclose);
+    H5Id space(H5Dget_space(ds.get()), H5Sclose);
+    hssize_t n = H5Sget_simple_extent_npoints(space.get());
+    size_t width = H5Tget_size(type.get());
+    if (!ds.valid() || H5Tget_class(type.get()) != H5T_STRING || H5Tis_variable_str(type.get()) > 0 || width == 0 ||
+        width > 4096 || n < 0 || n > kMaxIndexEntries)
+      throw Error(what_ + ": /index/names is not a list of fixed-length strings");
+    std::vector<char> buf(static_cast<size_t>(n) * width);
+    H5Id mem(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(mem.get(), width);
+    if (n > 0 && H5Dread(ds.get(), mem.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0)
+      throw Error(what_ + ": cannot read /index/names (truncated or damaged?)");
+    std::vector<std::string> names;
+    for (hssize_t i = 0; i < n; ++i) names.emplace_back(buf.data() + i * width, strnlen(buf.data() + i * width, width));
+    return names;
+  }
+
+  void map_sharded() {
+    const std::string bad = what_ + ": sharded index ";
+    std::vector<std::string> names = read_names();
+    const int64_t n = static_cast<int64_t>(names.size());
+    auto unit = read_index<int64_t>("unit", H5T_NATIVE_INT64, n);
+    auto offset = read_index<int64_t>("offset", H5T_NATIVE_INT64, n);
+    auto numel = read_index<int64_t>("numel", H5T_NATIVE_INT64, n);
+    auto ndim = read_index<int64_t>("ndim", H5T_NATIVE_INT64, n);
+    auto padded = read_index<int64_t>("unit_padded_numel", H5T_NATIVE_INT64, -1);
+    const int64_t file_states = 1 + static_cast<int64_t>(meta_.optimizer_states.size());
+    auto crc = read_index<uint32_t>("crc32", H5T_NATIVE_UINT32, n * file_states);
+    int64_t total_dims = 0;
+    for (int64_t d : ndim) {
+      if (d < 0 || d > kMaxDims) throw Error(bad + "has a tensor with " + std::to_string(d) + " dimensions");
+      total_dims += d;
+    }
+    auto dims = read_index<int64_t>("dims", H5T_NATIVE_INT64, std::max<int64_t>(1, total_dims));
+    std::map<std::string, int64_t> row_of;
+    for (int64_t i = 0, at = 0; i < n; at += ndim[i], ++i) {
+      if (!row_of.emplace(names[i], i).second) throw Error(bad + "names " + names[i] + " twice");
+      Shape shape(dims.begin() + at, dims.begin() + at + ndim[i]);
+      int64_t count = 1;
+      for (int64_t d : shape) {
+        if (d < 0 || (d > 0 && count > (int64_t{1} << 40) / d)) throw Error(bad + "gives " + names[i] + " a bad shape");
+        count *= d;
+      }
+      if (count != numel[i]) throw Error(bad + "gives " + names[i] + " numel " + std::to_string(numel[i]) + " but shape " + shape_str(shape));
+      if (unit[i] < 0 || unit[i] >= static_cast<int64_t>(padded.size()))
+        throw Error(bad + "puts " + names[i] + " in unit " + std::to_string(unit[i]) + " of " + std::to_string(padded.size()));
+      if (offset[i] < 0 || offset[i] > padded[unit[i]] - numel[i])
+        throw Error(bad + "puts " + names[i] + " at offset " + std::to_string(offset[i]) + ", outside its unit's " +
+                    std::to_string(padded[unit[i]]) + " elements");
+    }
+    std::set<std::string> model_names;
+    for (Param* p : params_) model_names.insert(p->name);
+    for (const std::string& name : names)
+      if (!model_names.count(name)) throw Error(what_ + ": unexpected tensor " + name + " (not in this model)");
+    for (size_t i = 0; i < params_.size(); ++i) {
+      auto it = row_of.find(params_[i]->name);
+      if (it == row_of.end()) throw Error(what_ + ": missing tensor " + params_[i]->name);
+      const int64_t row = it->second;
+      int64_t at = 0;
+      for (int64_t r = 0; r < row; ++r) at += ndim[r];
+      Shape shape(dims.begin() + at, dims.begin() + at + ndim[row]);
+      if (shape != params_[i]->shape)
+        throw Error(what_ + ": " + params_[i]->name + " has shape " + shape_str(shape) + ", the model expects " +
+                    shape_str(params_[i]->shape));
+      for (int s = 0; s < states_; ++s) {
+        int64_t file_state = 0;
+        if (s > 0)
+          for (size_t f = 0; f < meta_.optimizer_states.size(); ++f)
+            if (meta_.optimizer_states[f] == st_.state_names[s - 1]) file_state = static_cast<int64_t>(f) + 1;
+        const std::string path = shard_path(unit[row], static_cast<int>(file_state), meta_.optimizer_states);
+        hid_t ds = open_dataset(path);
+        if (ds < 0) throw Error(what_ + ": missing dataset " + path);
+        std::vector<hsize_t> ddims = dataset_dims(ds);
+        if (ddims.size() != 1 || static_cast<int64_t>(ddims[0]) != padded[unit[row]])
+          throw Error(what_ + ": " + path + " has shape " + dims_str(ddims) + ", the index says (" +
+                      std::to_string(padded[unit[row]]) + ")");
+        sources_[i * states_ + s] = {ds, ddims, offset[row], crc[row * file_states + file_state]};
+      }
+    }
+  }
+
+  void read_range(const TensorSource& src, int64_t offset, int64_t count, float* dest, size_t param, int state) {
+    H5Id space(H5Dget_space(src.dataset), H5Sclose);
+    select_flat_range(space.get(), src.dims, src.base + offset, count);
+    hsize_t n = static_cast<hsize_t>(count);
+    H5Id mem(H5Screate_simple(1, &n, nullptr), H5Sclose);
+    if (H5Dread(src.dataset, H5T_NATIVE_FLOAT, mem.get(), space.get(), H5P_DEFAULT, dest) < 0)
+      throw Error(what_ + ": cannot read " + tensor_name(param, state) + " (truncated or damaged file?)");
+  }
+
+  std::string what_;
+  const ShardedState& st_;
+  LoadOptions options_;
+  H5Quiet quiet_;
+  H5Id file_;
+  CheckpointMeta meta_;
+  std::vector<Param*> params_;
+  int states_ = 1;
+  std::vector<TensorSource> sources_;  // (param, state)
+  std::map<std::string, H5Id> open_;
+};
+
+}  // namespace
+
+CheckpointMeta load_checkpoint(const std::string& path, const ShardedState& st, const LoadOptions& options,
+                               MPI_Comm comm, CheckpointStats* stats) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Group g(comm);
+  std::string error;
+  std::unique_ptr<Reader> reader;
+  std::vector<PieceCrc> pieces;
+  try {
+    reader = std::make_unique<Reader>(path, st, options);
+    pieces = reader->read_shards();
+  } catch (const std::bad_alloc&) {
+    error = "checkpoint " + path + ": out of memory while loading";
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  g.agree(error);
+
+  // Every tensor's pieces, from all ranks, tile it: their combined CRC must be the stored one.
+  std::vector<char> mine(pieces.size() * sizeof(PieceCrc));
+  if (!mine.empty()) std::memcpy(mine.data(), pieces.data(), mine.size());
+  std::vector<char> all_bytes = g.all_gather(mine);
+  std::vector<PieceCrc> all(all_bytes.size() / sizeof(PieceCrc));
+  if (!all.empty()) std::memcpy(all.data(), all_bytes.data(), all_bytes.size());
+  const int states = reader->states();
+  std::vector<std::vector<PieceCrc>> by_tensor;
+  size_t n_params = 0;
+  for (const UnitShard& u : st.units) n_params += u.layout->params.size();
+  by_tensor.resize(n_params * states);
+  for (const PieceCrc& p : all) by_tensor[p.tensor].push_back(p);
+  size_t param = 0;
+  int64_t bytes = 0;
+  for (const UnitShard& u : st.units)
+    for (size_t i = 0; i < u.layout->params.size(); ++i, ++param)
+      for (int s = 0; s < states; ++s) {
+        const int64_t numel = u.layout->params[i]->numel();
+        bytes += numel * static_cast<int64_t>(sizeof(float));
+        uint32_t crc = 0;
+        if (!combine_crc(by_tensor[param * states + s], true, numel, &crc))
+          throw Error("checkpoint " + path + ": the ranks did not read all of " + reader->tensor_name(param, s));
+        if (crc != reader->source(param, s).crc)
+          throw Error("checkpoint " + path + ": " + reader->tensor_name(param, s) +
+                      " fails its crc32 check (the file is damaged)");
+      }
+  if (stats) {
+    stats->bytes = bytes;
+    stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return reader->meta();
+}
+
+}  // namespace fsdp

@@ -1,0 +1,377 @@
+// save_checkpoint: every rank writes the pieces of its own shard into one HDF5 file through
+// MPI-IO, then the file is checked, made durable and renamed into place.
+//
+//   plan      the datasets (same list on every rank) and this rank's pieces of them
+//   create    the file and every dataset (collective: HDF5 metadata is identical everywhere)
+//   write     each rank's pieces (collective or independent transfers)
+//   checksum  per-piece CRC-32s exchanged, combined per dataset and per tensor, written as
+//             attributes (and the sharded index), then the root attributes
+//   verify    each rank reads its pieces back from the closed file and compares CRCs
+//   commit    fsync, rename path.tmp -> path, fsync the folder
+#include <fcntl.h>
+#include <zlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "ckpt/internal.h"
+#include "tensor/error.h"
+
+namespace fsdp {
+
+using namespace ckpt;
+
+namespace {
+
+struct DatasetSpec {
+  std::string path;
+  std::vector<hsize_t> dims;
+};
+
+// One contiguous write of this rank into one dataset (at most one per dataset).
+struct WriteOp {
+  int64_t dataset = 0, offset = 0, count = 0;
+  const float* data = nullptr;
+};
+
+struct SavePlan {
+  std::vector<DatasetSpec> datasets;
+  std::vector<TensorRef> tensors;  // (param, state) in unit, layout, state order
+  std::vector<WriteOp> writes;     // this rank's
+  std::vector<PieceCrc> pieces;    // this rank's, tensor pieces and (sharded) padding pieces
+  std::vector<const float*> piece_data;
+};
+
+SavePlan make_plan(const ShardedState& st, CheckpointFormat format) {
+  SavePlan plan;
+  const int states = 1 + static_cast<int>(st.state_names.size());
+  const bool sharded = format == CheckpointFormat::sharded;
+  for (size_t k = 0; k < st.units.size(); ++k) {
+    const UnitShard& u = st.units[k];
+    const int64_t w_begin = u.write_begin, w_end = u.write_begin + u.write_count;
+    const int64_t first_tensor = static_cast<int64_t>(plan.tensors.size());
+    const int64_t first_dataset = static_cast<int64_t>(plan.datasets.size());
+    auto local = [&](int s, int64_t flat) { return st.buffers[s] + u.local_offset + (flat - u.held_begin); };
+    if (sharded) {
+      for (int s = 0; s < states; ++s) {
+        plan.datasets.push_back({shard_path(static_cast<int64_t>(k), s, st.state_names), {static_cast<hsize_t>(u.padded_numel)}});
+        if (u.write_count > 0) plan.writes.push_back({first_dataset + s, w_begin, u.write_count, local(s, w_begin)});
+      }
+    }
+    for (size_t i = 0; i < u.layout->params.size(); ++i) {
+      const Param* p = u.layout->params[i];
+      const int64_t p_begin = u.layout->offsets[i], p_end = p_begin + p->numel();
+      const int64_t lo = std::max(p_begin, w_begin), hi = std::min(p_end, w_end);
+      for (int s = 0; s < states; ++s) {
+        const int64_t tensor = static_cast<int64_t>(plan.tensors.size());
+        plan.tensors.push_back({p->name, s, p->shape});
+        int64_t dataset = first_dataset + s;
+        if (!sharded) {
+          dataset = static_cast<int64_t>(plan.datasets.size());
+          plan.datasets.push_back({consolidated_path(p->name, s, st.state_names), {p->shape.begin(), p->shape.end()}});
+        }
+        if (lo >= hi) continue;
+        PieceCrc piece{tensor, dataset, lo - p_begin, sharded ? lo : lo - p_begin, hi - lo, 0};
+        plan.pieces.push_back(piece);
+        plan.piece_data.push_back(local(s, lo));
+        if (!sharded) plan.writes.push_back({dataset, piece.dataset_offset, piece.count, local(s, lo)});
+      }
+    }
+    (void)first_tensor;
+    // Sharded files keep the padding too: the flat buffers are stored exactly as held.
+    const int64_t pad_lo = std::max(u.layout->numel, w_begin);
+    if (sharded && pad_lo < w_end)
+      for (int s = 0; s < states; ++s) {
+        plan.pieces.push_back({-1, first_dataset + s, 0, pad_lo, w_end - pad_lo, 0});
+        plan.piece_data.push_back(local(s, pad_lo));
+      }
+  }
+  return plan;
+}
+
+H5Id make_fapl(const Group& g) {
+  H5Id fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  if (g.parallel()) {
+    H5Pset_fapl_mpio(fapl.get(), g.comm(), MPI_INFO_NULL);
+    // Metadata reads and writes by all ranks together: one rank reads, the rest receive.
+    H5Pset_all_coll_metadata_ops(fapl.get(), true);
+    H5Pset_coll_metadata_write(fapl.get(), true);
+  }
+  // Page-aligned tensor data: large contiguous writes map onto whole file-system blocks.
+  H5Pset_alignment(fapl.get(), 16384, 4096);
+  return fapl;
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  int fd = open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) throw Error("cannot open " + path + " to sync it (" + std::strerror(errno) + ")");
+  int rc = fsync(fd);
+  int err = errno;
+  close(fd);
+  if (rc != 0) throw Error("fsync " + path + " failed (" + std::strerror(err) + ")");
+}
+
+// Every piece this rank wrote, read back from the closed file by this process alone.
+std::string verify_pieces(const std::string& tmp, const SavePlan& plan) {
+  if (plan.pieces.empty()) return "";
+  H5Quiet quiet;
+  H5Id file(H5Fopen(tmp.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.valid()) return "cannot reopen " + tmp + " to verify it";
+  constexpr int64_t kReadChunk = 1 << 24;  // floats: bounded scratch for any piece size
+  std::vector<float> scratch;
+  for (const PieceCrc& p : plan.pieces) {
+    const DatasetSpec& spec = plan.datasets[p.dataset];
+    H5Id ds(H5Dopen2(file.get(), spec.path.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!ds.valid()) return "verify: " + spec.path + " is missing in " + tmp;
+    H5Id space(H5Dget_space(ds.get()), H5Sclose);
+    uint32_t crc = 0;
+    for (int64_t at = 0; at < p.count; at += kReadChunk) {
+      const int64_t n = std::min(kReadChunk, p.count - at);
+      scratch.resize(n);
+      select_flat_range(space.get(), spec.dims, p.dataset_offset + at, n);
+      hsize_t mem_n = static_cast<hsize_t>(n);
+      H5Id mem(H5Screate_simple(1, &mem_n, nullptr), H5Sclose);
+      if (H5Dread(ds.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), H5P_DEFAULT, scratch.data()) < 0)
+        return "verify: cannot read back " + spec.path + " from " + tmp;
+      uint32_t c = crc32_floats(scratch.data(), n);
+      crc = at == 0 ? c : static_cast<uint32_t>(crc32_combine64(crc, c, static_cast<z_off64_t>(n * sizeof(float))));
+    }
+    if (crc != p.crc) return "verify: " + spec.path + " reads back different bytes from " + tmp + " than were written";
+  }
+  return "";
+}
+
+// The sharded format's index: per parameter its unit, offset, numel, shape and CRCs.
+struct IndexTables {
+  std::vector<std::string> names;
+  std::vector<int64_t> unit, offset, numel, ndim, dims, padded;
+  std::vector<uint32_t> crc;  // (params, 1 + states)
+};
+
+IndexTables make_index(const ShardedState& st) {
+  IndexTables t;
+  for (size_t k = 0; k < st.units.size(); ++k) {
+    const UnitShard& u = st.units[k];
+    t.padded.push_back(u.padded_numel);
+    for (size_t i = 0; i < u.layout->params.size(); ++i) {
+      const Param* p = u.layout->params[i];
+      t.names.push_back(p->name);
+      t.unit.push_back(static_cast<int64_t>(k));
+      t.offset.push_back(u.layout->offsets[i]);
+      t.numel.push_back(p->numel());
+      t.ndim.push_back(static_cast<int64_t>(p->shape.size()));
+      t.dims.insert(t.dims.end(), p->shape.begin(), p->shape.end());
+    }
+  }
+  return t;
+}
+
+// Creates the index datasets (collective); only rank 0 writes their (small) contents.
+void write_index(hid_t file, const IndexTables& t, bool writer, hid_t lcpl) {
+  H5Id xfer(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+  auto make = [&](const char* name, hid_t file_type, hid_t mem_type, std::vector<hsize_t> dims, const void* data) {
+    H5Id space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+    H5Id ds(H5Dcreate2(file, name, file_type, space.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+    if (!ds.valid()) throw Error(std::string("cannot create ") + name);
+    if (!writer) H5Sselect_none(space.get());
+    if (H5Dwrite(ds.get(), mem_type, writer ? H5S_ALL : space.get(), space.get(), xfer.get(), data) < 0)
+      throw Error(std::string("cannot write ") + name);
+  };
+  const hsize_t n = t.names.size();
+  size_t width = 1;
+  for (const auto& s : t.names) width = std::max(width, s.size() + 1);
+  std::vector<char> names(n * width, '\0');
+  for (size_t i = 0; i < n; ++i) std::memcpy(names.data() + i * width, t.names[i].data(), t.names[i].size());
+  H5Id str(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(str.get(), width);
+  H5Tset_strpad(str.get(), H5T_STR_NULLTERM);
+  make("/index/names", str.get(), str.get(), {n}, names.data());
+  make("/index/unit", H5T_STD_I64LE, H5T_NATIVE_INT64, {n}, t.unit.data());
+  make("/index/offset", H5T_STD_I64LE, H5T_NATIVE_INT64, {n}, t.offset.data());
+  make("/index/numel", H5T_STD_I64LE, H5T_NATIVE_INT64, {n}, t.numel.data());
+  make("/index/ndim", H5T_STD_I64LE, H5T_NATIVE_INT64, {n}, t.ndim.data());
+  int64_t dummy = 0;
+  // A model of scalars only would have no dims at all; keep the dataset non-empty.
+  make("/index/dims", H5T_STD_I64LE, H5T_NATIVE_INT64, {std::max<hsize_t>(1, t.dims.size())},
+       t.dims.empty() ? &dummy : t.dims.data());
+  make("/index/crc32", H5T_STD_U32LE, H5T_NATIVE_UINT32, {n, t.crc.size() / std::max<hsize_t>(1, n)}, t.crc.data());
+  make("/index/unit_padded_numel", H5T_STD_I64LE, H5T_NATIVE_INT64, {t.padded.size()}, t.padded.data());
+}
+
+}  // namespace
+
+CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st, const CheckpointMeta& meta_in,
+                                const SaveOptions& options, MPI_Comm comm) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Group g(comm);
+  const bool sharded = options.format == CheckpointFormat::sharded;
+  CheckpointMeta meta = meta_in;
+  meta.format = sharded ? "sharded" : "consolidated";
+  meta.optimizer_states = st.state_names;
+  const std::string tmp = path + ".tmp";
+  const int states = 1 + static_cast<int>(st.state_names.size());
+
+  SavePlan plan = make_plan(st, options.format);
+  for (size_t i = 0; i < plan.pieces.size(); ++i) plan.pieces[i].crc = crc32_floats(plan.piece_data[i], plan.pieces[i].count);
+
+  H5Quiet quiet;
+  // create: a failure here (folder missing, not writable) is the same on every rank.
+  H5Id fapl = make_fapl(g);
+  H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
+  g.agree(file.valid() ? "" : "checkpoint: cannot create " + tmp + " (is checkpoint.dir writable?)");
+  std::string error;
+  auto remove_tmp = [&] {
+    file.reset();
+    if (g.rank() == 0) std::remove(tmp.c_str());
+  };
+  H5Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(lcpl.get(), 1);
+  H5Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS);
+  H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY);
+  H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);  // every byte is written once, by its owner
+  std::vector<H5Id> datasets;
+  datasets.reserve(plan.datasets.size());
+  for (const DatasetSpec& d : plan.datasets) {
+    H5Id space(H5Screate_simple(static_cast<int>(d.dims.size()), d.dims.data(), nullptr), H5Sclose);
+    datasets.emplace_back(H5Dcreate2(file.get(), d.path.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(), dcpl.get(),
+                                     H5P_DEFAULT),
+                          H5Dclose);
+    if (!datasets.back().valid()) {
+      error = "checkpoint: cannot create " + d.path + " in " + tmp;
+      break;
+    }
+  }
+  try {
+    g.agree(error);
+  } catch (...) {
+    datasets.clear();
+    remove_tmp();
+    throw;
+  }
+
+  // write: every rank visits every dataset in the same order (collective transfers need it).
+  H5Id xfer(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+  if (g.parallel())
+    H5Pset_dxpl_mpio(xfer.get(), options.collective ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT);
+  std::vector<const WriteOp*> op_of(plan.datasets.size(), nullptr);
+  for (const WriteOp& w : plan.writes) op_of[w.dataset] = &w;
+  for (size_t d = 0; d < plan.datasets.size(); ++d) {
+    const WriteOp* w = op_of[d];
+    if (!w && !(g.parallel() && options.collective)) continue;
+    int64_t numel = 1;
+    for (hsize_t x : plan.datasets[d].dims) numel *= static_cast<int64_t>(x);
+    if (numel == 0) continue;  // an empty unit (a root that wraps nothing): nothing to transfer
+    H5Id fspace(H5Dget_space(datasets[d].get()), H5Sclose);
+    hsize_t n = w ? static_cast<hsize_t>(w->count) : 1;
+    H5Id mspace(H5Screate_simple(1, &n, nullptr), H5Sclose);
+    if (w) {
+      select_flat_range(fspace.get(), plan.datasets[d].dims, w->offset, w->count);
+    } else {
+      H5Sselect_none(fspace.get());
+      H5Sselect_none(mspace.get());
+    }
+    static const float kNothing = 0.0f;
+    if (H5Dwrite(datasets[d].get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), xfer.get(), w ? w->data : &kNothing) < 0 &&
+        error.empty())
+      error = "checkpoint: cannot write " + plan.datasets[d].path + " to " + tmp + " (disk full?)";
+  }
+  if (options.kill_rank >= 0) {
+    int world_rank = 0;
+    if (g.parallel()) MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    if (world_rank == options.kill_rank) {
+      H5Fflush(file.get(), H5F_SCOPE_LOCAL);
+      std::raise(SIGKILL);
+    }
+  }
+  try {
+    g.agree(error);
+  } catch (...) {
+    datasets.clear();
+    remove_tmp();
+    throw;
+  }
+
+  // checksum: every rank ends up with every piece's CRC and computes the same attributes.
+  std::vector<char> mine(plan.pieces.size() * sizeof(PieceCrc));
+  if (!mine.empty()) std::memcpy(mine.data(), plan.pieces.data(), mine.size());
+  std::vector<char> all_bytes = g.all_gather(mine);
+  std::vector<PieceCrc> all(all_bytes.size() / sizeof(PieceCrc));
+  if (!all.empty()) std::memcpy(all.data(), all_bytes.data(), all_bytes.size());
+  std::vector<std::vector<PieceCrc>> by_dataset(plan.datasets.size()), by_tensor(plan.tensors.size());
+  for (const PieceCrc& p : all) {
+    by_dataset[p.dataset].push_back(p);
+    if (p.tensor >= 0) by_tensor[p.tensor].push_back(p);
+  }
+  CheckpointStats stats;
+  try {
+    for (size_t d = 0; d < plan.datasets.size(); ++d) {
+      int64_t numel = 1;
+      for (hsize_t x : plan.datasets[d].dims) numel *= static_cast<int64_t>(x);
+      stats.bytes += numel * static_cast<int64_t>(sizeof(float));
+      uint32_t crc = 0;
+      if (!combine_crc(by_dataset[d], false, numel, &crc))
+        throw Error("checkpoint: the ranks' pieces do not cover " + plan.datasets[d].path);
+      write_attr(datasets[d].get(), "crc32", static_cast<int64_t>(crc));
+    }
+    if (sharded) {
+      IndexTables index = make_index(st);
+      for (size_t t = 0; t < plan.tensors.size(); ++t) {
+        uint32_t crc = 0;
+        if (!combine_crc(by_tensor[t], true, shape_numel(plan.tensors[t].shape), &crc))
+          throw Error("checkpoint: the ranks' pieces do not cover " + plan.tensors[t].name);
+        index.crc.push_back(crc);
+      }
+      if (plan.tensors.empty()) index.crc.assign(states, 0);
+      write_index(file.get(), index, g.rank() == 0, lcpl.get());
+    }
+    write_meta(file.get(), meta);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  datasets.clear();
+  if (H5Fclose(file.get()) < 0 && error.empty()) error = "checkpoint: cannot close " + tmp;
+  file = H5Id();
+  if (!error.empty()) {
+    if (g.rank() == 0) std::remove(tmp.c_str());
+    g.agree(error);
+  }
+
+  // verify, then commit.
+  error = verify_pieces(tmp, plan);
+  if (error.empty() && g.rank() == 0) {
+    try {
+      H5Id f = open_checkpoint_file(tmp, "checkpoint " + tmp);
+      read_meta(f.get(), "checkpoint " + tmp);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  try {
+    g.agree(error);
+  } catch (...) {
+    if (g.rank() == 0) std::remove(tmp.c_str());
+    throw;
+  }
+  if (g.rank() == 0) {
+    try {
+      fsync_path(tmp, false);
+      if (std::rename(tmp.c_str(), path.c_str()) != 0)
+        throw Error("checkpoint: cannot rename " + tmp + " to " + path + " (" + std::strerror(errno) + ")");
+      std::filesystem::path dir = std::filesystem::path(path).parent_path();
+      fsync_path(dir.empty() ? "." : dir.string(), true);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  g.agree(error);
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return stats;
+}
+
+}  // namespace fsdp
