@@ -80,7 +80,7 @@ struct CheckpointStats {
 
 struct SaveOptions {
   CheckpointFormat format = CheckpointFormat::consolidated;
-  bool collective = true;  // MPI-IO collective transfers (false: independent)
+  bool collective = false;  // MPI-IO collective transfers (default: independent)
   // Fault injection for the crash-safety tests: this world rank SIGKILLs itself after writing
   // its pieces, before the file is complete. -1: off.
   int kill_rank = -1;
