@@ -415,6 +415,23 @@ BOOST_AUTO_TEST_CASE(manual_wrap_policy_needs_modules) {
   BOOST_TEST((c.fsdp.wrap_modules == std::vector<std::string>{"conv1"}));
 }
 
+BOOST_AUTO_TEST_CASE(checkpoint_keys_that_need_a_folder_or_evaluations) {
+  BOOST_TEST(error_of("checkpoint: {every_steps: 10}\n") == "in.yaml:1: checkpoint.every_steps: needs checkpoint.dir");
+  BOOST_TEST(error_of("checkpoint: {save_best: true}\n") == "in.yaml:1: checkpoint.save_best: needs checkpoint.dir");
+  BOOST_TEST(error_of("checkpoint: {resume: auto}\n") ==
+             "in.yaml:1: checkpoint.resume: auto needs checkpoint.dir (it resumes from the newest file there)");
+  BOOST_TEST(error_of("checkpoint: {dir: ck, save_best: true}\ntrain: {eval_every: never}\n") ==
+             "in.yaml:2: train.eval_every: checkpoint.save_best needs evaluations (train.eval_every is never)");
+  BOOST_TEST(error_of("checkpoint: {dir: ck, io: posix}\n") ==
+             "in.yaml:1: checkpoint.io: expected one of [independent, collective], got 'posix'");
+  const Config c = parse_config("checkpoint: {dir: ck, resume: /x/ckpt_00000010.h5, every_steps: 5}\n"
+                                "train: {stop_after_steps: 7}\n", "in.yaml");
+  BOOST_TEST(c.checkpoint.io == "independent");
+  BOOST_TEST(c.checkpoint.resume == "/x/ckpt_00000010.h5");
+  BOOST_TEST(c.train.stop_after_steps == 7);
+  BOOST_TEST(error_of("train: {stop_after_steps: -1}\n").find("train.stop_after_steps") != std::string::npos);
+}
+
 BOOST_AUTO_TEST_CASE(malformed_yaml_names_the_line) {
   BOOST_TEST(
       error_of("train:\n  epochs: 1\n  batch_size: [1, 2\nfsdp: {}\n") ==

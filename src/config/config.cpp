@@ -151,7 +151,7 @@ std::vector<Field> schema(Config& c) {
       {"checkpoint.keep", &c.checkpoint.keep, at_least(1)},
       {"checkpoint.save_best", &c.checkpoint.save_best},
       {"checkpoint.resume", &c.checkpoint.resume},
-      {"checkpoint.io", &c.checkpoint.io, {}, {"collective", "independent"}},
+      {"checkpoint.io", &c.checkpoint.io, {}, {"independent", "collective"}},
       {"output.metrics", &c.output.metrics},
       {"output.log_every", &c.output.log_every, at_least(1)},
       {"output.save_weights", &c.output.save_weights},
