@@ -29,6 +29,12 @@ class H5Id {
   H5Id(const H5Id&) = delete;
   H5Id& operator=(const H5Id&) = delete;
   hid_t get() const { return id_; }
+  // Gives up ownership: the caller closes it (to see the close's own result, e.g. H5Fclose).
+  hid_t release() {
+    hid_t id = id_;
+    id_ = H5I_INVALID_HID;
+    return id;
+  }
   bool valid() const { return id_ >= 0; }
   void reset() {
     if (id_ >= 0 && close_) close_(id_);

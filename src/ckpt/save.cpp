@@ -335,11 +335,13 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st,
     error = e.what();
   }
   datasets.clear();
-  if (H5Fclose(file.get()) < 0 && error.empty()) error = "checkpoint: cannot close " + tmp;
-  file = H5Id();
-  if (!error.empty()) {
+  // Closing flushes everything still buffered: its failure is a failed save.
+  if (H5Fclose(file.release()) < 0 && error.empty()) error = "checkpoint: cannot close " + tmp;
+  try {
+    g.agree(error);  // every rank, even those that saw no error: agree() is collective
+  } catch (...) {
     if (g.rank() == 0) std::remove(tmp.c_str());
-    g.agree(error);
+    throw;
   }
 
   // verify, then commit.
