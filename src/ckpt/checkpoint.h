@@ -116,3 +116,39 @@ std::string latest_checkpoint(const std::string& dir, std::vector<std::string>* 
 void prune_checkpoints(const std::string& dir, int64_t keep);
 
 }  // namespace fsdp
+
+// ---- Contents and integrity of a checkpoint file (for the fsdp_ckpt tool) ----------------
+namespace fsdp {
+
+// One parameter as a checkpoint stores it.
+struct CheckpointTensor {
+  std::string name;             // state_dict name
+  Shape shape;
+  int64_t unit = -1;            // sharded: its unit k (/shards/<k>/...); consolidated: -1
+  int64_t offset = 0;           // sharded: its first element in the unit's flat buffer
+  std::vector<uint32_t> crc32;  // sharded: its /index/crc32 row (param, then meta.optimizer_states)
+};
+
+struct CheckpointContents {
+  CheckpointMeta meta;
+  std::vector<CheckpointTensor> tensors;   // sharded: index order; consolidated: /model in file order
+  std::vector<int64_t> unit_padded_numel;  // sharded: each unit's flat buffer size; consolidated: empty
+};
+
+// Root attributes and parameter list of either format, from metadata and the index only (one
+// process). Error with one line when the file is not a complete checkpoint or its index does
+// not hold together.
+CheckpointContents list_checkpoint(const std::string& path);
+
+struct CheckpointVerifyReport {
+  int64_t datasets = 0, bytes = 0;    // tensor datasets read, and their f32 bytes
+  std::vector<std::string> problems;  // one line each (a CRC mismatch, a missing dataset); empty: intact
+};
+
+// Reads every tensor dataset in bounded chunks (never a whole tensor in memory) and compares
+// the CRC-32 of its f32 little-endian bytes with its crc32 attribute; in sharded files also
+// every parameter's and optimizer state's range of its unit with the index. One process. Error
+// only when the file cannot be listed (list_checkpoint's errors).
+CheckpointVerifyReport verify_checkpoint(const std::string& path);
+
+}  // namespace fsdp

@@ -98,8 +98,9 @@ H5Id make_fapl(const Group& g) {
   H5Id fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   if (g.parallel()) {
     H5Pset_fapl_mpio(fapl.get(), g.comm(), MPI_INFO_NULL);
-    // Metadata reads and writes by all ranks together: one rank reads, the rest receive.
-    H5Pset_all_coll_metadata_ops(fapl.get(), true);
+    // Metadata is flushed by all ranks together (at close, which every rank reaches). Metadata
+    // reads stay independent: a collective read would leave ranks waiting on one that failed
+    // between two of them.
     H5Pset_coll_metadata_write(fapl.get(), true);
   }
   // Page-aligned tensor data: large contiguous writes map onto whole file-system blocks.
