@@ -1,0 +1,318 @@
+// list_checkpoint and verify_checkpoint: a checkpoint's table of contents and a full CRC pass
+// over it, one process, for the fsdp_ckpt tool. Loading needs neither: load_checkpoint checks
+// what it reads itself.
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <set>
+
+#include "ckpt/internal.h"
+#include "tensor/error.h"
+
+namespace fsdp {
+
+using namespace ckpt;
+
+namespace {
+
+constexpr int64_t kMaxIndexEntries = 1 << 24;
+constexpr int kMaxDims = 8;
+constexpr int64_t kReadChunk = 1 << 20;  // floats (4 MiB): verify's memory bound
+
+bool is_dataset(hid_t loc, const std::string& path) {
+  if (H5Lexists(loc, path.c_str(), H5P_DEFAULT) <= 0) return false;
+  H5Id obj(H5Oopen(loc, path.c_str(), H5P_DEFAULT), H5Oclose);
+  return obj.valid() && H5Iget_type(obj.get()) == H5I_DATASET;
+}
+
+// The dataset's dims, or an Error naming it when it has none we can use.
+std::vector<hsize_t> dims_of(hid_t ds, const std::string& what) {
+  H5Id space(H5Dget_space(ds), H5Sclose);
+  int rank = H5Sget_simple_extent_ndims(space.get());
+  if (rank < 0 || rank > kMaxDims) throw Error(what + " has no usable shape");
+  std::vector<hsize_t> dims(rank);
+  if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  return dims;
+}
+
+class Lister {
+ public:
+  explicit Lister(const std::string& path) : what_("checkpoint " + path) {
+    file_ = open_checkpoint_file(path, what_);
+    c_.meta = read_meta(file_.get(), what_);
+    if (c_.meta.format == "consolidated")
+      list_consolidated();
+    else
+      list_sharded();
+  }
+  CheckpointContents take() { return std::move(c_); }
+
+ private:
+  // /model/<name> datasets, ordered as the file stores them (the saver creates them in the
+  // model's parameter order, so their addresses follow it); those without an address by name.
+  void list_consolidated() {
+    if (H5Lexists(file_.get(), "/model", H5P_DEFAULT) <= 0) throw Error(what_ + ": has no /model group");
+    H5Id group(H5Gopen2(file_.get(), "/model", H5P_DEFAULT), H5Gclose);
+    if (!group.valid()) throw Error(what_ + ": /model is not a group");
+    std::vector<std::string> names;
+    H5Literate(group.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr,
+               [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
+                 static_cast<std::vector<std::string>*>(out)->push_back(name);
+                 return 0;
+               },
+               &names);
+    std::vector<std::pair<haddr_t, CheckpointTensor>> found;
+    for (const std::string& name : names) {
+      const std::string path = "/model/" + name;
+      if (!is_dataset(file_.get(), path)) throw Error(what_ + ": " + path + " is not a dataset");
+      H5Id ds(H5Dopen2(file_.get(), path.c_str(), H5P_DEFAULT), H5Dclose);
+      H5Id type(H5Dget_type(ds.get()), H5Tclose);
+      if (!ds.valid() || H5Tget_class(type.get()) != H5T_FLOAT)
+        throw Error(what_ + ": " + path + " is not a floating-point dataset");
+      std::vector<hsize_t> dims = dims_of(ds.get(), what_ + ": " + path);
+      CheckpointTensor t;
+      t.name = name;
+      t.shape.assign(dims.begin(), dims.end());
+      found.emplace_back(H5Dget_offset(ds.get()), std::move(t));
+    }
+    std::stable_sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& f : found) c_.tensors.push_back(std::move(f.second));
+  }
+
+  template <class T>
+  std::vector<T> read_index(const char* name, hid_t mem_type, int64_t expect) {
+    const std::string path = std::string("/index/") + name;
+    if (!is_dataset(file_.get(), path)) throw Error(what_ + ": sharded index " + path + " is missing");
+    H5Id ds(H5Dopen2(file_.get(), path.c_str(), H5P_DEFAULT), H5Dclose);
+    H5Id space(H5Dget_space(ds.get()), H5Sclose);
+    hssize_t n = H5Sget_simple_extent_npoints(space.get());
+    if (n < 0 || n > kMaxIndexEntries * 16 || (expect >= 0 && n != expect))
+      throw Error(what_ + ": " + path + " has " + std::to_string(n) + " entries" +
+                  (expect >= 0 ? ", expected " + std::to_string(expect) : ""));
+    std::vector<T> v(n);
+    if (n > 0 && H5Dread(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
+      throw Error(what_ + ": cannot read " + path + " (truncated or damaged?)");
+    return v;
+  }
+
+  std::vector<std::string> read_names() {
+    if (!is_dataset(file_.get(), "/index/names")) throw Error(what_ + ": sharded index /index/names is missing");
+    H5Id ds(H5Dopen2(file_.get(), "/index/names", H5P_DEFAULT), H5Dclose);
+    H5Id type(H5Dget_type(ds.get()), H5Tclose);
+    H5Id space(H5Dget_space(ds.get()), H5Sclose);
+    hssize_t n = H5Sget_simple_extent_npoints(space.get());
+    size_t width = H5Tget_size(type.get());
+    if (H5Tget_class(type.get()) != H5T_STRING || H5Tis_variable_str(type.get()) > 0 || width == 0 || width > 4096 ||
+        n < 0 || n > kMaxIndexEntries)
+      throw Error(what_ + ": /index/names is not a list of fixed-length strings");
+    std::vector<char> buf(static_cast<size_t>(n) * width);
+    H5Id mem(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(mem.get(), width);
+    if (n > 0 && H5Dread(ds.get(), mem.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0)
+      throw Error(what_ + ": cannot read /index/names (truncated or damaged?)");
+    std::vector<std::string> names;
+    for (hssize_t i = 0; i < n; ++i) names.emplace_back(buf.data() + i * width, strnlen(buf.data() + i * width, width));
+    return names;
+  }
+
+  // The index, checked as load_checkpoint checks it: shapes agree with numel, every parameter
+  // lies inside its unit, no name twice.
+  void list_sharded() {
+    const std::string bad = what_ + ": sharded index ";
+    std::vector<std::string> names = read_names();
+    const int64_t n = static_cast<int64_t>(names.size());
+    auto unit = read_index<int64_t>("unit", H5T_NATIVE_INT64, n);
+    auto offset = read_index<int64_t>("offset", H5T_NATIVE_INT64, n);
+    auto numel = read_index<int64_t>("numel", H5T_NATIVE_INT64, n);
+    auto ndim = read_index<int64_t>("ndim", H5T_NATIVE_INT64, n);
+    c_.unit_padded_numel = read_index<int64_t>("unit_padded_numel", H5T_NATIVE_INT64, -1);
+    const int64_t states = 1 + static_cast<int64_t>(c_.meta.optimizer_states.size());
+    auto crc = read_index<uint32_t>("crc32", H5T_NATIVE_UINT32, n * states);
+    int64_t total_dims = 0;
+    for (int64_t d : ndim) {
+      if (d < 0 || d > kMaxDims) throw Error(bad + "has a tensor with " + std::to_string(d) + " dimensions");
+      total_dims += d;
+    }
+    auto dims = read_index<int64_t>("dims", H5T_NATIVE_INT64, std::max<int64_t>(1, total_dims));
+    for (int64_t p : c_.unit_padded_numel)
+      if (p < 0) throw Error(bad + "has a unit of negative size");
+    std::set<std::string> seen;
+    for (int64_t i = 0, at = 0; i < n; at += ndim[i], ++i) {
+      if (!seen.insert(names[i]).second) throw Error(bad + "names " + names[i] + " twice");
+      CheckpointTensor t;
+      t.name = names[i];
+      t.shape.assign(dims.begin() + at, dims.begin() + at + ndim[i]);
+      int64_t count = 1;
+      for (int64_t d : t.shape) {
+        if (d < 0 || (d > 0 && count > (int64_t{1} << 40) / d)) throw Error(bad + "gives " + names[i] + " a bad shape");
+        count *= d;
+      }
+      if (count != numel[i])
+        throw Error(bad + "gives " + names[i] + " numel " + std::to_string(numel[i]) + " but shape " + shape_str(t.shape));
+      if (unit[i] < 0 || unit[i] >= static_cast<int64_t>(c_.unit_padded_numel.size()))
+        throw Error(bad + "puts " + names[i] + " in unit " + std::to_string(unit[i]) + " of " +
+                    std::to_string(c_.unit_padded_numel.size()));
+      if (offset[i] < 0 || offset[i] > c_.unit_padded_numel[unit[i]] - numel[i])
+        throw Error(bad + "puts " + names[i] + " at offset " + std::to_string(offset[i]) + ", outside its unit's " +
+                    std::to_string(c_.unit_padded_numel[unit[i]]) + " elements");
+      t.unit = unit[i];
+      t.offset = offset[i];
+      t.crc32.assign(crc.begin() + i * states, crc.begin() + (i + 1) * states);
+      c_.tensors.push_back(std::move(t));
+    }
+  }
+
+  std::string what_;
+  H5Quiet quiet_;
+  H5Id file_;
+  CheckpointContents c_;
+};
+
+// Streams a float dataset's elements in row-major order, kReadChunk at a time: fn(first, data,
+// count) per chunk. False when a read fails.
+bool stream_floats(hid_t ds, const std::vector<hsize_t>& dims, std::vector<float>& scratch,
+                   const std::function<void(int64_t, const float*, int64_t)>& fn) {
+  int64_t total = 1;
+  for (hsize_t d : dims) total *= static_cast<int64_t>(d);
+  H5Id space(H5Dget_space(ds), H5Sclose);
+  for (int64_t at = 0; at < total; at += kReadChunk) {
+    const int64_t n = std::min(kReadChunk, total - at);
+    scratch.resize(n);
+    select_flat_range(space.get(), dims, at, n);
+    hsize_t mem_n = static_cast<hsize_t>(n);
+    H5Id mem(H5Screate_simple(1, &mem_n, nullptr), H5Sclose);
+    if (H5Dread(ds, H5T_NATIVE_FLOAT, mem.get(), space.get(), H5P_DEFAULT, scratch.data()) < 0) return false;
+    fn(at, scratch.data(), n);
+  }
+  return true;
+}
+
+uint32_t crc_append(uint32_t crc, const float* data, int64_t count) {
+  // crc32_combine with a running CRC of 0 (nothing yet) gives the second CRC unchanged.
+  return static_cast<uint32_t>(
+      crc32_combine64(crc, crc32_floats(data, count), static_cast<z_off64_t>(count * sizeof(float))));
+}
+
+std::string u32(uint32_t v) { return std::to_string(v); }
+
+}  // namespace
+
+CheckpointContents list_checkpoint(const std::string& path) { return Lister(path).take(); }
+
+CheckpointVerifyReport verify_checkpoint(const std::string& path) {
+  CheckpointContents c = list_checkpoint(path);
+  const std::string what = "checkpoint " + path;
+  H5Quiet quiet;
+  H5Id file = open_checkpoint_file(path, what);
+  const std::vector<std::string>& states = c.meta.optimizer_states;
+  const int n_states = 1 + static_cast<int>(states.size());
+  const bool sharded = c.meta.format == "sharded";
+  CheckpointVerifyReport report;
+
+  // What the format promises: each dataset's path and shape, and (sharded) the tensors inside.
+  struct Expected {
+    Shape shape;
+    int state = 0;
+    std::vector<const CheckpointTensor*> tensors;
+    bool seen = false;
+  };
+  std::map<std::string, Expected> expected;
+  if (sharded) {
+    for (size_t k = 0; k < c.unit_padded_numel.size(); ++k)
+      for (int s = 0; s < n_states; ++s)
+        expected[shard_path(static_cast<int64_t>(k), s, states)] = {{c.unit_padded_numel[k]}, s, {}, false};
+    for (const CheckpointTensor& t : c.tensors)
+      for (int s = 0; s < n_states; ++s) expected[shard_path(t.unit, s, states)].tensors.push_back(&t);
+  } else {
+    for (const CheckpointTensor& t : c.tensors)
+      for (int s = 0; s < n_states; ++s) expected[consolidated_path(t.name, s, states)] = {t.shape, s, {}, false};
+  }
+
+  // Every dataset outside /index is a tensor dataset, expected or not.
+  std::vector<std::string> paths;
+  H5Lvisit(file.get(), H5_INDEX_NAME, H5_ITER_INC,
+           [](hid_t root, const char* name, const H5L_info_t* info, void* out) -> herr_t {
+             const std::string path = std::string("/") + name;
+             if (info->type == H5L_TYPE_HARD && path.rfind("/index/", 0) != 0 && is_dataset(root, path))
+               static_cast<std::vector<std::string>*>(out)->push_back(path);
+             return 0;
+           },
+           &paths);
+
+  std::vector<float> scratch;
+  for (const std::string& p : paths) {
+    H5Id ds(H5Dopen2(file.get(), p.c_str(), H5P_DEFAULT), H5Dclose);
+    H5Id type(ds.valid() ? H5Dget_type(ds.get()) : H5I_INVALID_HID, H5Tclose);
+    if (!ds.valid() || H5Tget_class(type.get()) != H5T_FLOAT) {
+      report.problems.push_back(p + ": not a floating-point dataset");
+      continue;
+    }
+    std::vector<hsize_t> dims;
+    try {
+      dims = dims_of(ds.get(), p);
+    } catch (const Error& e) {
+      report.problems.push_back(e.what());
+      continue;
+    }
+    const Shape shape(dims.begin(), dims.end());
+    auto it = expected.find(p);
+    Expected* exp = it == expected.end() ? nullptr : &it->second;
+    if (exp) {
+      exp->seen = true;
+      if (shape != exp->shape) {
+        report.problems.push_back(p + ": shape " + shape_str(shape) + ", expected " + shape_str(exp->shape));
+        exp = nullptr;  // the index's ranges do not apply
+      }
+    }
+    std::string attr_error;
+    uint32_t stored = 0;
+    try {
+      int64_t v = read_int_attr(ds.get(), "crc32", p);
+      if (v < 0 || v > UINT32_MAX) throw Error(p + ": crc32 attribute out of range");
+      stored = static_cast<uint32_t>(v);
+    } catch (const Error& e) {
+      attr_error = e.what();
+    }
+
+    // One pass: the whole dataset's CRC and each indexed tensor's range of it.
+    const std::vector<const CheckpointTensor*> none;
+    const std::vector<const CheckpointTensor*>& tensors = exp ? exp->tensors : none;
+    std::vector<uint32_t> tensor_crc(tensors.size(), 0);
+    uint32_t crc = 0;
+    const bool ok = stream_floats(ds.get(), dims, scratch, [&](int64_t at, const float* data, int64_t n) {
+      crc = crc_append(crc, data, n);
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        const int64_t lo = std::max(at, tensors[i]->offset);
+        const int64_t hi = std::min(at + n, tensors[i]->offset + shape_numel(tensors[i]->shape));
+        if (lo < hi) tensor_crc[i] = crc_append(tensor_crc[i], data + (lo - at), hi - lo);
+      }
+    });
+    if (!ok) {
+      report.problems.push_back(p + ": cannot read the data (truncated or damaged file?)");
+      continue;
+    }
+    ++report.datasets;
+    report.bytes += shape_numel(shape) * static_cast<int64_t>(sizeof(float));
+    if (!attr_error.empty())
+      report.problems.push_back(attr_error);
+    else if (crc != stored)
+      report.problems.push_back(p + ": crc32 mismatch (attribute " + u32(stored) + ", data " + u32(crc) + ")");
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const CheckpointTensor& t = *tensors[i];
+      const uint32_t want = t.crc32[exp->state];
+      if (tensor_crc[i] != want)
+        report.problems.push_back(t.name + (exp->state ? " (" + states[exp->state - 1] + ")" : "") +
+                                  ": crc32 mismatch in " + p + " [" + std::to_string(t.offset) + ", " +
+                                  std::to_string(t.offset + shape_numel(t.shape)) + ") (index " + u32(want) +
+                                  ", data " + u32(tensor_crc[i]) + ")");
+    }
+  }
+  for (const auto& [p, e] : expected)
+    if (!e.seen) report.problems.push_back(p + ": missing");
+  return report;
+}
+
+}  // namespace fsdp
