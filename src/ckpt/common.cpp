@@ -42,11 +42,14 @@ void Group::agree(const std::string& error) const {
   int mine = error.empty() ? size_ : rank_, first = size_;
   MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm_);
   if (first == size_) return;
+  int one = error.empty() ? 0 : 1, failing = 0;
+  MPI_Allreduce(&one, &failing, 1, MPI_INT, MPI_SUM, comm_);
   int len = rank_ == first ? static_cast<int>(error.size()) : 0;
   MPI_Bcast(&len, 1, MPI_INT, first, comm_);
   std::string text = rank_ == first ? error : std::string(len, '\0');
   MPI_Bcast(text.data(), len, MPI_CHAR, first, comm_);
-  throw Error(size_ > 1 ? text + " (on rank " + std::to_string(first) + ")" : text);
+  // Name the rank only when it matters: when some ranks got through.
+  throw Error(failing < size_ ? text + " (on rank " + std::to_string(first) + ")" : text);
 }
 
 void Group::barrier() const {

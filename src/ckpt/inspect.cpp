@@ -41,12 +41,18 @@ std::vector<hsize_t> dims_of(hid_t ds, const std::string& what) {
 class Lister {
  public:
   explicit Lister(const std::string& path) : what_("checkpoint " + path) {
-    file_ = open_checkpoint_file(path, what_);
-    c_.meta = read_meta(file_.get(), what_);
+    owned_ = open_checkpoint_file(path, what_);
+    file_ = owned_.get();
+    c_.meta = read_meta(file_, what_);
     if (c_.meta.format == "consolidated")
       list_consolidated();
     else
       list_sharded();
+  }
+  // The sharded index of a file the caller has open.
+  Lister(hid_t file, const CheckpointMeta& meta, const std::string& what) : what_(what), file_(file) {
+    c_.meta = meta;
+    list_sharded();
   }
   CheckpointContents take() { return std::move(c_); }
 
@@ -54,8 +60,8 @@ class Lister {
   // /model/<name> datasets, ordered as the file stores them (the saver creates them in the
   // model's parameter order, so their addresses follow it); those without an address by name.
   void list_consolidated() {
-    if (H5Lexists(file_.get(), "/model", H5P_DEFAULT) <= 0) throw Error(what_ + ": has no /model group");
-    H5Id group(H5Gopen2(file_.get(), "/model", H5P_DEFAULT), H5Gclose);
+    if (H5Lexists(file_, "/model", H5P_DEFAULT) <= 0) throw Error(what_ + ": has no /model group");
+    H5Id group(H5Gopen2(file_, "/model", H5P_DEFAULT), H5Gclose);
     if (!group.valid()) throw Error(what_ + ": /model is not a group");
     std::vector<std::string> names;
     H5Literate(group.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr,
@@ -67,8 +73,8 @@ class Lister {
     std::vector<std::pair<haddr_t, CheckpointTensor>> found;
     for (const std::string& name : names) {
       const std::string path = "/model/" + name;
-      if (!is_dataset(file_.get(), path)) throw Error(what_ + ": " + path + " is not a dataset");
-      H5Id ds(H5Dopen2(file_.get(), path.c_str(), H5P_DEFAULT), H5Dclose);
+      if (!is_dataset(file_, path)) throw Error(what_ + ": " + path + " is not a dataset");
+      H5Id ds(H5Dopen2(file_, path.c_str(), H5P_DEFAULT), H5Dclose);
       H5Id type(H5Dget_type(ds.get()), H5Tclose);
       if (!ds.valid() || H5Tget_class(type.get()) != H5T_FLOAT)
         throw Error(what_ + ": " + path + " is not a floating-point dataset");
@@ -85,8 +91,8 @@ class Lister {
   template <class T>
   std::vector<T> read_index(const char* name, hid_t mem_type, int64_t expect) {
     const std::string path = std::string("/index/") + name;
-    if (!is_dataset(file_.get(), path)) throw Error(what_ + ": sharded index " + path + " is missing");
-    H5Id ds(H5Dopen2(file_.get(), path.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!is_dataset(file_, path)) throw Error(what_ + ": sharded index " + path + " is missing");
+    H5Id ds(H5Dopen2(file_, path.c_str(), H5P_DEFAULT), H5Dclose);
     H5Id space(H5Dget_space(ds.get()), H5Sclose);
     hssize_t n = H5Sget_simple_extent_npoints(space.get());
     if (n < 0 || n > kMaxIndexEntries * 16 || (expect >= 0 && n != expect))
@@ -99,8 +105,8 @@ class Lister {
   }
 
   std::vector<std::string> read_names() {
-    if (!is_dataset(file_.get(), "/index/names")) throw Error(what_ + ": sharded index /index/names is missing");
-    H5Id ds(H5Dopen2(file_.get(), "/index/names", H5P_DEFAULT), H5Dclose);
+    if (!is_dataset(file_, "/index/names")) throw Error(what_ + ": sharded index /index/names is missing");
+    H5Id ds(H5Dopen2(file_, "/index/names", H5P_DEFAULT), H5Dclose);
     H5Id type(H5Dget_type(ds.get()), H5Tclose);
     H5Id space(H5Dget_space(ds.get()), H5Sclose);
     hssize_t n = H5Sget_simple_extent_npoints(space.get());
@@ -167,7 +173,8 @@ class Lister {
 
   std::string what_;
   H5Quiet quiet_;
-  H5Id file_;
+  H5Id owned_;
+  hid_t file_ = H5I_INVALID_HID;
   CheckpointContents c_;
 };
 
@@ -201,6 +208,10 @@ std::string u32(uint32_t v) { return std::to_string(v); }
 }  // namespace
 
 CheckpointContents list_checkpoint(const std::string& path) { return Lister(path).take(); }
+
+CheckpointContents ckpt::read_sharded_index(hid_t file, const CheckpointMeta& meta, const std::string& what) {
+  return Lister(file, meta, what).take();
+}
 
 CheckpointVerifyReport verify_checkpoint(const std::string& path) {
   CheckpointContents c = list_checkpoint(path);

@@ -78,6 +78,10 @@ CheckpointMeta read_meta(hid_t file, const std::string& what);
 std::string consolidated_path(const std::string& name, int state, const std::vector<std::string>& state_names);
 std::string shard_path(int64_t unit, int state, const std::vector<std::string>& state_names);
 
+// The sharded format's index, checked (shapes agree with numel, every parameter inside its
+// unit, no name twice): tensors in index order with unit, offset and CRC row. inspect.cpp.
+CheckpointContents read_sharded_index(hid_t file, const CheckpointMeta& meta, const std::string& what);
+
 // Opens a checkpoint for reading by this process alone; Error with one line when it is not one.
 H5Id open_checkpoint_file(const std::string& path, const std::string& what);
 

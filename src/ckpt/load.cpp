@@ -21,7 +21,6 @@ using namespace ckpt;
 
 namespace {
 
-constexpr int64_t kMaxIndexEntries = 1 << 24;
 constexpr int kMaxDims = 8;
 
 // Where one (parameter, state) lives in the file.
@@ -156,105 +155,35 @@ class Reader {
       }
   }
 
-  template <class T>
-  std::vector<T> read_index(const char* name, hid_t mem_type, int64_t expect) {
-    const std::string path = std::string("/index/") + name;
-    if (H5Lexists(file_.get(), "/index", H5P_DEFAULT) <= 0 || H5Lexists(file_.get(), path.c_str(), H5P_DEFAULT) <= 0)
-      throw Error(what_ + ": sharded index " + path + " is missing");
-    H5Id ds(H5Dopen2(file_.get(), path.c_str(), H5P_DEFAULT), H5Dclose);
-    if (!ds.valid()) throw Error(what_ + ": " + path + " is not a dataset");
-    H5Id space(H5Dget_space(ds.get()), H5Sclose);
-    hssize_t n = H5Sget_simple_extent_npoints(space.get());
-    if (n < 0 || n > kMaxIndexEntries * 16 || (expect >= 0 && n != expect))
-      throw Error(what_ + ": " + path + " has " + std::to_string(n) + " entries" +
-                  (expect >= 0 ? ", expected " + std::to_string(expect) : ""));
-    std::vector<T> v(n);
-    if (n > 0 && H5Dread(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
-      throw Error(what_ + ": cannot read " + path + " (truncated or damaged?)");
-    return v;
-  }
-
-  std::vector<std::string> read_names() {
-    if (H5Lexists(file_.get(), "/index", H5P_DEFAULT) <= 0 || H5Lexists(file_.get(), "/index/names", H5P_DEFAULT) <= 0)
-      throw Error(what_ + ": sharded index /index/names is missing");
-    H5Id ds(H5Dopen2(file_.get(), "/index/names", H5P_DEFAULT), H5Dclose);
-    H5Id type(H5Dget_type(ds.get()), H5Tclose);
-    H5Id space(H5Dget_space(ds.get()), H5Sclose);
-    hssize_t n = H5Sget_simple_extent_npoints(space.get());
-    size_t width = H5Tget_size(type.get());
-    if (!ds.valid() || H5Tget_class(type.get()) != H5T_STRING || H5Tis_variable_str(type.get()) > 0 || width == 0 ||
-        width > 4096 || n < 0 || n > kMaxIndexEntries)
-      throw Error(what_ + ": /index/names is not a list of fixed-length strings");
-    std::vector<char> buf(static_cast<size_t>(n) * width);
-    H5Id mem(H5Tcopy(H5T_C_S1), H5Tclose);
-    H5Tset_size(mem.get(), width);
-    if (n > 0 && H5Dread(ds.get(), mem.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0)
-      throw Error(what_ + ": cannot read /index/names (truncated or damaged?)");
-    std::vector<std::string> names;
-    for (hssize_t i = 0; i < n; ++i) names.emplace_back(buf.data() + i * width, strnlen(buf.data() + i * width, width));
-    return names;
-  }
-
   void map_sharded() {
-    const std::string bad = what_ + ": sharded index ";
-    std::vector<std::string> names = read_names();
-    const int64_t n = static_cast<int64_t>(names.size());
-    auto unit = read_index<int64_t>("unit", H5T_NATIVE_INT64, n);
-    auto offset = read_index<int64_t>("offset", H5T_NATIVE_INT64, n);
-    auto numel = read_index<int64_t>("numel", H5T_NATIVE_INT64, n);
-    auto ndim = read_index<int64_t>("ndim", H5T_NATIVE_INT64, n);
-    auto padded = read_index<int64_t>("unit_padded_numel", H5T_NATIVE_INT64, -1);
-    const int64_t file_states = 1 + static_cast<int64_t>(meta_.optimizer_states.size());
-    auto crc = read_index<uint32_t>("crc32", H5T_NATIVE_UINT32, n * file_states);
-    int64_t total_dims = 0;
-    for (int64_t d : ndim) {
-      if (d < 0 || d > kMaxDims) throw Error(bad + "has a tensor with " + std::to_string(d) + " dimensions");
-      total_dims += d;
-    }
-    auto dims = read_index<int64_t>("dims", H5T_NATIVE_INT64, std::max<int64_t>(1, total_dims));
-    std::map<std::string, int64_t> row_of;
-    for (int64_t i = 0, at = 0; i < n; at += ndim[i], ++i) {
-      if (!row_of.emplace(names[i], i).second) throw Error(bad + "names " + names[i] + " twice");
-      Shape shape(dims.begin() + at, dims.begin() + at + ndim[i]);
-      int64_t count = 1;
-      for (int64_t d : shape) {
-        if (d < 0 || (d > 0 && count > (int64_t{1} << 40) / d)) throw Error(bad + "gives " + names[i] + " a bad shape");
-        count *= d;
-      }
-      if (count != numel[i]) throw Error(bad + "gives " + names[i] + " numel " + std::to_string(numel[i]) + " but shape " + shape_str(shape));
-      if (unit[i] < 0 || unit[i] >= static_cast<int64_t>(padded.size()))
-        throw Error(bad + "puts " + names[i] + " in unit " + std::to_string(unit[i]) + " of " + std::to_string(padded.size()));
-      if (offset[i] < 0 || offset[i] > padded[unit[i]] - numel[i])
-        throw Error(bad + "puts " + names[i] + " at offset " + std::to_string(offset[i]) + ", outside its unit's " +
-                    std::to_string(padded[unit[i]]) + " elements");
-    }
+    CheckpointContents index = read_sharded_index(file_.get(), meta_, what_);
+    std::map<std::string, const CheckpointTensor*> by_name;
+    for (const CheckpointTensor& t : index.tensors) by_name.emplace(t.name, &t);
     std::set<std::string> model_names;
     for (Param* p : params_) model_names.insert(p->name);
-    for (const std::string& name : names)
-      if (!model_names.count(name)) throw Error(what_ + ": unexpected tensor " + name + " (not in this model)");
+    for (const CheckpointTensor& t : index.tensors)
+      if (!model_names.count(t.name)) throw Error(what_ + ": unexpected tensor " + t.name + " (not in this model)");
     for (size_t i = 0; i < params_.size(); ++i) {
-      auto it = row_of.find(params_[i]->name);
-      if (it == row_of.end()) throw Error(what_ + ": missing tensor " + params_[i]->name);
-      const int64_t row = it->second;
-      int64_t at = 0;
-      for (int64_t r = 0; r < row; ++r) at += ndim[r];
-      Shape shape(dims.begin() + at, dims.begin() + at + ndim[row]);
-      if (shape != params_[i]->shape)
-        throw Error(what_ + ": " + params_[i]->name + " has shape " + shape_str(shape) + ", the model expects " +
+      auto it = by_name.find(params_[i]->name);
+      if (it == by_name.end()) throw Error(what_ + ": missing tensor " + params_[i]->name);
+      const CheckpointTensor& t = *it->second;
+      if (t.shape != params_[i]->shape)
+        throw Error(what_ + ": " + t.name + " has shape " + shape_str(t.shape) + ", the model expects " +
                     shape_str(params_[i]->shape));
+      const int64_t padded = index.unit_padded_numel[t.unit];
       for (int s = 0; s < states_; ++s) {
-        int64_t file_state = 0;
+        int file_state = 0;  // the file's column for this run's state s (check_optimizer found it)
         if (s > 0)
           for (size_t f = 0; f < meta_.optimizer_states.size(); ++f)
-            if (meta_.optimizer_states[f] == st_.state_names[s - 1]) file_state = static_cast<int64_t>(f) + 1;
-        const std::string path = shard_path(unit[row], static_cast<int>(file_state), meta_.optimizer_states);
+            if (meta_.optimizer_states[f] == st_.state_names[s - 1]) file_state = static_cast<int>(f) + 1;
+        const std::string path = shard_path(t.unit, file_state, meta_.optimizer_states);
         hid_t ds = open_dataset(path);
         if (ds < 0) throw Error(what_ + ": missing dataset " + path);
         std::vector<hsize_t> ddims = dataset_dims(ds);
-        if (ddims.size() != 1 || static_cast<int64_t>(ddims[0]) != padded[unit[row]])
+        if (ddims.size() != 1 || static_cast<int64_t>(ddims[0]) != padded)
           throw Error(what_ + ": " + path + " has shape " + dims_str(ddims) + ", the index says (" +
-                      std::to_string(padded[unit[row]]) + ")");
-        sources_[i * states_ + s] = {ds, ddims, offset[row], crc[row * file_states + file_state]};
+                      std::to_string(padded) + ")");
+        sources_[i * states_ + s] = {ds, ddims, t.offset, t.crc32[file_state]};
       }
     }
   }
