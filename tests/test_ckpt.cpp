@@ -325,11 +325,16 @@ BOOST_AUTO_TEST_CASE(checkpoint_folders_resume_from_the_newest_complete_file_and
   BOOST_TEST(latest_checkpoint(dir.path.string(), &skipped) == checkpoint_path(dir.path.string(), 6));
   BOOST_REQUIRE_EQUAL(skipped.size(), 1u);
   BOOST_TEST(skipped[0].find("ckpt_00000008.h5") != std::string::npos);
-  prune_checkpoints(dir.path.string(), 2);
+  prune_checkpoints(dir.path.string(), 2, 6);
+  BOOST_TEST(fs::exists(checkpoint_path(dir.path.string(), 8)));  // later than the save: left alone
   BOOST_TEST(!fs::exists(checkpoint_path(dir.path.string(), 2)));
-  BOOST_TEST(!fs::exists(checkpoint_path(dir.path.string(), 4)));
+  BOOST_TEST(fs::exists(checkpoint_path(dir.path.string(), 4)));
   BOOST_TEST(fs::exists(checkpoint_path(dir.path.string(), 6)));
   BOOST_TEST(!fs::exists(checkpoint_path(dir.path.string(), 10) + ".tmp"));
+  // Junk of later steps never pushes out the file just saved.
+  prune_checkpoints(dir.path.string(), 1, 6);
+  BOOST_TEST(fs::exists(checkpoint_path(dir.path.string(), 6)));
+  BOOST_TEST(!fs::exists(checkpoint_path(dir.path.string(), 4)));
   // A step file whose attribute disagrees with its name is not trusted.
   fs::rename(checkpoint_path(dir.path.string(), 6), checkpoint_path(dir.path.string(), 12));
   skipped.clear();

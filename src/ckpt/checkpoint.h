@@ -112,8 +112,10 @@ std::string best_checkpoint_path(const std::string& dir);
 // The newest ckpt_*.h5 in dir whose attributes read back complete ("" when none); files that do
 // not (a torn copy, a foreign file) are skipped with a note in `skipped`. One process.
 std::string latest_checkpoint(const std::string& dir, std::vector<std::string>* skipped = nullptr);
-// Removes all but the newest `keep` ckpt_*.h5 files and any stale .tmp file. One process.
-void prune_checkpoints(const std::string& dir, int64_t keep);
+// After a save of step `saved_step`: removes all but the newest `keep` ckpt_*.h5 files of steps
+// up to saved_step, and any stale .tmp file. Files of later steps (junk, or a previous run's in a
+// reused folder) are never what pushes the file just saved out. One process.
+void prune_checkpoints(const std::string& dir, int64_t keep, int64_t saved_step);
 
 }  // namespace fsdp
 

@@ -220,6 +220,9 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
     std::string path = resolve_resume(c.checkpoint, s.env.mpi_comm, &s.resume_note);
     if (!path.empty()) resume(path);
   }
+  // model.init_from: rank 0 checks the file and tells everyone before any data moves, so a bad
+  // file fails every rank alike — a set-up error reported once. A resumed run has its weights.
+  if (!c.model.init_from.empty() && !s.resumed) s.engine->load_full_weights(c.model.init_from);
 }
 
 void Trainer::resume(const std::string& path) {
@@ -300,10 +303,6 @@ TrainSummary Trainer::run() {
   FsdpEngine& engine = *s.engine;
   MemoryTracker& mem = s.mem;
   const bool leader = env.rank == 0;
-  // model.init_from is collective (rank 0 reads, everyone receives), so it runs here. A resumed
-  // run has its weights already.
-  if (!c.model.init_from.empty() && !s.resumed) engine.load_full_weights(c.model.init_from);
-
   MetricsFile metrics(leader ? c.output.metrics : "", s.resumed);
   const bool tty = leader && interactive_terminal();
   const bool lm = c.model.kind == "transformer";
@@ -326,7 +325,7 @@ TrainSummary Trainer::run() {
     CheckpointStats st = save(checkpoint_path(ck.dir, done), done, lr);
     last_saved_step = done;
     if (leader) {
-      prune_checkpoints(ck.dir, ck.keep);
+      prune_checkpoints(ck.dir, ck.keep, done);
       metrics.write(JsonLine().str("event", "checkpoint").integer("step", done).str("path", checkpoint_path(ck.dir, done))
                         .integer("bytes", st.bytes).num("save_s", st.seconds));
     }
