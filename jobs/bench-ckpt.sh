@@ -2,6 +2,11 @@
 # Checkpoint benchmark (not a test): save and load of the 1.07 GB training state of
 # input/ckpt_bench.yaml at np ranks, both formats, both MPI-IO transfer modes, next to `dd`
 # writing (conv=fsync) and reading the same number of bytes in the same folder in the same run.
+# dd writes a copy of the checkpoint just saved (read into the page cache first), not /dev/zero:
+# this VM's disk takes runs of zeros far slower than real data, which would flatter us. Every
+# timed save, load, dd write and dd read starts after `sync; drop_caches`, because here the
+# first writer after a drop pays for the page cache's pages (we saw 0.5-2 GB/s for the same
+# write): all four measurements pay alike.
 # Saves include CRCs, the read-back verification, fsync and the rename; loads include the CRC
 # check. When the page cache can be dropped (root), every read starts cold, ours and dd's alike.
 #   bash jobs/bench-ckpt.sh [--build DIR] [--np N] [--dir FOLDER] [--repeat R]
@@ -26,12 +31,11 @@ trap 'rm -rf "$tmp"' EXIT
 drop_caches() { sync; echo 3 2>/dev/null >/proc/sys/vm/drop_caches && echo cold || echo warm; }
 app() { timeout 900 mpirun -np "$np" --oversubscribe --bind-to none "$build/apps/fsdp_app" input/ckpt_bench.yaml "$@"; }
 gbps() { /usr/bin/python3 -c "import sys; print(f'{float(sys.argv[1]) / 1e9 / float(sys.argv[2]):.3f}')" "$1" "$2"; }
-# dd: seconds for writing (with fsync) or reading `bytes` bytes.
+# dd: seconds for writing (with fsync) the bytes of file $2, or reading them back.
 dd_s() {
-  local what=$1 bytes=$2 t0 t1
-  local count=$(( (bytes + 4194303) / 4194304 ))
+  local what=$1 src=$2 t0 t1
   t0=$(date +%s.%N)
-  if [ "$what" = write ]; then dd if=/dev/zero of="$tmp/dd.bin" bs=4M count=$count conv=fsync status=none
+  if [ "$what" = write ]; then dd if="$src" of="$tmp/dd.bin" bs=4M conv=fsync status=none
   else dd if="$tmp/dd.bin" of=/dev/null bs=4M status=none; fi
   t1=$(date +%s.%N)
   /usr/bin/python3 -c "print(f'{$t1 - $t0:.4f}')"
@@ -43,18 +47,22 @@ for r in $(seq "$repeat"); do
     for io in collective independent; do
       ck="$tmp/ck_${format}_${io}"
       rm -rf "$ck"
+      drop_caches >/dev/null
       app --set checkpoint.dir="$ck" --set checkpoint.format=$format --set checkpoint.io=$io \
         --set output.metrics="$ck/m.jsonl" >"$tmp/save.log"
       read -r bytes save_s < <(/usr/bin/python3 -c "
 import json,sys
 e=[json.loads(l) for l in open('$ck/m.jsonl') if 'checkpoint' in l][-1]
 print(e['bytes'], e['save_s'])")
-      ddw=$(dd_s write "$bytes")
+      src=$(ls "$ck"/ckpt_*.h5)
+      drop_caches >/dev/null
+      cat "$src" >/dev/null
+      ddw=$(dd_s write "$src")
       cache=$(drop_caches)
       app --set checkpoint.dir="$ck" --set checkpoint.resume=auto >"$tmp/load.log"
       load_s=$(sed -n 's/.*MB in \([0-9.]*\) s$/\1/p' "$tmp/load.log" | head -1)
       drop_caches >/dev/null
-      ddr=$(dd_s read "$bytes")
+      ddr=$(dd_s read "$tmp/dd.bin")
       rm -f "$tmp/dd.bin"
       printf '%-13s %-11s %12s %9s %9s %7s %6s %9s %9s %7s\n' $format $io "$bytes" "$(gbps "$bytes" "$save_s")" \
         "$(gbps "$bytes" "$ddw")" "$(/usr/bin/python3 -c "print(f'{$ddw / $save_s:.2f}')")" "$cache" \
