@@ -17,6 +17,8 @@ packages=(
   gnuplot-nox
   # reference checks against PyTorch (Debian's system python3, not pyenv's)
   python3-torch python3-h5py python3-numpy
+  # tests/multihost: simulated hosts (ip netns, veth, bridge; unshare and nsenter)
+  iproute2 util-linux
 )
 
 missing=()

@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -316,6 +317,34 @@ TrainSummary Trainer::run() {
                 c.data.kind.c_str(), static_cast<long long>(s.data.train->size()),
                 static_cast<long long>(s.data.eval->size()), static_cast<long long>(total_steps),
                 static_cast<long long>(steps_per_epoch));
+  if (env.world_size > 1) {
+    // Which host each rank runs on, and the mesh made of it: HYBRID's shard groups are the
+    // nodes MPI found (MPI_COMM_TYPE_SHARED), and a log should show what was detected.
+    constexpr size_t kHostBytes = 64;
+    char host[kHostBytes] = {};
+    gethostname(host, kHostBytes - 1);
+    std::vector<char> hosts(kHostBytes * env.world_size);
+    env.world->all_gather(host, hosts.data(), kHostBytes, DType::u8)->wait();
+    if (leader) {
+      std::string nodes;
+      std::vector<std::string> seen;
+      for (int r = 0; r < env.world_size; ++r) {
+        std::string h(hosts.data() + r * kHostBytes);
+        if (std::find(seen.begin(), seen.end(), h) != seen.end()) continue;
+        seen.push_back(h);
+        std::string ranks;
+        for (int q = r; q < env.world_size; ++q)
+          if (h == hosts.data() + q * kHostBytes) ranks += (ranks.empty() ? "" : ",") + std::to_string(q);
+        nodes += (nodes.empty() ? "" : "; ") + h + ": ranks " + ranks;
+      }
+      const bool hybrid = engine.options().strategy == Strategy::hybrid_shard ||
+                          engine.options().strategy == Strategy::hybrid_shard_zero2;
+      const char* how = !hybrid ? "" : c.fsdp.shard_group_size == 0 ? " (one per node, detected)" : " (configured)";
+      std::printf("mesh: %zu node%s (%s); shard groups of %d%s, %d replica%s\n", seen.size(), seen.size() == 1 ? "" : "s",
+                  nodes.c_str(), engine.mesh().shard->size(), how, engine.mesh().replicate->size(),
+                  engine.mesh().replicate->size() == 1 ? "" : "s");
+    }
+  }
   if (leader && !s.resume_note.empty()) std::fputs(s.resume_note.c_str(), stdout);
 
   const CheckpointConfig& ck = c.checkpoint;
