@@ -54,7 +54,6 @@ SavePlan make_plan(const ShardedState& st, CheckpointFormat format) {
   for (size_t k = 0; k < st.units.size(); ++k) {
     const UnitShard& u = st.units[k];
     const int64_t w_begin = u.write_begin, w_end = u.write_begin + u.write_count;
-    const int64_t first_tensor = static_cast<int64_t>(plan.tensors.size());
     const int64_t first_dataset = static_cast<int64_t>(plan.datasets.size());
     auto local = [&](int s, int64_t flat) { return st.buffers[s] + u.local_offset + (flat - u.held_begin); };
     if (sharded) {
@@ -82,7 +81,6 @@ SavePlan make_plan(const ShardedState& st, CheckpointFormat format) {
         if (!sharded) plan.writes.push_back({dataset, piece.dataset_offset, piece.count, local(s, lo)});
       }
     }
-    (void)first_tensor;
     // Sharded files keep the padding too: the flat buffers are stored exactly as held.
     const int64_t pad_lo = std::max(u.layout->numel, w_begin);
     if (sharded && pad_lo < w_end)
