@@ -19,6 +19,10 @@ packages=(
   python3-torch python3-h5py python3-numpy
   # tests/multihost: simulated hosts (ip netns, veth, bridge; unshare and nsenter)
   iproute2 util-linux
+  # Slurm for jobs/*.sbatch and tests/slurm, which starts its own private munged, slurmctld and
+  # slurmd (nothing here configures a system-wide one). srun --mpi=pmix needs Slurm's mpi_pmix
+  # plugin (slurm-wlm-basic-plugins) and the PMIx library it opens (libpmix2).
+  slurm-wlm slurm-wlm-basic-plugins munge libpmix2
 )
 
 missing=()
