@@ -237,8 +237,10 @@ MPI_Op MpiHalfTypes::op(DType dtype, ReduceOp op) const {
 }
 
 MpiCommunicator::MpiCommunicator(MPI_Comm owned, std::shared_ptr<MpiHalfTypes> types,
-                                 std::shared_ptr<ShmProgress> progress, const CommOptions& options)
-    : Communicator(options), comm_(owned), types_(std::move(types)), progress_(std::move(progress)) {
+                                 std::shared_ptr<ShmProgress> progress, std::shared_ptr<Watchdog> watchdog,
+                                 const CommOptions& options)
+    : Communicator(options), comm_(owned), types_(std::move(types)), progress_(std::move(progress)),
+      watchdog_(std::move(watchdog)) {
   MPI_Comm_rank(owned, &rank_);
   MPI_Comm_size(owned, &size_);
   // Errors come back as codes and become exceptions with the collective's name.
@@ -273,7 +275,7 @@ CollectiveDesc MpiCommunicator::describe(const char* collective, size_t count, D
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) const {
   MPI_Comm sub = MPI_COMM_NULL;
   MPI_Comm_split(comm_.get(), color, key, &sub);
-  return std::make_unique<MpiCommunicator>(sub, types_, progress_, options());
+  return std::make_unique<MpiCommunicator>(sub, types_, progress_, watchdog_, options());
 }
 
 // From this many bytes (the whole gathered array) all_gather uses the blocking MPI_Allgather.
@@ -290,6 +292,8 @@ std::unique_ptr<Work> MpiCommunicator::all_gather(const void* in, void* out, siz
     // no progress outside MPI calls anyway, so the blocking call loses no overlap; it completes
     // before returning. Safe with our queued shared-memory collectives because every rank issues
     // collectives in the same order.
+    // A blocking call cannot poll its deadline: the watchdog keeps comm.timeout_s for it.
+    Watchdog::Armed armed = watchdog_->arm(work->desc().text(), options().timeout_s);
     check(MPI_Allgather(send, n, t, out, n, t, comm_.get()), work->desc());
     return std::make_unique<DoneWork>();
   }
@@ -363,7 +367,8 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm bootstrap, const Co
   MPI_Comm dup = MPI_COMM_NULL;
   MPI_Comm_dup(bootstrap, &dup);  // our traffic never matches the application's
   auto progress = std::make_shared<ShmProgress>(node_oversubscribed(dup));
-  return std::make_unique<MpiCommunicator>(dup, std::make_shared<MpiHalfTypes>(), std::move(progress), options);
+  return std::make_unique<MpiCommunicator>(dup, std::make_shared<MpiHalfTypes>(), std::move(progress),
+                                           std::make_shared<Watchdog>(), options);
 }
 
 }  // namespace fsdp

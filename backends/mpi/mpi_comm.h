@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "comm/comm.h"
+#include "comm/watchdog.h"
 #include "comm/mpi_env.h"
 #include "mpi/mpi_shm.h"
 
@@ -33,7 +34,7 @@ class MpiHalfTypes {
 class MpiCommunicator : public Communicator {
  public:
   MpiCommunicator(MPI_Comm owned, std::shared_ptr<MpiHalfTypes> types, std::shared_ptr<ShmProgress> progress,
-                  const CommOptions& options);
+                  std::shared_ptr<Watchdog> watchdog, const CommOptions& options);
   ~MpiCommunicator() override;
   std::string_view backend() const override { return "mpi"; }
   int rank() const override { return rank_; }
@@ -58,6 +59,7 @@ class MpiCommunicator : public Communicator {
   MpiCommHandle comm_;
   std::shared_ptr<MpiHalfTypes> types_;
   std::shared_ptr<ShmProgress> progress_;
+  std::shared_ptr<Watchdog> watchdog_;  // the deadline of blocking calls, shared by the splits
   int rank_ = 0, size_ = 1;
   std::unique_ptr<ShmChannel> shm_;  // declared last: its window is freed before the comms
 };

@@ -318,24 +318,28 @@ TrainSummary Trainer::run() {
                 static_cast<long long>(s.data.eval->size()), static_cast<long long>(total_steps),
                 static_cast<long long>(steps_per_epoch));
   if (env.world_size > 1) {
-    // Which host each rank runs on, and the mesh made of it: HYBRID's shard groups are the
-    // nodes MPI found (MPI_COMM_TYPE_SHARED), and a log should show what was detected.
+    // The nodes MPI found (MPI_COMM_TYPE_SHARED: node_color), each named by its first rank's
+    // host name, and the mesh made of them: HYBRID's shard groups are those nodes, and a log
+    // should show what was detected. Counted by node_color, not by name: containers or emulated
+    // nodes may share a host name.
     constexpr size_t kHostBytes = 64;
     char host[kHostBytes] = {};
     gethostname(host, kHostBytes - 1);
     std::vector<char> hosts(kHostBytes * env.world_size);
+    std::vector<int32_t> colors(env.world_size);
+    int32_t color = env.node_color;
     env.world->all_gather(host, hosts.data(), kHostBytes, DType::u8)->wait();
+    env.world->all_gather(&color, colors.data(), 1, DType::i32)->wait();
     if (leader) {
       std::string nodes;
-      std::vector<std::string> seen;
+      std::vector<int32_t> seen;
       for (int r = 0; r < env.world_size; ++r) {
-        std::string h(hosts.data() + r * kHostBytes);
-        if (std::find(seen.begin(), seen.end(), h) != seen.end()) continue;
-        seen.push_back(h);
+        if (std::find(seen.begin(), seen.end(), colors[r]) != seen.end()) continue;
+        seen.push_back(colors[r]);
         std::string ranks;
         for (int q = r; q < env.world_size; ++q)
-          if (h == hosts.data() + q * kHostBytes) ranks += (ranks.empty() ? "" : ",") + std::to_string(q);
-        nodes += (nodes.empty() ? "" : "; ") + h + ": ranks " + ranks;
+          if (colors[q] == colors[r]) ranks += (ranks.empty() ? "" : ",") + std::to_string(q);
+        nodes += (nodes.empty() ? "" : "; ") + std::string(hosts.data() + r * kHostBytes) + ": ranks " + ranks;
       }
       const bool hybrid = engine.options().strategy == Strategy::hybrid_shard ||
                           engine.options().strategy == Strategy::hybrid_shard_zero2;

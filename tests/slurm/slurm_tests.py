@@ -15,10 +15,9 @@ compared with plain mpirun runs of the same configuration.
   kill     resume.sbatch with comm.timeout_s=20, one rank SIGKILLed mid-run: the job ends within
            timeout + slack with an error naming the lost rank or the collective; the same job
            submitted again finishes from the newest checkpoint, bitwise
-  hang     (only with SLURM_TEST_HANG=1) the same with one rank SIGSTOPped: it neither dies nor
-           answers, so nothing but fsdp_app's own comm.timeout_s can end the job. It does not
-           today: the MPI backend's all_gather of 64 KiB or more is a blocking MPI_Allgather
-           (backends/mpi/mpi_comm.cpp), outside the timeout, and the job waits forever
+  hang     the same with one rank SIGSTOPped: it neither dies nor answers, so nothing but
+           fsdp_app's own comm.timeout_s can end the job: the polled waits' CommTimeout, or for
+           the blocking MPI_Allgather (64 KiB and up) the MPI backend's watchdog
 
 usage: slurm_tests.py FSDP_APP     (Debian's /usr/bin/python3 with h5py, numpy)
 SLURM_TEST_ONLY=text runs only the cases whose name contains text. Prints one PASS/FAIL line per
@@ -383,7 +382,7 @@ def main():
                 H.case("requeue", requeue_case, one, H.path("ref_ck"), refs["syn"])
             if "syn" in refs and want("kill"):
                 H.case("kill", failure_case, one, H.path("ref_ck"), refs["syn"], "kill", signal.SIGKILL)
-            if "syn" in refs and want("hang") and os.environ.get("SLURM_TEST_HANG") == "1":
+            if "syn" in refs and want("hang"):
                 H.case("hang", failure_case, one, H.path("ref_ck"), refs["syn"], "hang", signal.SIGSTOP)
             one.stop()
         if want("hybrid") and "syn" in refs:
