@@ -18,6 +18,8 @@ compared with plain mpirun runs of the same configuration.
   hang     the same with one rank SIGSTOPped: it neither dies nor answers, so nothing but
            fsdp_app's own comm.timeout_s can end the job: the polled waits' CommTimeout, or for
            the blocking MPI_Allgather (64 KiB and up) the MPI backend's watchdog
+  compare  compare-backends.sbatch, small: report.md with the collectives and training tables,
+           a training row per backend, the three PNGs, no wrong element
 
 usage: slurm_tests.py FSDP_APP     (Debian's /usr/bin/python3 with h5py, numpy)
 SLURM_TEST_ONLY=text runs only the cases whose name contains text. Prints one PASS/FAIL line per
@@ -292,6 +294,27 @@ def interesting_lines(log):
     return [l for l in log.splitlines() if keep.search(l)]
 
 
+def compare_case(cl):
+    """compare-backends.sbatch, small: the report has both tables, every backend's training rows
+    and its three plots, and fsdp_bench found no wrong element."""
+    d = H.path("compare")
+    report = os.path.join(d, "report")
+    t0 = time.time()
+    jid = submit(cl, "compare-backends.sbatch", d, sets(SYN + ["train.steps=4"]),
+                 {"REPORT_DIR": report, "BENCH_MIN": "4K", "BENCH_MAX": "64K", "BENCH_ITERS": "5",
+                  "STRATEGIES": "FULL_SHARD NO_SHARD"})
+    j = cl.wait(jid, 300)
+    text = open(os.path.join(report, "report.md")).read() if os.path.exists(os.path.join(report, "report.md")) else ""
+    backends = sorted({l.split("|")[1].strip() for l in text.splitlines()
+                       if l.startswith("| ") and ("FULL_SHARD" in l or "NO_SHARD" in l)})
+    pngs = {p: os.path.getsize(os.path.join(report, p)) if os.path.exists(os.path.join(report, p)) else 0
+            for p in ("busbw.png", "step_time.png", "loss.png")}
+    ok = (j.get("JobState") == "COMPLETED" and "## Collectives" in text and "## Training" in text and
+          "Elements checked wrong: 0." in text and "mpi" in backends and all(v > 1000 for v in pngs.values()))
+    H.check("compare: compare-backends.sbatch writes the report", ok,
+            f"job {jid} {job_exit(j)} in {time.time() - t0:.1f} s; training rows for {backends}; png bytes {pngs}")
+
+
 def failure_case(cl, ref_ckdir, ref_metrics, name, sig):
     """One rank gets `sig` mid-run; the job must end by itself, then a resubmission resumes."""
     d = H.path(name)
@@ -368,7 +391,7 @@ def main():
         if want("hybrid", "requeue", "kill", "hang"):
             H.case("reference: plain mpirun, synthetic", lambda: refs.setdefault("syn", plain_mpirun(
                 "ref_syn", SYN + [f"checkpoint.dir={H.path('ref_ck')}", f"checkpoint.every_steps={EVERY}"])))
-        if want("train_srun", "train_mpirun", "requeue", "kill", "hang"):
+        if want("train_srun", "train_mpirun", "requeue", "kill", "hang", "compare"):
             t0 = time.time()
             one = Cluster(nodes=1)
             clusters.append(one)
@@ -384,6 +407,8 @@ def main():
                 H.case("kill", failure_case, one, H.path("ref_ck"), refs["syn"], "kill", signal.SIGKILL)
             if "syn" in refs and want("hang"):
                 H.case("hang", failure_case, one, H.path("ref_ck"), refs["syn"], "hang", signal.SIGSTOP)
+            if want("compare"):
+                H.case("compare", compare_case, one)
             one.stop()
         if want("hybrid") and "syn" in refs:
             t0 = time.time()
