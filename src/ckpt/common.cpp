@@ -56,6 +56,21 @@ void Group::barrier() const {
   if (parallel()) MPI_Barrier(comm_);
 }
 
+std::vector<PieceCrc> all_gather_pieces(const Group& g, const std::vector<PieceCrc>& mine) {
+  std::vector<char> bytes(mine.size() * sizeof(PieceCrc));
+  if (!bytes.empty()) std::memcpy(bytes.data(), mine.data(), bytes.size());
+  std::vector<char> all_bytes = g.all_gather(bytes);
+  std::vector<PieceCrc> all(all_bytes.size() / sizeof(PieceCrc));
+  if (!all.empty()) std::memcpy(all.data(), all_bytes.data(), all_bytes.size());
+  return all;
+}
+
+uint32_t crc_append(uint32_t crc, const float* data, int64_t count) {
+  // crc32_combine with a running CRC of 0 (nothing yet) gives the second CRC unchanged.
+  return static_cast<uint32_t>(
+      crc32_combine64(crc, crc32_floats(data, count), static_cast<z_off64_t>(count * sizeof(float))));
+}
+
 uint32_t crc32_floats(const float* data, int64_t count) {
   // zlib's CRC runs at a few GB/s per core: chunks in parallel, then crc32_combine in order.
   constexpr int64_t kChunk = 1 << 20;  // floats
@@ -127,6 +142,31 @@ void select_flat_range(hid_t space, const std::vector<hsize_t>& dims, int64_t of
     H5Sselect_hyperslab(space, H5S_SELECT_OR, start.data(), nullptr, block.data(), nullptr);
     p += steps * stride[d];
   }
+}
+
+std::vector<hsize_t> dataset_dims(hid_t ds, const std::string& what) {
+  H5Id space(H5Dget_space(ds), H5Sclose);
+  int rank = H5Sget_simple_extent_ndims(space.get());
+  if (rank < 0 || rank > kMaxDims) throw Error(what + " has no usable shape");
+  std::vector<hsize_t> dims(rank);
+  if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  return dims;
+}
+
+bool stream_flat_range(hid_t ds, const std::vector<hsize_t>& dims, int64_t offset, int64_t count,
+                       std::vector<float>& scratch, const std::function<void(int64_t, const float*, int64_t)>& fn) {
+  constexpr int64_t kChunk = 1 << 20;  // floats: a bounded scratch for any tensor size
+  H5Id space(H5Dget_space(ds), H5Sclose);
+  for (int64_t at = offset; at < offset + count; at += kChunk) {
+    const int64_t n = std::min(kChunk, offset + count - at);
+    scratch.resize(n);
+    select_flat_range(space.get(), dims, at, n);
+    hsize_t mem_n = static_cast<hsize_t>(n);
+    H5Id mem(H5Screate_simple(1, &mem_n, nullptr), H5Sclose);
+    if (H5Dread(ds, H5T_NATIVE_FLOAT, mem.get(), space.get(), H5P_DEFAULT, scratch.data()) < 0) return false;
+    fn(at, scratch.data(), n);
+  }
+  return true;
 }
 
 namespace {

@@ -15,14 +15,16 @@ H5Quiet::H5Quiet() {
 
 H5Quiet::~H5Quiet() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
 
-namespace {
-
-herr_t collect_name(hid_t, const char* name, const H5L_info_t*, void* out) {
-  static_cast<std::set<std::string>*>(out)->insert(name);
-  return 0;
+std::vector<std::string> link_names(hid_t group) {
+  std::vector<std::string> names;
+  H5Literate(group, H5_INDEX_NAME, H5_ITER_INC, nullptr,
+             [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
+               static_cast<std::vector<std::string>*>(out)->push_back(name);
+               return 0;
+             },
+             &names);
+  return names;
 }
-
-}  // namespace
 
 WeightFile::WeightFile(const std::string& path) : path_(path), where_("model.init_from " + path + ": ") {
   if (access(path.c_str(), R_OK) != 0) throw Error(where_ + "cannot read the file");
@@ -35,8 +37,8 @@ WeightFile::WeightFile(const std::string& path) : path_(path), where_("model.ini
 }
 
 void WeightFile::check(const std::vector<Param*>& all_params) const {
-  std::set<std::string> in_file;
-  H5Literate(group_.get(), H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, collect_name, &in_file);
+  std::vector<std::string> names = link_names(group_.get());
+  std::set<std::string> in_file(names.begin(), names.end());
   for (Param* p : all_params) in_file.erase(p->name);
   if (!in_file.empty()) throw Error(where_ + "unexpected tensor /model/" + *in_file.begin() + " (not in this model)");
   for (Param* p : all_params) {

@@ -59,6 +59,9 @@ class H5Quiet {
   void* data_ = nullptr;
 };
 
+// The names of a group's links (its datasets and subgroups), in name order.
+std::vector<std::string> link_names(hid_t group);
+
 // A weight file opened for reading: /model/<name> datasets. check() is strict like PyTorch's
 // load_state_dict (a missing, extra or mis-shaped tensor is an Error naming the file and the
 // tensor); read() fills the given params' data (converted to f32), a subset at a time so a

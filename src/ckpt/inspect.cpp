@@ -1,7 +1,6 @@
 // list_checkpoint and verify_checkpoint: a checkpoint's table of contents and a full CRC pass
 // over it, one process, for the fsdp_ckpt tool. Loading needs neither: load_checkpoint checks
 // what it reads itself.
-#include <zlib.h>
 
 #include <algorithm>
 #include <cstring>
@@ -19,23 +18,11 @@ using namespace ckpt;
 namespace {
 
 constexpr int64_t kMaxIndexEntries = 1 << 24;
-constexpr int kMaxDims = 8;
-constexpr int64_t kReadChunk = 1 << 20;  // floats (4 MiB): verify's memory bound
 
 bool is_dataset(hid_t loc, const std::string& path) {
   if (H5Lexists(loc, path.c_str(), H5P_DEFAULT) <= 0) return false;
   H5Id obj(H5Oopen(loc, path.c_str(), H5P_DEFAULT), H5Oclose);
   return obj.valid() && H5Iget_type(obj.get()) == H5I_DATASET;
-}
-
-// The dataset's dims, or an Error naming it when it has none we can use.
-std::vector<hsize_t> dims_of(hid_t ds, const std::string& what) {
-  H5Id space(H5Dget_space(ds), H5Sclose);
-  int rank = H5Sget_simple_extent_ndims(space.get());
-  if (rank < 0 || rank > kMaxDims) throw Error(what + " has no usable shape");
-  std::vector<hsize_t> dims(rank);
-  if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-  return dims;
 }
 
 class Lister {
@@ -63,13 +50,7 @@ class Lister {
     if (H5Lexists(file_, "/model", H5P_DEFAULT) <= 0) throw Error(what_ + ": has no /model group");
     H5Id group(H5Gopen2(file_, "/model", H5P_DEFAULT), H5Gclose);
     if (!group.valid()) throw Error(what_ + ": /model is not a group");
-    std::vector<std::string> names;
-    H5Literate(group.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr,
-               [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
-                 static_cast<std::vector<std::string>*>(out)->push_back(name);
-                 return 0;
-               },
-               &names);
+    const std::vector<std::string> names = link_names(group.get());
     std::vector<std::pair<haddr_t, CheckpointTensor>> found;
     for (const std::string& name : names) {
       const std::string path = "/model/" + name;
@@ -78,7 +59,7 @@ class Lister {
       H5Id type(H5Dget_type(ds.get()), H5Tclose);
       if (!ds.valid() || H5Tget_class(type.get()) != H5T_FLOAT)
         throw Error(what_ + ": " + path + " is not a floating-point dataset");
-      std::vector<hsize_t> dims = dims_of(ds.get(), what_ + ": " + path);
+      std::vector<hsize_t> dims = dataset_dims(ds.get(), what_ + ": " + path);
       CheckpointTensor t;
       t.name = name;
       t.shape.assign(dims.begin(), dims.end());
@@ -178,31 +159,6 @@ class Lister {
   CheckpointContents c_;
 };
 
-// Streams a float dataset's elements in row-major order, kReadChunk at a time: fn(first, data,
-// count) per chunk. False when a read fails.
-bool stream_floats(hid_t ds, const std::vector<hsize_t>& dims, std::vector<float>& scratch,
-                   const std::function<void(int64_t, const float*, int64_t)>& fn) {
-  int64_t total = 1;
-  for (hsize_t d : dims) total *= static_cast<int64_t>(d);
-  H5Id space(H5Dget_space(ds), H5Sclose);
-  for (int64_t at = 0; at < total; at += kReadChunk) {
-    const int64_t n = std::min(kReadChunk, total - at);
-    scratch.resize(n);
-    select_flat_range(space.get(), dims, at, n);
-    hsize_t mem_n = static_cast<hsize_t>(n);
-    H5Id mem(H5Screate_simple(1, &mem_n, nullptr), H5Sclose);
-    if (H5Dread(ds, H5T_NATIVE_FLOAT, mem.get(), space.get(), H5P_DEFAULT, scratch.data()) < 0) return false;
-    fn(at, scratch.data(), n);
-  }
-  return true;
-}
-
-uint32_t crc_append(uint32_t crc, const float* data, int64_t count) {
-  // crc32_combine with a running CRC of 0 (nothing yet) gives the second CRC unchanged.
-  return static_cast<uint32_t>(
-      crc32_combine64(crc, crc32_floats(data, count), static_cast<z_off64_t>(count * sizeof(float))));
-}
-
 std::string u32(uint32_t v) { return std::to_string(v); }
 
 }  // namespace
@@ -263,7 +219,7 @@ CheckpointVerifyReport verify_checkpoint(const std::string& path) {
     }
     std::vector<hsize_t> dims;
     try {
-      dims = dims_of(ds.get(), p);
+      dims = dataset_dims(ds.get(), p);
     } catch (const Error& e) {
       report.problems.push_back(e.what());
       continue;
@@ -293,7 +249,8 @@ CheckpointVerifyReport verify_checkpoint(const std::string& path) {
     const std::vector<const CheckpointTensor*>& tensors = exp ? exp->tensors : none;
     std::vector<uint32_t> tensor_crc(tensors.size(), 0);
     uint32_t crc = 0;
-    const bool ok = stream_floats(ds.get(), dims, scratch, [&](int64_t at, const float* data, int64_t n) {
+    const bool ok = stream_flat_range(ds.get(), dims, 0, shape_numel(shape), scratch, [&](int64_t at, const float* data,
+                                                                                         int64_t n) {
       crc = crc_append(crc, data, n);
       for (size_t i = 0; i < tensors.size(); ++i) {
         const int64_t lo = std::max(at, tensors[i]->offset);

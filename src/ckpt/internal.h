@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,11 +49,26 @@ struct PieceCrc {
   uint64_t crc = 0;
 };
 
+// Every rank's pieces, in rank order (the save and the load check CRCs from them).
+std::vector<PieceCrc> all_gather_pieces(const Group& g, const std::vector<PieceCrc>& mine);
+
 // CRC-32 (zlib) of count floats' bytes, in parallel chunks.
 uint32_t crc32_floats(const float* data, int64_t count);
+// The CRC of (bytes behind `crc`) followed by count floats; crc 0 = nothing yet.
+uint32_t crc_append(uint32_t crc, const float* data, int64_t count);
 // Combines pieces [begin, end) that tile [0, total) once sorted by `offset_of`, deduplicating
 // identical ranges (replicas read the same piece). False when they do not tile it.
 bool combine_crc(std::vector<PieceCrc> pieces, bool by_tensor, int64_t total, uint32_t* crc);
+
+// Datasets of more dimensions are refused as damaged.
+constexpr int kMaxDims = 8;
+// The dataset's dims; Error("<what> has no usable shape") otherwise.
+std::vector<hsize_t> dataset_dims(hid_t ds, const std::string& what);
+
+// Reads flat elements [offset, offset + count) of a float dataset in row-major order, 4 MiB at a
+// time into scratch: fn(first element, data, n) per chunk. False when a read fails.
+bool stream_flat_range(hid_t ds, const std::vector<hsize_t>& dims, int64_t offset, int64_t count,
+                       std::vector<float>& scratch, const std::function<void(int64_t, const float*, int64_t)>& fn);
 
 // Flat elements [offset, offset + count) of a row-major dataset of `dims` as a union of at most
 // 2 * rank - 1 hyperslabs on `space` (replaces its selection).

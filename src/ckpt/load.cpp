@@ -21,8 +21,6 @@ using namespace ckpt;
 
 namespace {
 
-constexpr int kMaxDims = 8;
-
 // Where one (parameter, state) lives in the file.
 struct TensorSource {
   hid_t dataset = H5I_INVALID_HID;
@@ -30,15 +28,6 @@ struct TensorSource {
   int64_t base = 0;           // the tensor's first element in it
   uint32_t crc = 0;
 };
-
-std::vector<hsize_t> dataset_dims(hid_t ds) {
-  H5Id space(H5Dget_space(ds), H5Sclose);
-  int rank = H5Sget_simple_extent_ndims(space.get());
-  if (rank < 0 || rank > kMaxDims) return {static_cast<hsize_t>(-1)};
-  std::vector<hsize_t> dims(rank);
-  if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-  return dims;
-}
 
 std::string dims_str(const std::vector<hsize_t>& dims) {
   Shape s(dims.begin(), dims.end());
@@ -133,21 +122,14 @@ class Reader {
     for (Param* p : params_) names.insert(p->name);
     H5Id group(H5Gopen2(file_.get(), "/model", H5P_DEFAULT), H5Gclose);
     if (!group.valid()) throw Error(what_ + ": /model is not a group");
-    std::vector<std::string> in_file;
-    H5Literate(group.get(), H5_INDEX_NAME, H5_ITER_NATIVE, nullptr,
-               [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
-                 static_cast<std::vector<std::string>*>(out)->push_back(name);
-                 return 0;
-               },
-               &in_file);
-    for (const std::string& n : in_file)
+    for (const std::string& n : link_names(group.get()))
       if (!names.count(n)) throw Error(what_ + ": unexpected tensor /model/" + n + " (not in this model)");
     for (size_t i = 0; i < params_.size(); ++i)
       for (int s = 0; s < states_; ++s) {
         const std::string path = consolidated_path(params_[i]->name, s, st_.state_names);
         hid_t ds = open_dataset(path);
         if (ds < 0) throw Error(what_ + ": missing tensor " + path);
-        std::vector<hsize_t> dims = dataset_dims(ds);
+        std::vector<hsize_t> dims = dataset_dims(ds, what_ + ": " + path);
         if (Shape(dims.begin(), dims.end()) != params_[i]->shape)
           throw Error(what_ + ": " + path + " has shape " + dims_str(dims) + ", the model expects " +
                       shape_str(params_[i]->shape));
@@ -179,7 +161,7 @@ class Reader {
         const std::string path = shard_path(t.unit, file_state, meta_.optimizer_states);
         hid_t ds = open_dataset(path);
         if (ds < 0) throw Error(what_ + ": missing dataset " + path);
-        std::vector<hsize_t> ddims = dataset_dims(ds);
+        std::vector<hsize_t> ddims = dataset_dims(ds, what_ + ": " + path);
         if (ddims.size() != 1 || static_cast<int64_t>(ddims[0]) != padded)
           throw Error(what_ + ": " + path + " has shape " + dims_str(ddims) + ", the index says (" +
                       std::to_string(padded) + ")");
@@ -229,11 +211,7 @@ CheckpointMeta load_checkpoint(const std::string& path, const ShardedState& st, 
   g.agree(error);
 
   // Every tensor's pieces, from all ranks, tile it: their combined CRC must be the stored one.
-  std::vector<char> mine(pieces.size() * sizeof(PieceCrc));
-  if (!mine.empty()) std::memcpy(mine.data(), pieces.data(), mine.size());
-  std::vector<char> all_bytes = g.all_gather(mine);
-  std::vector<PieceCrc> all(all_bytes.size() / sizeof(PieceCrc));
-  if (!all.empty()) std::memcpy(all.data(), all_bytes.data(), all_bytes.size());
+  const std::vector<PieceCrc> all = all_gather_pieces(g, pieces);
   const int states = reader->states();
   std::vector<std::vector<PieceCrc>> by_tensor;
   size_t n_params = 0;

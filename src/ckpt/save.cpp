@@ -9,7 +9,6 @@
 //   verify    each rank reads its pieces back from the closed file and compares CRCs
 //   commit    fsync, rename path.tmp -> path, fsync the folder
 #include <fcntl.h>
-#include <zlib.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -121,25 +120,15 @@ std::string verify_pieces(const std::string& tmp, const SavePlan& plan) {
   H5Quiet quiet;
   H5Id file(H5Fopen(tmp.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (!file.valid()) return "cannot reopen " + tmp + " to verify it";
-  constexpr int64_t kReadChunk = 1 << 24;  // floats: bounded scratch for any piece size
   std::vector<float> scratch;
   for (const PieceCrc& p : plan.pieces) {
     const DatasetSpec& spec = plan.datasets[p.dataset];
     H5Id ds(H5Dopen2(file.get(), spec.path.c_str(), H5P_DEFAULT), H5Dclose);
     if (!ds.valid()) return "verify: " + spec.path + " is missing in " + tmp;
-    H5Id space(H5Dget_space(ds.get()), H5Sclose);
     uint32_t crc = 0;
-    for (int64_t at = 0; at < p.count; at += kReadChunk) {
-      const int64_t n = std::min(kReadChunk, p.count - at);
-      scratch.resize(n);
-      select_flat_range(space.get(), spec.dims, p.dataset_offset + at, n);
-      hsize_t mem_n = static_cast<hsize_t>(n);
-      H5Id mem(H5Screate_simple(1, &mem_n, nullptr), H5Sclose);
-      if (H5Dread(ds.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), H5P_DEFAULT, scratch.data()) < 0)
-        return "verify: cannot read back " + spec.path + " from " + tmp;
-      uint32_t c = crc32_floats(scratch.data(), n);
-      crc = at == 0 ? c : static_cast<uint32_t>(crc32_combine64(crc, c, static_cast<z_off64_t>(n * sizeof(float))));
-    }
+    if (!stream_flat_range(ds.get(), spec.dims, p.dataset_offset, p.count, scratch,
+                           [&](int64_t, const float* data, int64_t n) { crc = crc_append(crc, data, n); }))
+      return "verify: cannot read back " + spec.path + " from " + tmp;
     if (crc != p.crc) return "verify: " + spec.path + " reads back different bytes from " + tmp + " than were written";
   }
   return "";
@@ -224,9 +213,17 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st,
   H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
   g.agree(file.valid() ? "" : "checkpoint: cannot create " + tmp + " (is checkpoint.dir writable?)");
   std::string error;
-  auto remove_tmp = [&] {
-    file.reset();
-    if (g.rank() == 0) std::remove(tmp.c_str());
+  std::vector<H5Id> datasets;
+  // Every rank takes part (agree() is collective); on any rank's error the partial file goes.
+  auto agree_or_discard = [&](const std::string& e) {
+    try {
+      g.agree(e);
+    } catch (...) {
+      datasets.clear();
+      file.reset();
+      if (g.rank() == 0) std::remove(tmp.c_str());
+      throw;
+    }
   };
   H5Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(lcpl.get(), 1);
@@ -234,7 +231,6 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st,
   H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS);
   H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY);
   H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);  // every byte is written once, by its owner
-  std::vector<H5Id> datasets;
   datasets.reserve(plan.datasets.size());
   for (const DatasetSpec& d : plan.datasets) {
     H5Id space(H5Screate_simple(static_cast<int>(d.dims.size()), d.dims.data(), nullptr), H5Sclose);
@@ -246,13 +242,7 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st,
       break;
     }
   }
-  try {
-    g.agree(error);
-  } catch (...) {
-    datasets.clear();
-    remove_tmp();
-    throw;
-  }
+  agree_or_discard(error);
 
   // write: every rank visits every dataset in the same order (collective transfers need it).
   H5Id xfer(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
@@ -285,20 +275,10 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st,
     if (g.parallel()) MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     if (world_rank == options.kill_rank) std::raise(SIGKILL);  // no flush: it is collective
   }
-  try {
-    g.agree(error);
-  } catch (...) {
-    datasets.clear();
-    remove_tmp();
-    throw;
-  }
+  agree_or_discard(error);
 
   // checksum: every rank ends up with every piece's CRC and computes the same attributes.
-  std::vector<char> mine(plan.pieces.size() * sizeof(PieceCrc));
-  if (!mine.empty()) std::memcpy(mine.data(), plan.pieces.data(), mine.size());
-  std::vector<char> all_bytes = g.all_gather(mine);
-  std::vector<PieceCrc> all(all_bytes.size() / sizeof(PieceCrc));
-  if (!all.empty()) std::memcpy(all.data(), all_bytes.data(), all_bytes.size());
+  const std::vector<PieceCrc> all = all_gather_pieces(g, plan.pieces);
   std::vector<std::vector<PieceCrc>> by_dataset(plan.datasets.size()), by_tensor(plan.tensors.size());
   for (const PieceCrc& p : all) {
     by_dataset[p.dataset].push_back(p);
@@ -333,12 +313,7 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st,
   datasets.clear();
   // Closing flushes everything still buffered: its failure is a failed save.
   if (H5Fclose(file.release()) < 0 && error.empty()) error = "checkpoint: cannot close " + tmp;
-  try {
-    g.agree(error);  // every rank, even those that saw no error: agree() is collective
-  } catch (...) {
-    if (g.rank() == 0) std::remove(tmp.c_str());
-    throw;
-  }
+  agree_or_discard(error);
 
   // verify, then commit.
   error = verify_pieces(tmp, plan);
@@ -350,12 +325,7 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st,
       error = e.what();
     }
   }
-  try {
-    g.agree(error);
-  } catch (...) {
-    if (g.rank() == 0) std::remove(tmp.c_str());
-    throw;
-  }
+  agree_or_discard(error);
   if (g.rank() == 0) {
     try {
       fsync_path(tmp, false);
