@@ -22,25 +22,6 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 meson test -C "$build" --print-errorlogs "$@"
 rc=$?
 
-/usr/bin/python3 - "$build/meson-logs/testlog.json" <<'PY'
-import json, re, sys
-passed = failed = 0
-for line in open(sys.argv[1]):
-    t = json.loads(line)
-    out = re.sub(r"\x1b\[[0-9;]*m", "", (t.get("stdout") or "") + "\n" + (t.get("stderr") or ""))
-    p = sum(int(m) for m in re.findall(r"^\s*(\d+) test cases? out of \d+ passed", out, re.M))
-    f = sum(int(m) for m in re.findall(r"^\s*(\d+) test cases? out of \d+ failed", out, re.M))
-    # Also "N test cases out of M skipped"/aborted count as not passed.
-    f += sum(int(m) for m in re.findall(r"^\s*(\d+) test cases? out of \d+ aborted", out, re.M))
-    ok = t["result"] in ("OK", "EXPECTEDFAIL", "SKIP")
-    if p == 0 and f == 0:
-        p, f = (1, 0) if ok else (0, 1)
-    elif not ok and f == 0:
-        f = 1  # crashed or timed out after its report
-    passed += p
-    failed += f
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
-PY
+/usr/bin/python3 tests/summary.py "$build/meson-logs/testlog.json"
 summary_rc=$?
 [ $rc -eq 0 ] && [ $summary_rc -eq 0 ]

@@ -69,6 +69,10 @@ def multihost_mpirun(hosts):
            "-x", "PATH", "-x", "OPENBLAS_NUM_THREADS", "-x", "OMP_NUM_THREADS"]
     if os.environ.get("LD_LIBRARY_PATH"):
         cmd += ["-x", "LD_LIBRARY_PATH"]
+    # A sanitizer build (tests/sanitize.sh): the remote ranks need its options and suppressions.
+    for var in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "UCX_MEM_EVENTS", "UCX_MEM_MALLOC_HOOKS"):
+        if os.environ.get(var):
+            cmd += ["-x", var]
     return cmd
 
 

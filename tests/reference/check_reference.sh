@@ -9,7 +9,11 @@
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-tol=1e-5
+# FSDP_REFERENCE_TOL: only for builds whose code generation differs from the release build's
+# (tests/sanitize.sh: -O2 plus instrumentation change, among others, which a*b+c become FMAs, so
+# step 1 already differs by ~2e-8): mnist_cnn (Adadelta at lr 1) amplifies that to ~1e-3 in 20
+# steps, as far as torch's own mkldnn and im2col convolutions are apart (the table's last column).
+tol=${FSDP_REFERENCE_TOL:-1e-5}
 steps=20
 python=/usr/bin/python3
 
@@ -109,7 +113,7 @@ PY
 done
 
 if [ $failed -eq 0 ]; then
-  echo "torch_reference: PASS (mnist_cnn and transformer match PyTorch to 1e-5 for $steps steps)"
+  echo "torch_reference: PASS (mnist_cnn and transformer match PyTorch to $tol for $steps steps)"
 else
   echo "torch_reference: FAIL"
 fi
