@@ -15,6 +15,12 @@ packages=(
   dataset-fashion-mnist fortunes fortunes-min
   # jobs/plot-bench.sh draws fsdp_bench's CSV
   gnuplot-nox
+  # tests/fuzz (libFuzzer targets, tests/fuzz/run.sh): clang 14 with its sanitizer and fuzzer
+  # runtimes (libclang-rt-14-dev) and LLVM's OpenMP runtime, which clang's -fopenmp links
+  clang libclang-rt-14-dev libomp-14-dev
+  # tests/lint.sh: clang-tidy 14 (.clang-tidy), cppcheck 2.10 (tests/lint/cppcheck.supp) and
+  # clang-format 14 (.clang-format); clang-tidy parses with clang's own omp.h (libomp-14-dev)
+  clang-tidy cppcheck clang-format libomp-14-dev
   # reference checks against PyTorch (Debian's system python3, not pyenv's)
   python3-torch python3-h5py python3-numpy
   # tests/multihost: simulated hosts (ip netns, veth, bridge; unshare and nsenter)

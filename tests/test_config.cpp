@@ -440,6 +440,10 @@ BOOST_AUTO_TEST_CASE(malformed_yaml_names_the_line) {
              "in.yaml:3: malformed YAML: illegal map value");
   BOOST_TEST(error_of("train: {epochs: 1}\n---\ntrain: {epochs: 2}\n") ==
              "in.yaml:3: only one YAML document is allowed");
+  // yaml-cpp 0.7's LoadAll never returned on these (found by tests/fuzz/fuzz_config).
+  BOOST_TEST(error_of(",") == "in.yaml:1: malformed YAML: unexpected ','");
+  BOOST_TEST(error_of("- a\n,\n") == "in.yaml:2: malformed YAML: unexpected ','");
+  BOOST_TEST(error_of("---\n---\n") == "in.yaml:3: only one YAML document is allowed");
 }
 
 BOOST_AUTO_TEST_CASE(line_numbers_of_nested_keys) {

@@ -150,6 +150,13 @@ std::vector<hsize_t> dataset_dims(hid_t ds, const std::string& what) {
   if (rank < 0 || rank > kMaxDims) throw Error(what + " has no usable shape");
   std::vector<hsize_t> dims(rank);
   if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  // A damaged file may declare any dims (2^62 x 20): their product must fit what a tensor can be.
+  hsize_t numel = 1;
+  for (hsize_t d : dims) {
+    if (d > static_cast<hsize_t>(kMaxNumel) || (d > 0 && numel > static_cast<hsize_t>(kMaxNumel) / d))
+      throw Error(what + " has no usable shape (more than 2^40 elements)");
+    numel *= d;
+  }
   return dims;
 }
 
@@ -235,6 +242,7 @@ void write_attr(hid_t obj, const char* name, const std::vector<std::string>& val
   H5Id space(n == 0 ? H5Screate(H5S_NULL) : H5Screate_simple(1, &n, nullptr), H5Sclose);
   H5Id type = string_type();
   std::vector<const char*> ptrs;
+  ptrs.reserve(value.size());
   for (const auto& s : value) ptrs.push_back(s.c_str());
   const char* empty = nullptr;
   write_raw_attr(obj, name, type.get(), space.get(), ptrs.empty() ? static_cast<const void*>(&empty) : ptrs.data());

@@ -37,7 +37,7 @@ class Lister {
       list_sharded();
   }
   // The sharded index of a file the caller has open.
-  Lister(hid_t file, const CheckpointMeta& meta, const std::string& what) : what_(what), file_(file) {
+  Lister(hid_t file, const CheckpointMeta& meta, std::string what) : what_(std::move(what)), file_(file) {
     c_.meta = meta;
     list_sharded();
   }
@@ -69,6 +69,16 @@ class Lister {
     for (auto& f : found) c_.tensors.push_back(std::move(f.second));
   }
 
+  // The index's entries must be in the file before we make room for them: a damaged header can
+  // declare 2^28 entries (2 GiB to allocate) that were never written. The saver writes every
+  // index dataset whole and uncompressed.
+  void check_stored(hid_t ds, const std::string& path, hssize_t n) {
+    H5Id type(H5Dget_type(ds), H5Tclose);
+    const hsize_t need = static_cast<hsize_t>(n) * H5Tget_size(type.get());
+    if (n > 0 && H5Dget_storage_size(ds) < need)
+      throw Error(what_ + ": " + path + " declares " + std::to_string(n) + " entries but stores fewer (truncated or damaged?)");
+  }
+
   template <class T>
   std::vector<T> read_index(const char* name, hid_t mem_type, int64_t expect) {
     const std::string path = std::string("/index/") + name;
@@ -79,6 +89,7 @@ class Lister {
     if (n < 0 || n > kMaxIndexEntries * 16 || (expect >= 0 && n != expect))
       throw Error(what_ + ": " + path + " has " + std::to_string(n) + " entries" +
                   (expect >= 0 ? ", expected " + std::to_string(expect) : ""));
+    check_stored(ds.get(), path, n);
     std::vector<T> v(n);
     if (n > 0 && H5Dread(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
       throw Error(what_ + ": cannot read " + path + " (truncated or damaged?)");
@@ -95,6 +106,7 @@ class Lister {
     if (H5Tget_class(type.get()) != H5T_STRING || H5Tis_variable_str(type.get()) > 0 || width == 0 || width > 4096 ||
         n < 0 || n > kMaxIndexEntries)
       throw Error(what_ + ": /index/names is not a list of fixed-length strings");
+    check_stored(ds.get(), "/index/names", n);
     std::vector<char> buf(static_cast<size_t>(n) * width);
     H5Id mem(H5Tcopy(H5T_C_S1), H5Tclose);
     H5Tset_size(mem.get(), width);
@@ -221,10 +233,20 @@ CheckpointVerifyReport verify_checkpoint(const std::string& path) {
     try {
       dims = dataset_dims(ds.get(), p);
     } catch (const Error& e) {
-      report.problems.push_back(e.what());
+      report.problems.emplace_back(e.what());
       continue;
     }
     const Shape shape(dims.begin(), dims.end());
+    // Read only what the file holds: a dataset declaring more than it stores (never written, or
+    // a damaged header) would stream up to 2^40 fill values. fsdp-hpc stores tensors uncompressed.
+    const hsize_t declared = static_cast<hsize_t>(shape_numel(shape)) * H5Tget_size(type.get());
+    const hsize_t holds = H5Dget_storage_size(ds.get());
+    if (holds < declared) {
+      report.problems.push_back(p + ": stores " + std::to_string(holds) + " of its " + std::to_string(declared) +
+                                " bytes (truncated, compressed or never written)");
+      if (auto e = expected.find(p); e != expected.end()) e->second.seen = true;
+      continue;
+    }
     auto it = expected.find(p);
     Expected* exp = it == expected.end() ? nullptr : &it->second;
     if (exp) {

@@ -60,8 +60,9 @@ uint32_t crc_append(uint32_t crc, const float* data, int64_t count);
 // identical ranges (replicas read the same piece). False when they do not tile it.
 bool combine_crc(std::vector<PieceCrc> pieces, bool by_tensor, int64_t total, uint32_t* crc);
 
-// Datasets of more dimensions are refused as damaged.
+// Datasets of more dimensions, or of more elements, are refused as damaged.
 constexpr int kMaxDims = 8;
+constexpr int64_t kMaxNumel = int64_t{1} << 40;
 // The dataset's dims; Error("<what> has no usable shape") otherwise.
 std::vector<hsize_t> dataset_dims(hid_t ds, const std::string& what);
 

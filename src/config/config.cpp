@@ -13,9 +13,11 @@
 // yaml_text alone reproduces the run exactly (a list of "--set" lines in a comment would not).
 #include "config/config.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -169,6 +171,8 @@ template <class... F>
 struct Overload : F... {
   using F::operator()...;
 };
+template <class... F>
+Overload(F...) -> Overload<F...>;  // clang 14 has no CTAD for aggregates (the fuzz build uses it)
 
 std::string join(const std::vector<std::string>& items) {
   std::string out;
@@ -253,6 +257,32 @@ std::optional<bool> parse_bool(const YAML::Node& n) {
   return std::nullopt;
 }
 
+// Where each document of a YAML stream starts, and its first node (Reader::load).
+class DocumentMarks final : public YAML::EventHandler {
+ public:
+  std::vector<YAML::Mark> starts, firsts;
+  void OnDocumentStart(const YAML::Mark& mark) override { starts.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { first(mark); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { first(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t, const std::string&) override {
+    first(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    first(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    first(mark);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void first(const YAML::Mark& mark) {
+    if (firsts.size() < starts.size()) firsts.push_back(mark);
+  }
+};
+
 class Reader {
  public:
   explicit Reader(std::string source) : source_(std::move(source)) {}
@@ -275,7 +305,7 @@ class Reader {
   [[noreturn]] void fail(const std::string& path, const std::string& what) const {
     throw ConfigError(at(path) + ": " + path + ": " + what);
   }
-  bool given(const std::string& path) const { return given_.count(path) > 0; }
+  bool given(const std::string& path) const { return given_.contains(path); }
 
   void walk(const YAML::Node& map, const std::string& prefix, const std::set<std::string>& fields,
             const std::set<std::string>& sections);
@@ -290,6 +320,8 @@ class Reader {
 
 // An override replaces the whole subtree at its key, so the latest one at or above `path`
 // supplied the value. Sections an override created have no mark: blame the override below them.
+// Reverse iterators, not std::views::reverse: clang 14 (the fuzz build, tests/fuzz) cannot
+// compile libstdc++ 12's range views.
 std::string Reader::where(const std::string& path, const YAML::Mark& mark) const {
   for (auto k = set_keys_.rbegin(); k != set_keys_.rend(); ++k)
     if (is_prefix(*k, path)) return "--set " + *k;
@@ -305,14 +337,32 @@ std::string Reader::at(const std::string& path) const {
 }
 
 YAML::Node Reader::load(const std::string& text) const {
+  // Documents are counted with the parser here, not with YAML::LoadAll: yaml-cpp 0.7 (Debian 12)
+  // never returns from LoadAll on a stray ',' outside brackets, handing out the same empty
+  // document forever (jbeder/yaml-cpp#1040, fixed upstream after 0.8). Three documents tell
+  // that repeat (a document starting where the last one did) from a genuine second document.
+  DocumentMarks marks;
   std::vector<YAML::Node> docs;
   try {
-    docs = YAML::LoadAll(text);
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    while (marks.starts.size() < 3 && parser.HandleNextDocument(marks)) {
+      const size_t n = marks.starts.size();
+      if (n >= 2 && marks.starts[n - 1].pos == marks.starts[n - 2].pos) {
+        const YAML::Mark at = marks.firsts.size() == n ? marks.firsts[n - 1] : marks.starts[n - 1];
+        const bool shown = at.pos >= 0 && static_cast<size_t>(at.pos) < text.size() &&
+                           std::isgraph(static_cast<unsigned char>(text[at.pos]));
+        throw ConfigError(file_at(at) + ": malformed YAML: unexpected " +
+                          (shown ? "'" + std::string(1, text[at.pos]) + "'" : std::string("token")));
+      }
+    }
+    if (marks.starts.size() == 1) docs.push_back(YAML::Load(text));
   } catch (const YAML::Exception& e) {  // e.msg is the message without yaml-cpp's position
     throw ConfigError(file_at(e.mark) + ": malformed YAML: " + e.msg);
   }
-  if (docs.size() > 1)
-    throw ConfigError(file_at(docs[1].Mark()) + ": only one YAML document is allowed");
+  if (marks.starts.size() > 1)
+    throw ConfigError(file_at(marks.firsts.size() > 1 ? marks.firsts[1] : marks.starts[1]) +
+                      ": only one YAML document is allowed");
   if (docs.empty() || docs[0].IsNull()) return YAML::Node(YAML::NodeType::Map);
   if (!docs[0].IsMap())
     throw ConfigError(file_at(docs[0].Mark()) +
@@ -356,9 +406,10 @@ void Reader::walk(const YAML::Node& map, const std::string& prefix,
                   const std::set<std::string>& fields, const std::set<std::string>& sections) {
   for (const auto& kv : map) {
     const std::string name = kv.first.IsScalar() ? kv.first.Scalar() : describe(kv.first);
+    // NOLINTNEXTLINE(performance-inefficient-string-concatenation): once per key of a config file
     const std::string path = prefix.empty() ? name : prefix + "." + name;
     const YAML::Mark mark = kv.first.Mark();
-    if (!fields.count(path) && !sections.count(path)) {
+    if (!fields.contains(path) && !sections.contains(path)) {
       std::set<std::string> known = fields;
       known.insert(sections.begin(), sections.end());
       throw ConfigError(where(path, mark) + ": unknown key '" + path + "'" +
@@ -368,7 +419,7 @@ void Reader::walk(const YAML::Node& map, const std::string& prefix,
     if (const auto [it, fresh] = given_.try_emplace(path, Given{kv.second, mark}); !fresh)
       throw ConfigError(where(path, mark) + ": " + path + ": given twice (first at line " +
                         std::to_string(it->second.mark.line + 1) + ")");
-    if (sections.count(path)) {
+    if (sections.contains(path)) {
       if (kv.second.IsMap())
         walk(kv.second, path, fields, sections);
       else if (!kv.second.IsNull())  // "train:" with nothing under it is an empty section
@@ -534,7 +585,7 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   struct Close {
-    void operator()(std::FILE* f) const { std::fclose(f); }
+    void operator()(std::FILE* f) const { (void)std::fclose(f); }  // opened for reading: nothing to lose
   };
   auto cannot_read = [&] {
     return ConfigError(path + ": cannot read input file (" + std::strerror(errno) + ")");
@@ -543,7 +594,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (!file) throw cannot_read();
   std::string text;
   char buf[1 << 16];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, file.get())) > 0;) text.append(buf, n);
+  for (size_t n = 0; (n = std::fread(buf, 1, sizeof buf, file.get())) > 0;) text.append(buf, n);
   if (std::ferror(file.get())) throw cannot_read();  // e.g. a directory: EISDIR
   return parse_config(text, path, overrides);
 }

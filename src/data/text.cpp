@@ -108,13 +108,13 @@ std::unique_ptr<Dataset> load_text_corpus(const TextCorpusOptions& options, bool
   std::vector<uint8_t> bytes = read_corpus(path);
   const int64_t size_bytes = static_cast<int64_t>(bytes.size());
   if (size_bytes == 0) fail(path, "no text (every file is empty, binary or a symlink)");
-  if (size_bytes < seq_len + 1)
+  if (size_bytes <= seq_len)  // not size < seq_len + 1: seq_len may be INT64_MAX
     fail(path, std::to_string(size_bytes) + " bytes is shorter than seq_len+1 = " +
-                   std::to_string(seq_len + 1) + " bytes");
+                   std::to_string(static_cast<uint64_t>(seq_len) + 1) + " bytes");
 
   // Each sample needs one byte past its last input for the final target, hence bytes - 1.
   const int64_t samples = (size_bytes - 1) / seq_len;
-  const int64_t train_samples = static_cast<int64_t>(std::floor(samples * (1.0 - eval_fraction)));
+  const int64_t train_samples = static_cast<int64_t>(std::floor(static_cast<double>(samples) * (1.0 - eval_fraction)));
   const int64_t eval_samples = samples - train_samples;
   if (train_samples < 1 || eval_samples < 1)
     fail(path, std::to_string(samples) + " samples of " + std::to_string(seq_len) +
