@@ -37,6 +37,7 @@ namespace {
 // MPI calls these pairwise (inout = inout op in), so a multi-step MPI reduction rounds to the
 // half type once per step; the shared-memory path reduces all n inputs in f32 and rounds once.
 template <DType D, ReduceOp Op>
+// NOLINTNEXTLINE(readability-non-const-parameter): the signature is MPI_User_function's
 void half_op(void* in, void* inout, int* len, MPI_Datatype*) {
   const void* srcs[2] = {inout, in};
   mpi_reduce_many(inout, srcs, 2, static_cast<size_t>(*len), D, Op);
@@ -105,17 +106,22 @@ void poll_until(const CollectiveDesc& desc, double timeout_s, bool oversubscribe
 }
 
 // One MPI request; `finish` runs once on completion (avg's division).
-class MpiWork : public PollingWork {
+class MpiWork final : public PollingWork {
  public:
   MpiWork(CollectiveDesc desc, double timeout_s, std::shared_ptr<ShmProgress> progress,
           std::function<void()> finish = {})
       : PollingWork(std::move(desc), timeout_s), progress_(std::move(progress)), finish_(std::move(finish)) {}
+  MpiWork(const MpiWork&) = delete;  // owns an MPI request
+  MpiWork& operator=(const MpiWork&) = delete;
   ~MpiWork() override {
     // A handle dropped before completion must not leave MPI writing into freed memory silently:
-    // wait for it (bounded by the timeout), swallowing errors in a destructor.
-    if (!done_ && request_ != MPI_REQUEST_NULL) {
+    // wait for it (bounded by the timeout), swallowing errors in a destructor. Not after its wait
+    // already timed out: the CommTimeout in flight ends the job (fsdp_app aborts on it), and a
+    // second wait here, run while that exception unwinds, would hold the job another timeout_s.
+    // (A collective's request can be neither cancelled nor freed.)
+    if (!done_ && !timed_out_ && request_ != MPI_REQUEST_NULL) {
       try {
-        wait();
+        MpiWork::wait();  // qualified: no virtual dispatch from a destructor
       } catch (...) {
       }
     }
@@ -135,10 +141,15 @@ class MpiWork : public PollingWork {
     // Polls like MPI_Wait even on an oversubscribed node: there Open MPI's progress engine, which
     // MPI_Test runs, yields by itself when idle (mpi_yield_when_idle), and yielding again on top
     // measured 0.37-0.84x MPI_Wait's all_gather rate at np=4 on 2 cores (0.94-0.98x without).
-    poll_until(desc_, timeout_s_, /*oversubscribed=*/false, [this] {
-      const bool moved = progress_ && progress_->progress_all();
-      return std::pair<bool, bool>{test(), moved};
-    });
+    try {
+      poll_until(desc_, timeout_s_, /*oversubscribed=*/false, [this] {
+        const bool moved = progress_ && progress_->progress_all();
+        return std::pair<bool, bool>{test(), moved};
+      });
+    } catch (const CommTimeout&) {
+      timed_out_ = true;
+      throw;
+    }
   }
   MPI_Request* request() { return &request_; }
 
@@ -147,21 +158,30 @@ class MpiWork : public PollingWork {
   std::shared_ptr<ShmProgress> progress_;
   std::function<void()> finish_;
   bool done_ = false;
+  bool timed_out_ = false;  // wait() threw CommTimeout: the destructor must not wait again
 };
 
 // A collective run by the shared-memory pipeline (mpi_shm.h). Its wait's idle clock restarts
 // whenever the pipeline moves (a 64 MiB op is many chunks, each a short wait for a peer), and
 // idle polls drive MPI's progress engine: a peer blocked in an MPI collective issued after this
 // one needs this rank's MPI progress.
-class ShmWork : public PollingWork {
+class ShmWork final : public PollingWork {
  public:
   ShmWork(CollectiveDesc desc, double timeout_s, std::shared_ptr<ShmProgress> progress)
       : PollingWork(std::move(desc), timeout_s), progress_(std::move(progress)) {}
   void attach(std::shared_ptr<ShmOp> op) { op_ = std::move(op); }
+  ShmWork(const ShmWork&) = delete;  // owns its part of a shared-memory ring step
+  ShmWork& operator=(const ShmWork&) = delete;
   ~ShmWork() override {
     if (done_ || !op_) return;
     try {
-      wait();
+      // After a timed-out wait, no second one (see ~MpiWork); poisoning drops the op, so nothing
+      // writes into the caller's buffers afterwards.
+      if (timed_out_) {
+        if (op_->channel) op_->channel->poison(desc_.text() + " timed out");
+        return;
+      }
+      ShmWork::wait();  // qualified: no virtual dispatch from a destructor
     } catch (...) {
       // Our part of the ring is now out of step with the peers for good: fail later collectives
       // on this channel rather than reduce garbage into a freed buffer.
@@ -174,10 +194,15 @@ class ShmWork : public PollingWork {
     return finished();
   }
   void wait() override {
-    poll_until(desc_, timeout_s_, progress_->oversubscribed(), [this] {
-      const bool moved = progress_->progress_all();
-      return std::pair<bool, bool>{finished(), moved};
-    });
+    try {
+      poll_until(desc_, timeout_s_, progress_->oversubscribed(), [this] {
+        const bool moved = progress_->progress_all();
+        return std::pair<bool, bool>{finished(), moved};
+      });
+    } catch (const CommTimeout&) {
+      timed_out_ = true;
+      throw;
+    }
   }
 
  private:
@@ -189,6 +214,7 @@ class ShmWork : public PollingWork {
   std::shared_ptr<ShmProgress> progress_;
   std::shared_ptr<ShmOp> op_;
   bool done_ = false;
+  bool timed_out_ = false;  // wait() threw CommTimeout: the destructor must not wait again
 };
 
 }  // namespace
@@ -279,12 +305,13 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) const {
 }
 
 // From this many bytes (the whole gathered array) all_gather uses the blocking MPI_Allgather.
-constexpr size_t kBlockingAllGatherBytes = 64 * 1024;
+constexpr size_t kBlockingAllGatherBytes = size_t{64} * 1024;
 
 std::unique_ptr<Work> MpiCommunicator::all_gather(const void* in, void* out, size_t count, DType dtype, Stream) {
   auto work = std::make_unique<MpiWork>(describe("all_gather", count, dtype), options().timeout_s, progress_);
   int n = checked_count(count, "all_gather");
   MPI_Datatype t = types_->datatype(dtype);
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-cstyle-cast): Open MPI's MPI_IN_PLACE is ((void*)1)
   const void* send = static_cast<const char*>(out) + rank_ * count * dtype_bytes(dtype) == in ? MPI_IN_PLACE : in;
   if (count * dtype_bytes(dtype) * static_cast<size_t>(size_) >= kBlockingAllGatherBytes) {
     // OpenMPI's non-blocking all_gather (libnbc) runs far below its blocking one (coll/tuned)
@@ -342,7 +369,7 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce(const void* in, void* out, siz
   auto work = std::make_unique<MpiWork>(describe("all_reduce", count, dtype), options().timeout_s, progress_,
                                         std::move(finish));
   int n = checked_count(count, "all_reduce");
-  const void* send = in == out ? MPI_IN_PLACE : in;
+  const void* send = in == out ? MPI_IN_PLACE : in;  // NOLINT(cppcoreguidelines-pro-type-cstyle-cast): as above
   check(MPI_Iallreduce(send, out, n, types_->datatype(dtype), types_->op(dtype, op), comm_.get(), work->request()),
         work->desc());
   return work;

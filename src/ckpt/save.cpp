@@ -9,8 +9,11 @@
 //   verify    each rank reads its pieces back from the closed file and compares CRCs
 //   commit    fsync, rename path.tmp -> path, fsync the folder
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -112,6 +115,20 @@ void fsync_path(const std::string& path, bool directory) {
   int err = errno;
   close(fd);
   if (rc != 0) throw Error("fsync " + path + " failed (" + std::strerror(err) + ")");
+}
+
+// Why a write of `bytes` into `file` through HDF5 and MPI-IO failed, for the error message.
+// Neither library passes the system error up. A full file system (the common cause) is
+// recognised by its free space, since errno is not reliable: the failed write(2) leaves ENOSPC
+// there only sometimes (the MPI-IO layer's error path may reset it). Otherwise errno, when the
+// call left one (callers clear it first).
+std::string io_reason(int err, const std::string& file, int64_t bytes) {
+  struct statvfs fs {};
+  const std::filesystem::path dir = std::filesystem::path(file).parent_path();
+  if (statvfs(dir.empty() ? "." : dir.c_str(), &fs) == 0 &&
+      static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize) < std::max<int64_t>(bytes, 1))
+    return std::strerror(ENOSPC);  // "No space left on device"
+  return err != 0 ? std::strerror(err) : "an I/O error";
 }
 
 // Every piece this rank wrote, read back from the closed file by this process alone.
@@ -221,7 +238,10 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st,
     } catch (...) {
       datasets.clear();
       file.reset();
-      if (g.rank() == 0) std::remove(tmp.c_str());
+      if (g.rank() == 0) (void)std::remove(tmp.c_str());  // best effort: we are failing already
+      // The caller aborts the job on this error (MPI_Abort kills every rank at once): without
+      // this barrier a fast rank's abort can kill rank 0 before it removed the partial file.
+      g.barrier();
       throw;
     }
   };
@@ -266,14 +286,16 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st,
       H5Sselect_none(mspace.get());
     }
     static const float kNothing = 0.0f;
+    errno = 0;
     if (H5Dwrite(datasets[d].get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), xfer.get(), w ? w->data : &kNothing) < 0 &&
         error.empty())
-      error = "checkpoint: cannot write " + plan.datasets[d].path + " to " + tmp + " (disk full?)";
+      error = "checkpoint: cannot write " + plan.datasets[d].path + " to " + tmp + " (" +
+              io_reason(errno, tmp, w ? w->count * static_cast<int64_t>(sizeof(float)) : 0) + ")";
   }
   if (options.kill_rank >= 0) {
     int world_rank = 0;
     if (g.parallel()) MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    if (world_rank == options.kill_rank) std::raise(SIGKILL);  // no flush: it is collective
+    if (world_rank == options.kill_rank) (void)std::raise(SIGKILL);  // no flush: it is collective
   }
   agree_or_discard(error);
 
@@ -312,7 +334,9 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st,
   }
   datasets.clear();
   // Closing flushes everything still buffered: its failure is a failed save.
-  if (H5Fclose(file.release()) < 0 && error.empty()) error = "checkpoint: cannot close " + tmp;
+  errno = 0;
+  if (H5Fclose(file.release()) < 0 && error.empty())
+    error = "checkpoint: cannot close " + tmp + " (" + io_reason(errno, tmp, 0) + ")";
   agree_or_discard(error);
 
   // verify, then commit.

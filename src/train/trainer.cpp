@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <span>
@@ -63,6 +64,61 @@ Datasets load_data(const Config& c) {
   SyntheticOptions eval_o = o;
   eval_o.samples = std::max<int64_t>(1, o.samples / 4);
   return {make_synthetic(o, true), make_synthetic(eval_o, false)};
+}
+
+// Data is read by every rank on its own, so one rank can fail where the others succeed (a file
+// it may not read, a damaged local copy). The ranks that loaded go on into the mesh's
+// communicator splits, which the failed rank never joins: both would wait forever. So the ranks
+// agree on the outcome first (bounded by comm.timeout_s), and every rank fails with the first
+// failing rank's message, which fsdp_app's set-up error path then reports once.
+Datasets load_data_agreed(const Config& c, Communicator& world) {
+  Datasets data;
+  std::string error;
+  try {
+    data = load_data(c);
+  } catch (const std::bad_alloc&) {
+    error = "data: out of memory while loading";
+  } catch (const std::exception& e) {
+    error = *e.what() ? e.what() : "data: loading failed";
+  }
+  if (world.size() == 1) {
+    if (!error.empty()) throw Error(error);
+    return data;
+  }
+  int32_t first_and_failing[2] = {error.empty() ? world.size() : world.rank(), error.empty() ? 0 : 1};
+  world.all_reduce(&first_and_failing[0], &first_and_failing[0], 1, DType::i32, ReduceOp::min)->wait();
+  const int32_t first = first_and_failing[0];
+  if (first == world.size()) return data;
+  world.all_reduce(&first_and_failing[1], &first_and_failing[1], 1, DType::i32, ReduceOp::sum)->wait();
+  int64_t len = static_cast<int64_t>(error.size());
+  world.broadcast(&len, 1, DType::i64, first)->wait();
+  std::string text = world.rank() == first ? error : std::string(static_cast<size_t>(len), '\0');
+  world.broadcast(text.data(), static_cast<size_t>(len), DType::u8, first)->wait();
+  // Name the rank only when it matters: when some ranks loaded their data.
+  throw Error(first_and_failing[1] < world.size() ? text + " (on rank " + std::to_string(first) + ")" : text);
+}
+
+// TEST HOOK for tests/fault (fault injection), read here and nowhere else:
+//   FSDP_TEST_FAULT=skip_collective:RANK:STEP
+// makes rank RANK leave out the step-loss all_reduce of step STEP (1-based) and go on. The
+// other ranks then wait in it for a peer that never arrives, and the skipping rank waits in its
+// next collective for peers that never get there: each side must end by comm.timeout_s. Unset
+// (always, outside the tests): {-1, -1}, nothing is skipped.
+struct TestFault {
+  int rank = -1;
+  int64_t step = -1;
+};
+
+TestFault test_fault_from_env() {
+  const char* text = std::getenv("FSDP_TEST_FAULT");
+  if (!text || !*text) return {};
+  TestFault f;
+  long long step = -1;
+  // NOLINTNEXTLINE(cert-err34-c): a test hook's value, written by tests/fault; checked below
+  if (std::sscanf(text, "skip_collective:%d:%lld", &f.rank, &step) != 2 || f.rank < 0 || step < 1)
+    throw Error(std::string("FSDP_TEST_FAULT '") + text + "': expected skip_collective:RANK:STEP (a test hook)");
+  f.step = step;
+  return f;
 }
 
 // Everything the loop needs for one batch: this rank's slice of a global batch, in the
@@ -170,6 +226,7 @@ struct Trainer::State {
   int64_t start_step = 0;
   double best_eval_loss = -1.0;
   std::string resume_note;  // printed by rank 0 when the run starts
+  TestFault fault;          // FSDP_TEST_FAULT (tests only)
   State(const Config& config, int world_size) : c(for_world_size(config, world_size)) {}
 };
 
@@ -185,8 +242,9 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
     openblas_set_num_threads(static_cast<int>(c.train.threads));
     omp_set_num_threads(static_cast<int>(c.train.threads));
   }
+  s.fault = test_fault_from_env();
   // Data first: a missing dataset should fail before minutes of model set-up.
-  s.data = load_data(c);
+  s.data = load_data_agreed(c, *s.env.world);
   s.model = make_model(c.model);
   if (s.data.train->num_classes() > (c.model.kind == "transformer" ? c.model.vocab : 10))
     throw Error("data has " + std::to_string(s.data.train->num_classes()) + " classes, more than the model's outputs");
@@ -283,7 +341,12 @@ CheckpointStats Trainer::save(const std::string& path, int64_t steps_done, doubl
   options.format = parse_checkpoint_format(s.c.checkpoint.format);
   options.collective = s.c.checkpoint.io == "collective";
   // Test hook for the crash-safety tests: this rank dies in the middle of a save.
-  if (const char* kill = std::getenv("FSDP_TEST_KILL_RANK_DURING_SAVE")) options.kill_rank = std::atoi(kill);
+  // FSDP_TEST_KILL_RANK_DURING_SAVE=RANK: in every save; =RANK:STEP: only in the save after STEP.
+  if (const char* kill = std::getenv("FSDP_TEST_KILL_RANK_DURING_SAVE")) {
+    const char* colon = std::strchr(kill, ':');
+    // NOLINTNEXTLINE(cert-err34-c): a test hook's value, written by the crash-safety tests
+    if (!colon || std::atoll(colon + 1) == steps_done) options.kill_rank = std::atoi(kill);
+  }
   CheckpointStats stats = save_checkpoint(path, checkpoint_state(*s.engine, *s.optimizer), position(steps_done, lr),
                                           options, s.env.mpi_comm);
   if (s.env.rank == 0) {
@@ -390,7 +453,7 @@ TrainSummary Trainer::run() {
     if (!leader) return;
     if (tty) std::printf("\n");
     std::printf("eval step %lld epoch %lld: loss %.6f accuracy %.2f%%\n", static_cast<long long>(step_done),
-                static_cast<long long>(epoch + 1), r.loss, 100.0 * r.accuracy);
+                static_cast<long long>(epoch) + 1, r.loss, 100.0 * r.accuracy);
     std::fflush(stdout);
     metrics.write(JsonLine().integer("step", step_done).integer("epoch", epoch + 1).num("eval_loss", r.loss)
                       .num("eval_accuracy", r.accuracy));
@@ -420,7 +483,13 @@ TrainSummary Trainer::run() {
       model.backward(ctx);
     }
     engine.finish_backward();
-    env.world->all_reduce(&loss, &loss, 1, DType::f64, ReduceOp::sum)->wait();
+    if (env.rank == s.fault.rank && step + 1 == s.fault.step) {  // FSDP_TEST_FAULT (tests only)
+      std::fprintf(stderr, "fsdp_app: rank %d: FSDP_TEST_FAULT: skipping the loss all_reduce of step %lld\n", env.rank,
+                   static_cast<long long>(step) + 1);
+      std::fflush(stderr);
+    } else {
+      env.world->all_reduce(&loss, &loss, 1, DType::f64, ReduceOp::sum)->wait();
+    }
 
     const bool step_ok = s.scaler.update(engine);  // false: an f16 overflow, the step is skipped
     double grad_norm = -1.0;
@@ -448,13 +517,13 @@ TrainSummary Trainer::run() {
       j.raw("mem_peak_bytes", mem_peaks_json(mem)).raw("mem_plan_bytes", s.plan.peaks_json());
       metrics.write(j);
       if (tty) {
-        std::printf("\r[epoch %lld] step %lld/%lld  loss %.4f  lr %.3g  %.0f %s/s   ", static_cast<long long>(epoch + 1),
+        std::printf("\r[epoch %lld] step %lld/%lld  loss %.4f  lr %.3g  %.0f %s/s   ", static_cast<long long>(epoch) + 1,
                     static_cast<long long>(done), static_cast<long long>(total_steps), loss, lr,
                     lm ? rate * elems_per_sample : rate, lm ? "tokens" : "samples");
         std::fflush(stdout);
       } else if (done % c.output.log_every == 0 || done == total_steps) {
         std::printf("step %lld/%lld epoch %lld loss %.6f lr %.6g %.1f %s/s\n", static_cast<long long>(done),
-                    static_cast<long long>(total_steps), static_cast<long long>(epoch + 1), loss, lr,
+                    static_cast<long long>(total_steps), static_cast<long long>(epoch) + 1, loss, lr,
                     lm ? rate * elems_per_sample : rate, lm ? "tokens" : "samples");
         std::fflush(stdout);
       }
