@@ -46,7 +46,7 @@ Args parse_args(int argc, char** argv) {
       a.help = true;
     } else if (s == "--set") {
       if (i + 1 >= argc) throw fsdp::Error("--set needs a dotted.key=value argument");
-      a.overrides.push_back(argv[++i]);
+      a.overrides.emplace_back(argv[++i]);
     } else if (s == "--plan") {
       a.plan = true;
     } else if (s == "--world-size") {
@@ -57,7 +57,7 @@ Args parse_args(int argc, char** argv) {
       a.plan_world_size = std::stoi(v);
     } else if (s.rfind("--set=", 0) == 0) {
       a.overrides.push_back(s.substr(6));
-    } else if (s.rfind("-", 0) == 0) {
+    } else if (s.rfind('-', 0) == 0) {
       throw fsdp::Error("unknown option '" + s + "' (try --help)");
     } else if (a.input.empty()) {
       a.input = s;

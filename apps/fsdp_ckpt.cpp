@@ -79,7 +79,7 @@ Args parse_args(int argc, char** argv) {
       a.format = s == "--format" ? argv[++i] : s.substr(9);
       if (a.format != "sharded" && a.format != "consolidated")
         throw Error("--format '" + a.format + "': expected sharded or consolidated");
-    } else if (s.rfind("-", 0) == 0 && s.size() > 1) {
+    } else if (s.rfind('-', 0) == 0 && s.size() > 1) {
       throw Error("unknown option '" + s + "' (try --help)");
     } else if (a.command.empty()) {
       a.command = s;

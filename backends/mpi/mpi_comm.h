@@ -36,6 +36,8 @@ class MpiCommunicator : public Communicator {
   MpiCommunicator(MPI_Comm owned, std::shared_ptr<MpiHalfTypes> types, std::shared_ptr<ShmProgress> progress,
                   std::shared_ptr<Watchdog> watchdog, const CommOptions& options);
   ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;  // owns its MPI communicator
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
   std::string_view backend() const override { return "mpi"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }

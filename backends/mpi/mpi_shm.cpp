@@ -77,7 +77,7 @@ std::unique_ptr<ShmChannel> ShmChannel::create(MPI_Comm comm, std::shared_ptr<Sh
   // Open MPI backs the window with a sparse file in /dev/shm; touching pages past a full tmpfs
   // (Docker's default is 64 MiB) is a SIGBUS, not an error code. Use at most a quarter of what
   // is free there, agreed by all ranks, or stay on MPI collectives.
-  struct statvfs fs;
+  struct statvfs fs {};
   if (statvfs("/dev/shm", &fs) == 0) {
     const size_t free_bytes = static_cast<size_t>(fs.f_bavail) * fs.f_frsize;
     piece = std::min(piece, free_bytes / 4 / static_cast<size_t>(size) / pieces_per_rank);
@@ -89,7 +89,7 @@ std::unique_ptr<ShmChannel> ShmChannel::create(MPI_Comm comm, std::shared_ptr<Sh
   // Staging ring (n-1 pieces per slot) then result ring (one piece per slot).
   const size_t ring_bytes = ch->slots_ * static_cast<size_t>(size) * ch->piece_bytes_;
 
-  MPI_Info info;
+  MPI_Info info = MPI_INFO_NULL;
   MPI_Info_create(&info);
   MPI_Info_set(info, "alloc_shared_noncontig", "true");  // each segment on its own pages
   char* base = nullptr;
@@ -106,8 +106,8 @@ std::unique_ptr<ShmChannel> ShmChannel::create(MPI_Comm comm, std::shared_ptr<Sh
     return nullptr;
   }
   auto align = [](void* p) {
-    auto a = reinterpret_cast<uintptr_t>(p);
-    return reinterpret_cast<char*>((a + kAlignBytes - 1) / kAlignBytes * kAlignBytes);
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    return static_cast<char*>(p) + (kAlignBytes - a % kAlignBytes) % kAlignBytes;  // p's provenance kept
   };
   new (align(base)) Control{};
   ch->bases_.resize(static_cast<size_t>(size));

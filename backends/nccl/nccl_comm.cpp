@@ -259,6 +259,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm bootstrap, const C
   }
   // All ranks agree before NCCL's init, which would wait forever for a rank that gave up.
   int first_without = why.empty() ? size : rank;
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-cstyle-cast): Open MPI's MPI_IN_PLACE is ((void*)1)
   MPI_Allreduce(MPI_IN_PLACE, &first_without, 1, MPI_INT, MPI_MIN, bootstrap);
   if (first_without < size) {
     if (why.empty()) why = "rank " + std::to_string(first_without) + " has none";

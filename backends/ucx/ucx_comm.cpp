@@ -165,7 +165,13 @@ class Staging {
     for (size_t i = 0; i < count; ++i) slots_.push_back(worker.take_slot());
   }
   ~Staging() {
-    for (auto& slot : slots_) clean_ ? worker_.give_slot(std::move(slot)) : worker_.bury(std::move(slot));
+    for (auto& slot : slots_) {
+      if (clean_) {
+        worker_.give_slot(std::move(slot));
+      } else {
+        worker_.bury(std::move(slot));
+      }
+    }
   }
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
@@ -495,6 +501,8 @@ class UcxWork final : public PollingWork, private ucx::Pollable {
       : PollingWork(std::move(desc), timeout_s), worker_(std::move(worker)) {
     link_ = Link{worker_.get(), &desc_, tag_base, rank, size};
   }
+  UcxWork(const UcxWork&) = delete;  // owns UCX requests in flight
+  UcxWork& operator=(const UcxWork&) = delete;
   ~UcxWork() override {
     // A handle dropped before completion must not leave UCX writing into freed memory: finish
     // it (bounded by the timeout), then abandon what is still in flight.

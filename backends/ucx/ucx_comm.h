@@ -50,6 +50,8 @@ class UcxCommunicator : public Communicator {
   UcxCommunicator(MPI_Comm owned, std::shared_ptr<ucx::Context> context, const CommOptions& options,
                   UcxTuning tuning, uint8_t id);
   ~UcxCommunicator() override;  // collective: closes endpoints, fences
+  UcxCommunicator(const UcxCommunicator&) = delete;
+  UcxCommunicator& operator=(const UcxCommunicator&) = delete;
   std::string_view backend() const override { return "ucx"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }

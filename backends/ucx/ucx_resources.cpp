@@ -58,6 +58,7 @@ unsigned Context::progress_all() {
   // Index loop: a pass may enlist (a callback never does today, but push_back is safe here) and
   // dismisses only null out entries.
   progressing_ = true;
+  // NOLINTNEXTLINE(modernize-loop-convert): a range-for's iterators would not survive an enlist
   for (size_t i = 0; i < pollables_.size(); ++i)
     if (Pollable* p = pollables_[i]) p->poll_quietly();
   progressing_ = false;

@@ -77,7 +77,7 @@ class WorkerAddress {
 // A ucp_worker handle alone (destroyed last, after the endpoints).
 class WorkerHandle {
  public:
-  WorkerHandle(ucp_context_h context);
+  explicit WorkerHandle(ucp_context_h context);
   ~WorkerHandle();
   WorkerHandle(const WorkerHandle&) = delete;
   WorkerHandle& operator=(const WorkerHandle&) = delete;
@@ -117,6 +117,7 @@ class Request {
   Request(Request&& other) noexcept : worker_(other.worker_), request_(other.request_) { other.request_ = nullptr; }
   Request& operator=(Request&&) = delete;
   Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
   ~Request() { abandon(); }
   // Takes what a *_nbx call returned: complete at once (NULL), in flight, or an error.
   void start(ucp_worker_h worker, ucs_status_ptr_t returned, const CollectiveDesc& desc, const char* what);

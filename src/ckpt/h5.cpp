@@ -83,7 +83,7 @@ WeightWriter::~WeightWriter() {
   if (file_.valid()) {
     group_.reset();
     file_.reset();
-    std::remove(tmp_path_.c_str());
+    (void)std::remove(tmp_path_.c_str());  // best effort in a destructor: an unfinished temporary
   }
 }
 

@@ -123,7 +123,7 @@ class Reader {
     H5Id group(H5Gopen2(file_.get(), "/model", H5P_DEFAULT), H5Gclose);
     if (!group.valid()) throw Error(what_ + ": /model is not a group");
     for (const std::string& n : link_names(group.get()))
-      if (!names.count(n)) throw Error(what_ + ": unexpected tensor /model/" + n + " (not in this model)");
+      if (!names.contains(n)) throw Error(what_ + ": unexpected tensor /model/" + n + " (not in this model)");
     for (size_t i = 0; i < params_.size(); ++i)
       for (int s = 0; s < states_; ++s) {
         const std::string path = consolidated_path(params_[i]->name, s, st_.state_names);
@@ -144,7 +144,7 @@ class Reader {
     std::set<std::string> model_names;
     for (Param* p : params_) model_names.insert(p->name);
     for (const CheckpointTensor& t : index.tensors)
-      if (!model_names.count(t.name)) throw Error(what_ + ": unexpected tensor " + t.name + " (not in this model)");
+      if (!model_names.contains(t.name)) throw Error(what_ + ": unexpected tensor " + t.name + " (not in this model)");
     for (size_t i = 0; i < params_.size(); ++i) {
       auto it = by_name.find(params_[i]->name);
       if (it == by_name.end()) throw Error(what_ + ": missing tensor " + params_[i]->name);

@@ -48,7 +48,7 @@ void PollingWork::wait_on(Stream) { wait(); }
 
 std::vector<std::string> built_backends() {
   std::vector<std::string> names;
-  for (const BackendEntry& e : backend_table()) names.push_back(e.name);
+  for (const BackendEntry& e : backend_table()) names.emplace_back(e.name);
   return names;
 }
 

@@ -137,7 +137,7 @@ class FashionMnist final : public Dataset {
  private:
   std::vector<uint8_t> image_file_;  // the whole decoded file, header included: no 47 MB copy
   std::vector<int32_t> labels_;
-  std::array<float, 256> table_;
+  std::array<float, 256> table_{};
 };
 
 }  // namespace

@@ -20,7 +20,7 @@ std::vector<int64_t> epoch_permutation(int64_t count, uint64_t seed, int64_t epo
   std::iota(order.begin(), order.end(), int64_t{0});
   CounterRng rng(seed, hash_name("epoch/" + std::to_string(epoch)));
   for (int64_t i = count - 1; i > 0; --i) {
-    auto bound = static_cast<unsigned __int128>(i + 1);
+    const auto bound = static_cast<unsigned __int128>(i) + 1;
     auto j = static_cast<int64_t>((rng.bits64(static_cast<uint64_t>(i)) * bound) >> 64);
     std::swap(order[i], order[j]);
   }

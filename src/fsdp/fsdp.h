@@ -81,6 +81,8 @@ class FsdpEngine : public ModuleHooks {
  public:
   FsdpEngine(Model& model, Communicator& world, ProcessMesh mesh, const FsdpOptions& options, MemoryTracker& mem);
   ~FsdpEngine() override;
+  FsdpEngine(const FsdpEngine&) = delete;  // owns the shards and the collectives in flight on them
+  FsdpEngine& operator=(const FsdpEngine&) = delete;
 
   // Deferred sharded init: each rank materialises only its own slice of every unit.
   void init_shards(uint64_t seed);

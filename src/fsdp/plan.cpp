@@ -45,9 +45,9 @@ struct SimUnit {
 // matters is which buffers are alive when, and that follows the engine's states, not timing.
 class EngineReplay {
  public:
-  EngineReplay(const Model& model, std::vector<UnitSpec> specs, const FsdpOptions& o, int64_t n, int64_t replicas,
+  EngineReplay(const Model& model, std::vector<UnitSpec> specs, FsdpOptions o, int64_t n, int64_t replicas,
                ActivationPlan& plan)
-      : o_(o), n_(n), replicas_(replicas), plan_(plan) {
+      : o_(std::move(o)), n_(n), replicas_(replicas), plan_(plan) {
     int64_t total = 0;
     for (UnitSpec& spec : specs) {
       SimUnit u;
@@ -396,13 +396,13 @@ MemoryPlan plan_memory(const Config& config, const PlanRequest& request) {
       if (c.train.eval_every == "epoch") {
         step_after_eval = steps_per_epoch < 0 ? (c.train.steps > 0 || c.train.epochs > 1) : total_steps > steps_per_epoch;
         if (steps_per_epoch < 0 && c.train.steps > 0)
-          plan.notes.push_back("train set size unknown: assumed a training step follows an evaluation");
+          plan.notes.emplace_back("train set size unknown: assumed a training step follows an evaluation");
       } else {
         const int64_t every = std::stoll(c.train.eval_every);
         step_after_eval = total_steps < 0 || every < total_steps;
       }
     }
-    if (total_steps < 0) plan.notes.push_back("train set size unknown: assumed at least two steps");
+    if (total_steps < 0) plan.notes.emplace_back("train set size unknown: assumed at least two steps");
 
     // Per-rank counts of rank 0's slices of the eval batches, in order. A third batch of the
     // same shape in a row repeats the second exactly and is dropped; the second is kept: its
@@ -478,7 +478,8 @@ MemoryPlan plan_memory(const Config& config, const PlanRequest& request) {
       }
     }
     if (!c.output.save_weights.empty()) engine.for_each_gathered_unit();
-    if (o.activation_checkpointing) plan.notes.push_back("activation checkpointing: wrapped units recompute in backward");
+    if (o.activation_checkpointing)
+      plan.notes.emplace_back("activation checkpointing: wrapped units recompute in backward");
   }
   for (size_t i = 0; i < kMemCategoryCount; ++i)
     plan.peak_bytes[i] = static_cast<int64_t>(tracker.peak_bytes(static_cast<MemCategory>(i)));
@@ -531,11 +532,11 @@ std::string MemoryPlan::text() const {
   const int64_t at_rest = 2 * peak(MemCategory::params) + peak(MemCategory::optim);
   add("  model states between steps (param + grad shards + optimizer state): %s = %.2f x Psi/N bytes\n",
       human_bytes(static_cast<double>(at_rest)).c_str(),
-      num_params ? at_rest * static_cast<double>(shard_group_size) / static_cast<double>(num_params) : 0.0);
+      num_params ? static_cast<double>(at_rest * shard_group_size) / static_cast<double>(num_params) : 0.0);
   add("communication per training step (size: whole arrays, nccl-tests convention; wire: bytes each rank sends;\n"
       "  Psi = parameters x 4 bytes):\n");
   int64_t size_sum = 0, wire_sum = 0;
-  auto psi = [&](int64_t b) { return psi_bytes > 0 ? b / psi_bytes : 0.0; };
+  auto psi = [&](int64_t b) { return psi_bytes > 0 ? static_cast<double>(b) / psi_bytes : 0.0; };
   auto coll = [&](const char* name, const CollectivePlan& p) {
     size_sum += p.bytes;
     wire_sum += p.wire_bytes;

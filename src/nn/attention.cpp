@@ -12,7 +12,8 @@ MultiheadAttention::MultiheadAttention(const std::string& name, int64_t C, int64
     : Layer(name, "MultiheadAttention"),
       // xavier_uniform_ on (3C, C): bound sqrt(6 / (fan_in + fan_out)) = sqrt(6 / (C + 3C)).
       in_proj_weight(add_param("in_proj_weight", {3 * C, C},
-                               {ParamInit::Kind::uniform, -std::sqrt(6.0f / (4.0f * C)), std::sqrt(6.0f / (4.0f * C))})),
+                               {ParamInit::Kind::uniform, -std::sqrt(6.0f / (4.0f * static_cast<float>(C))),
+                                std::sqrt(6.0f / (4.0f * static_cast<float>(C)))})),
       in_proj_bias(add_param("in_proj_bias", {3 * C}, {ParamInit::Kind::constant, 0.0f, 0.0f})),
       out_proj(add_child<Linear>(child_name("out_proj"), C, C)),
       C_(C), H_(heads) {

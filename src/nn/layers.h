@@ -195,7 +195,7 @@ class Embeddings : public Layer {
   Tensor tokens_, y_, none_;
 
  public:  // memory plan (Layer::plan_forward)
-  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
+  PlanTensor plan_forward(ActivationPlan& p, const RunCtx& ctx, const PlanTensor& tokens) const override;
   PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 

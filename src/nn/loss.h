@@ -38,7 +38,7 @@ class NLLLoss : public Loss {
   Shape shape_;
 
  public:  // memory plan (Loss::plan_forward)
-  void plan_forward(ActivationPlan& plan, const PlanTensor& output, const PlanTensor& targets) const override;
+  void plan_forward(ActivationPlan& p, const PlanTensor& logp, const PlanTensor& targets) const override;
   PlanTensor plan_backward(ActivationPlan& plan) const override;
 };
 
@@ -52,7 +52,7 @@ class CrossEntropyLoss : public Loss {
   Tensor targets_, logp_, grad_;
 
  public:  // memory plan (Loss::plan_forward)
-  void plan_forward(ActivationPlan& plan, const PlanTensor& output, const PlanTensor& targets) const override;
+  void plan_forward(ActivationPlan& p, const PlanTensor& logits, const PlanTensor& targets) const override;
   PlanTensor plan_backward(ActivationPlan& plan) const override;
 };
 

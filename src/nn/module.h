@@ -145,6 +145,7 @@ struct PlanTensor {
 class ActivationPlan {
  public:
   explicit ActivationPlan(MemoryTracker& tracker) : tracker_(tracker) {}
+  ~ActivationPlan() = default;
   ActivationPlan(const ActivationPlan&) = delete;
   ActivationPlan& operator=(const ActivationPlan&) = delete;
   // New storage outside any slot (a batch the caller owns, a gradient handed in).

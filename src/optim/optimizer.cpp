@@ -61,7 +61,7 @@ Tensor state_tensor(int64_t numel, MemoryTracker* tracker) {
 
 class OptimizerBase : public Optimizer {
  protected:
-  OptimizerBase(const OptimizerConfig& config, int64_t numel) : c_(config), numel_(numel) {}
+  OptimizerBase(OptimizerConfig config, int64_t numel) : c_(std::move(config)), numel_(numel) {}
   void check(std::span<float> params, std::span<const float> grads) const {
     auto n = static_cast<size_t>(numel_);
     if (params.size() != n || grads.size() != n)
@@ -96,11 +96,8 @@ class Sgd final : public OptimizerBase {
             float d = g[i];
             if constexpr (has_wd) d = madd(wd, p[i], d);  // d_p.add(param, alpha=wd)
             if constexpr (has_mom) {
-              float b;
-              if constexpr (is_first)
-                b = d;
-              else
-                b = madd(keep, d, buf[i] * mom);  // buf.mul_(momentum).add_(d_p, alpha=1-damp)
+              float b = d;  // the first step clones d_p into the buffer
+              if constexpr (!is_first) b = madd(keep, d, buf[i] * mom);  // buf.mul_(momentum).add_(d_p, alpha=1-damp)
               buf[i] = b;
               if constexpr (nesterov)
                 d = madd(mom, b, d);  // d_p.add(buf, alpha=momentum)

@@ -11,7 +11,7 @@ namespace fsdp {
 size_t dtype_bytes(DType dtype) {
   switch (dtype) {
     case DType::f32: return 4;
-    case DType::bf16: return 2;
+    case DType::bf16:
     case DType::f16: return 2;
     case DType::f64: return 8;
     case DType::i32: return 4;

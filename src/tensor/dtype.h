@@ -2,6 +2,7 @@
 // Element types and the f32 <-> bf16/f16 conversions every layer above relies on.
 // Conversions round to nearest, ties to even; NaN stays NaN (quiet), inf stays inf,
 // f16 subnormals are produced and read exactly, overflow goes to inf as IEEE says.
+#include <bit>
 #include <cstddef>
 #include <cmath>
 #include <cstdint>
@@ -18,16 +19,8 @@ DType parse_dtype(std::string_view name);  // throws Error naming the bad value
 
 // Inline so loops over arrays (convert, the collective reductions) vectorise.
 namespace detail {
-inline uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-inline float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline uint32_t bits_of(float f) { return std::bit_cast<uint32_t>(f); }
+inline float float_of(uint32_t u) { return std::bit_cast<float>(u); }
 
 }  // namespace detail
 

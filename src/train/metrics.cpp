@@ -72,7 +72,7 @@ std::string mem_peaks_json(const MemoryTracker& mem) {
   return j.text();
 }
 
-MetricsFile::MetricsFile(const std::string& path, bool append) {
+MetricsFile::MetricsFile(const std::string& path, bool append) : path_(path) {
   if (path.empty()) return;
   std::error_code ec;  // a missing parent folder is created; failure shows up in fopen below
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
@@ -81,13 +81,15 @@ MetricsFile::MetricsFile(const std::string& path, bool append) {
 }
 
 MetricsFile::~MetricsFile() {
-  if (file_) std::fclose(file_);
+  if (file_) (void)std::fclose(file_);  // write() flushed every line and checked it
 }
 
 void MetricsFile::write(const JsonLine& line) {
   if (!file_) return;
-  std::fputs((line.text() + "\n").c_str(), file_);
-  std::fflush(file_);  // a killed job still leaves every finished step on disk
+  // Flushed: a killed job still leaves every finished step on disk. A failed write is an error,
+  // not a silent gap in the metrics.
+  if (std::fputs((line.text() + "\n").c_str(), file_) < 0 || std::fflush(file_) != 0)
+    throw Error("output.metrics: cannot write " + path_ + " (" + std::strerror(errno) + ")");
 }
 
 }  // namespace fsdp

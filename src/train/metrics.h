@@ -34,9 +34,10 @@ class MetricsFile {
   ~MetricsFile();
   MetricsFile(const MetricsFile&) = delete;
   MetricsFile& operator=(const MetricsFile&) = delete;
-  void write(const JsonLine& line);
+  void write(const JsonLine& line);  // Error if the line cannot be written (a full disk)
 
  private:
+  std::string path_;
   std::FILE* file_ = nullptr;
 };
 

@@ -38,6 +38,8 @@ class Trainer {
  public:
   Trainer(const Config& config, const RunEnv& env);  // set-up phase
   ~Trainer();
+  Trainer(const Trainer&) = delete;  // owns the MPI communicators, engine and open files
+  Trainer& operator=(const Trainer&) = delete;
   TrainSummary run();                                  // run phase
 
  private:

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Static analysis gates, each with its checked-in configuration:
+#   clang-tidy    .clang-tidy, over the compile database's entries in src/ backends/ apps/
+#   cppcheck      tests/lint/cppcheck.supp (+ inline `cppcheck-suppress`), the same entries
+#   clang-format  .clang-format, --dry-run over every C++/CUDA source in src backends apps tests
+# Prints per tool the files checked and the findings, and ends with "N passed, N failed" (one
+# per tool); exits non-zero on any finding.
+# Usage: bash tests/lint.sh [BUILD_DIR]   (default build-lint, configured here if missing: only
+# its compile_commands.json is used, nothing is compiled). LINT_JOBS=N sets the parallelism (2).
+# Installs the tools first (jobs/install-deps.sh), as tests/run.sh does.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+build=${1:-build-lint}
+jobs=${LINT_JOBS:-2}
+
+bash jobs/install-deps.sh || { echo "install-deps failed"; echo "0 passed, 3 failed"; exit 1; }
+if [ ! -f "$build/compile_commands.json" ]; then
+  if [ $# -eq 0 ] && [ ! -e "$build" ]; then
+    meson setup "$build" >/dev/null || { echo "meson setup $build failed"; echo "0 passed, 3 failed"; exit 1; }
+  else
+    echo "$build/compile_commands.json not found (configure it with meson setup)"
+    echo "0 passed, 3 failed"
+    exit 1
+  fi
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+passed=0
+failed=0
+# Args: tool name, files checked, findings (unique diagnostics), log to show when there are any.
+report() {
+  local tool=$1 files=$2 findings=$3 log=$4 status=$5
+  if [ "$files" -eq 0 ]; then status=1; echo "$tool: no files to check"; fi
+  if [ "$findings" -gt 0 ] || [ "$status" -ne 0 ]; then
+    if [ -s "$log" ]; then
+      # Paths relative to the repository root.
+      sed -E "s#/[^/ ]+/\.\./#/#g; s#$root/##g" "$log" | head -n 400
+      [ "$(wc -l <"$log")" -gt 400 ] && echo "... ($(wc -l <"$log") lines in all)"
+    fi
+    echo "$tool: $files files, $findings findings: FAILED"
+    failed=$((failed + 1))
+  else
+    echo "$tool: $files files, 0 findings: ok"
+    passed=$((passed + 1))
+  fi
+}
+
+# The compile database's entries under src/ backends/ apps/ (generated sources in the build dir
+# are not ours): a database of only those, with absolute paths, for both analysers.
+python3 - "$build/compile_commands.json" "$root" "$work" <<'EOF'
+import json, os, sys
+db_path, root, work = sys.argv[1:]
+keep, files = [], []
+for e in json.load(open(db_path)):
+    path = os.path.normpath(os.path.join(e["directory"], e["file"]))
+    rel = os.path.relpath(path, root)
+    if rel.split(os.sep)[0] in ("src", "backends", "apps") and os.path.exists(path) and path not in files:
+        e = dict(e, file=path)
+        keep.append(e)
+        files.append(path)
+json.dump(keep, open(os.path.join(work, "compile_commands.json"), "w"), indent=1)
+open(os.path.join(work, "files.txt"), "w").write("".join(f + "\n" for f in files))
+EOF
+[ -f "$work/files.txt" ] || { echo "cannot read $build/compile_commands.json"; echo "0 passed, 3 failed"; exit 1; }
+nfiles=$(wc -l <"$work/files.txt")
+
+# A diagnostic line is `path:line:col: warning|error: text [check]`; a header's finding repeats in
+# every translation unit that includes it, so findings are counted once each (paths normalised).
+count_unique() { grep -E ': (warning|error): ' "$1" | sed -E 's#/[^/ ]+/\.\./#/#g' | sort -u | tee "$1.unique" | wc -l; }
+
+# clang-tidy: one process per translation unit, $jobs at a time. -Wno-unknown-warning-option:
+# the database holds GCC's flags, and a GCC-only warning option is not a finding.
+if command -v clang-tidy >/dev/null; then
+  mkdir -p "$work/tidy"
+  tr '\n' '\0' <"$work/files.txt" | xargs -0 -P "$jobs" -I{} sh -c \
+    'clang-tidy -p "$1" --quiet --extra-arg=-Wno-unknown-warning-option "$2" >"$3/$(echo "$2" | tr / _).log" 2>&1 || echo "$2" >>"$3/crashed"' \
+    _ "$work" {} "$work/tidy"
+  cat "$work"/tidy/*.log >"$work/tidy.log" 2>/dev/null
+  tidy_findings=$(count_unique "$work/tidy.log")
+  # clang-tidy exits non-zero on a compile error (counted above) or a crash; show which file.
+  tidy_status=0
+  if [ -f "$work/tidy/crashed" ] && [ "$tidy_findings" -eq 0 ]; then
+    tidy_status=1
+    { echo "clang-tidy failed on:"; cat "$work/tidy/crashed"; } >>"$work/tidy.log"
+  fi
+  report clang-tidy "$nfiles" "$tidy_findings" "$work/tidy.log" "$tidy_status"
+else
+  echo "clang-tidy: not installed (bash jobs/install-deps.sh)"
+  failed=$((failed + 1))
+fi
+
+# cppcheck: the same translation units (their own headers included) with the database's flags.
+if command -v cppcheck >/dev/null; then
+  cppcheck --project="$work/compile_commands.json" --enable=warning,performance,portability \
+    --library=posix --library=gnu --library=openmp --library=zlib \
+    --inline-suppr --suppressions-list=tests/lint/cppcheck.supp --error-exitcode=1 \
+    -j "$jobs" --quiet --template='{file}:{line}:{column}: warning: {message} [{id}] ({severity})' \
+    >"$work/cppcheck.log" 2>&1
+  cppcheck_status=$?
+  cppcheck_findings=$(count_unique "$work/cppcheck.log")
+  report cppcheck "$nfiles" "$cppcheck_findings" "$work/cppcheck.log" "$cppcheck_status"
+else
+  echo "cppcheck: not installed (bash jobs/install-deps.sh)"
+  failed=$((failed + 1))
+fi
+
+# clang-format: every C++/CUDA source and header we write. Meson's *.in templates are left out
+# (their @PLACEHOLDER@ lines are not C++).
+if command -v clang-format >/dev/null; then
+  find src backends apps tests -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cc' -o -name '*.hpp' \
+    -o -name '*.cu' -o -name '*.cuh' \) -print0 | sort -z >"$work/format-files"
+  format_files=$(tr -cd '\0' <"$work/format-files" | wc -c)
+  xargs -0 -P "$jobs" -n 16 clang-format --dry-run --Werror <"$work/format-files" >"$work/format.log" 2>&1
+  format_status=$?
+  # One finding per place that needs reformatting; the log shows each with its line.
+  format_findings=$(count_unique "$work/format.log")
+  format_bad_files=$(grep -E ': (warning|error): ' "$work/format.log" | cut -d: -f1 | sort -u | wc -l)
+  [ "$format_findings" -gt 0 ] && echo "clang-format: $format_bad_files files need formatting (clang-format -i FILE)"
+  report clang-format "$format_files" "$format_findings" "$work/format.log" "$format_status"
+else
+  echo "clang-format: not installed (bash jobs/install-deps.sh)"
+  failed=$((failed + 1))
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
