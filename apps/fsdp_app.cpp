@@ -66,7 +66,8 @@ Args parse_args(int argc, char** argv) {
     }
   }
   if (a.plan_world_size > 0 && !a.plan) throw fsdp::Error("--world-size goes with --plan");
-  if (!a.help && a.input.empty()) throw fsdp::Error("no input file given (usage: fsdp_app INPUT.yaml [--set key=value ...])");
+  if (!a.help && a.input.empty())
+    throw fsdp::Error("no input file given (usage: fsdp_app INPUT.yaml [--set key=value ...])");
   return a;
 }
 

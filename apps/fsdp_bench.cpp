@@ -62,7 +62,9 @@ void store(void* p, size_t i, DType d, double v) { fsdp::store_element(p, d, i, 
 double as_stored(double v, DType d) { return d == DType::u8 ? static_cast<double>(static_cast<int64_t>(v) & 0xff) : v; }
 
 // all_gather: any rank- and index-dependent value in [0, 240] (exact in every dtype).
-double gather_value(int rank, size_t i) { return static_cast<double>((static_cast<uint64_t>(rank) * 131 + i * 7) % 241); }
+double gather_value(int rank, size_t i) {
+  return static_cast<double>((static_cast<uint64_t>(rank) * 131 + i * 7) % 241);
+}
 // sums: one of -1, 0, 1 (u8: 0, 1, 2), so any partial sum has |s| <= 2 nranks.
 double sum_value(int rank, size_t i, DType d) {
   double v = static_cast<double>((static_cast<uint64_t>(rank) * 3 + i) % 3);
@@ -133,7 +135,7 @@ void mpi_check(int rc, const char* what) {
 
 struct Collective {
   const char* name;
-  double (*factor)(int n);  // busbw = algbw * factor(nranks)
+  double (*factor)(int n);                                           // busbw = algbw * factor(nranks)
   size_t (*count_for)(size_t size_bytes, int n, size_t elem_bytes);  // the Communicator's count
   size_t (*size_of)(size_t count, int n, size_t elem_bytes);         // whole array in bytes
   size_t (*in_count)(size_t count, int n);
@@ -145,12 +147,14 @@ struct Collective {
 };
 
 int to_int(size_t count) {
-  if (count > static_cast<size_t>(INT32_MAX)) throw Error("count " + std::to_string(count) + " exceeds MPI's int range");
+  if (count > static_cast<size_t>(INT32_MAX))
+    throw Error("count " + std::to_string(count) + " exceeds MPI's int range");
   return static_cast<int>(count);
 }
 
 constexpr Collective kAllGather = {
-    "all_gather", [](int n) { return (n - 1) / static_cast<double>(n); },
+    "all_gather",
+    [](int n) { return (n - 1) / static_cast<double>(n); },
     [](size_t bytes, int n, size_t b) { return bytes / (static_cast<size_t>(n) * b); },
     [](size_t count, int n, size_t b) { return count * static_cast<size_t>(n) * b; },
     [](size_t count, int) { return count; },
@@ -159,14 +163,17 @@ constexpr Collective kAllGather = {
       for (size_t i = 0; i < count; ++i) store(in, i, d, gather_value(rank, i));
     },
     [](size_t j, size_t count, DType, int, int) { return gather_value(static_cast<int>(j / count), j % count); },
-    [](fsdp::Communicator& c, const void* in, void* out, size_t count, DType d) { return c.all_gather(in, out, count, d); },
+    [](fsdp::Communicator& c, const void* in, void* out, size_t count, DType d) {
+      return c.all_gather(in, out, count, d);
+    },
     [](const void* in, void* out, size_t count, const RawMpiTypes& t, MPI_Comm comm) {
       mpi_check(MPI_Allgather(in, to_int(count), t.type(), out, to_int(count), t.type(), comm), "MPI_Allgather");
     },
 };
 
 constexpr Collective kReduceScatter = {
-    "reduce_scatter", [](int n) { return (n - 1) / static_cast<double>(n); },
+    "reduce_scatter",
+    [](int n) { return (n - 1) / static_cast<double>(n); },
     [](size_t bytes, int n, size_t b) { return bytes / (static_cast<size_t>(n) * b); },
     [](size_t count, int n, size_t b) { return count * static_cast<size_t>(n) * b; },
     [](size_t count, int n) { return count * static_cast<size_t>(n); },
@@ -174,7 +181,9 @@ constexpr Collective kReduceScatter = {
     [](void* in, size_t count, DType d, int rank, int n) {
       for (size_t i = 0; i < count * static_cast<size_t>(n); ++i) store(in, i, d, sum_value(rank, i, d));
     },
-    [](size_t j, size_t count, DType d, int rank, int n) { return expected_sum(n, static_cast<size_t>(rank) * count + j, d); },
+    [](size_t j, size_t count, DType d, int rank, int n) {
+      return expected_sum(n, static_cast<size_t>(rank) * count + j, d);
+    },
     [](fsdp::Communicator& c, const void* in, void* out, size_t count, DType d) {
       return c.reduce_scatter(in, out, count, d, fsdp::ReduceOp::sum);
     },
@@ -184,7 +193,8 @@ constexpr Collective kReduceScatter = {
 };
 
 constexpr Collective kAllReduce = {
-    "all_reduce", [](int n) { return 2.0 * (n - 1) / static_cast<double>(n); },
+    "all_reduce",
+    [](int n) { return 2.0 * (n - 1) / static_cast<double>(n); },
     [](size_t bytes, int, size_t b) { return bytes / b; },
     [](size_t count, int, size_t b) { return count * b; },
     [](size_t count, int) { return count; },
@@ -243,10 +253,14 @@ size_t parse_bytes(const std::string& opt, const std::string& v) {
   unsigned long long n = std::strtoull(v.c_str(), &end, 10);
   std::string suffix(end);
   unsigned shift = 0;
-  if (suffix == "K" || suffix == "k") shift = 10;
-  else if (suffix == "M" || suffix == "m") shift = 20;
-  else if (suffix == "G" || suffix == "g") shift = 30;
-  else if (!suffix.empty()) throw Error(opt + " " + v + ": unknown size suffix '" + suffix + "' (use K, M or G)");
+  if (suffix == "K" || suffix == "k")
+    shift = 10;
+  else if (suffix == "M" || suffix == "m")
+    shift = 20;
+  else if (suffix == "G" || suffix == "g")
+    shift = 30;
+  else if (!suffix.empty())
+    throw Error(opt + " " + v + ": unknown size suffix '" + suffix + "' (use K, M or G)");
   if (errno == ERANGE || n > (~0ull >> shift)) throw Error(opt + " " + v + ": too large");
   return static_cast<size_t>(n << shift);
 }
@@ -275,23 +289,34 @@ Args parse_args(int argc, char** argv) {
       a.help = true;
       continue;
     }
-    static const std::set<std::string> kWithValue = {"--backend", "--op", "-b", "-e", "-f", "-n", "-w", "-d",
-                                                     "--csv", "--timeout", "--minbytes", "--maxbytes",
-                                                     "--stepfactor", "--iters", "--warmup_iters", "--datatype"};
+    static const std::set<std::string> kWithValue = {
+        "--backend",  "--op",       "-b",           "-e",      "-f",
+        "-n",         "-w",         "-d",           "--csv",   "--timeout",
+        "--minbytes", "--maxbytes", "--stepfactor", "--iters", "--warmup_iters",
+        "--datatype"};
     if (!kWithValue.contains(opt)) throw Error("unknown option '" + opt + "' (try --help)");
     if (!inline_value) {
       if (i + 1 >= argc) throw Error(opt + " needs a value (try --help)");
       value = argv[++i];
     }
-    if (opt == "--backend") backend_list = value;
-    else if (opt == "--op") op_list = value;
-    else if (opt == "-b" || opt == "--minbytes") a.min_bytes = parse_bytes(opt, value);
-    else if (opt == "-e" || opt == "--maxbytes") a.max_bytes = parse_bytes(opt, value);
-    else if (opt == "-f" || opt == "--stepfactor") a.factor = static_cast<uint64_t>(parse_int(opt, value, 2, 1 << 20));
-    else if (opt == "-n" || opt == "--iters") a.iters = static_cast<int>(parse_int(opt, value, 1, 1 << 30));
-    else if (opt == "-w" || opt == "--warmup_iters") a.warmup = static_cast<int>(parse_int(opt, value, 0, 1 << 30));
-    else if (opt == "-d" || opt == "--datatype") a.dtype = fsdp::parse_dtype(value);
-    else if (opt == "--csv") a.csv = value;
+    if (opt == "--backend")
+      backend_list = value;
+    else if (opt == "--op")
+      op_list = value;
+    else if (opt == "-b" || opt == "--minbytes")
+      a.min_bytes = parse_bytes(opt, value);
+    else if (opt == "-e" || opt == "--maxbytes")
+      a.max_bytes = parse_bytes(opt, value);
+    else if (opt == "-f" || opt == "--stepfactor")
+      a.factor = static_cast<uint64_t>(parse_int(opt, value, 2, 1 << 20));
+    else if (opt == "-n" || opt == "--iters")
+      a.iters = static_cast<int>(parse_int(opt, value, 1, 1 << 30));
+    else if (opt == "-w" || opt == "--warmup_iters")
+      a.warmup = static_cast<int>(parse_int(opt, value, 0, 1 << 30));
+    else if (opt == "-d" || opt == "--datatype")
+      a.dtype = fsdp::parse_dtype(value);
+    else if (opt == "--csv")
+      a.csv = value;
     else if (opt == "--timeout") {
       char* end = nullptr;
       a.timeout_s = std::strtod(value.c_str(), &end);
@@ -346,7 +371,8 @@ struct Row {
 
 // Aligned, untouched-until-filled storage for one buffer.
 struct Buffer {
-  explicit Buffer(size_t bytes) : ptr(static_cast<char*>(std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64)))) {
+  explicit Buffer(size_t bytes)
+      : ptr(static_cast<char*>(std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64)))) {
     if (!ptr) throw std::bad_alloc();
   }
   ~Buffer() { std::free(ptr); }
@@ -366,8 +392,10 @@ Row measure(const Collective& c, size_t count, const Args& a, fsdp::Communicator
   for (size_t j = 0; j < out_n; ++j) store(out.ptr, j, d, sentinel(d));
 
   auto once = [&] {
-    if (comm) c.issue(*comm, in.ptr, out.ptr, count, d)->wait();
-    else c.raw(in.ptr, out.ptr, count, raw, world);
+    if (comm)
+      c.issue(*comm, in.ptr, out.ptr, count, d)->wait();
+    else
+      c.raw(in.ptr, out.ptr, count, raw, world);
   };
   for (int i = 0; i < a.warmup; ++i) once();
   MPI_Barrier(world);
@@ -497,9 +525,10 @@ int run(const Args& a, MPI_Comm world, int rank, int n) {
     std::printf("# backends: mpi-raw (MPI_Allgather, MPI_Reduce_scatter_block, MPI_Allreduce%s)%s%s\n",
                 a.dtype == DType::bf16 || a.dtype == DType::f16 ? " with an f32 user op for the sum" : "",
                 started.empty() ? "" : ", ", join(started).c_str());
-    std::printf("# size = whole array (bytes); count = elements per call; time = mean of %d, max over ranks;\n"
-                "# busbw = algbw*(n-1)/n (all_gather, reduce_scatter), algbw*2(n-1)/n (all_reduce); wrong = bad elements\n",
-                a.iters);
+    std::printf(
+        "# size = whole array (bytes); count = elements per call; time = mean of %d, max over ranks;\n"
+        "# busbw = algbw*(n-1)/n (all_gather, reduce_scatter), algbw*2(n-1)/n (all_reduce); wrong = bad elements\n",
+        a.iters);
     std::printf("%14s %15s %12s %11s %6s %12s %11s %11s %7s\n", "backend", "op", "size(B)", "count", "dtype", "time_us",
                 "algbw_GBps", "busbw_GBps", "wrong");
     std::fflush(stdout);
@@ -535,8 +564,9 @@ int run(const Args& a, MPI_Comm world, int rank, int n) {
   if (csv_failed)
     std::fprintf(stderr, "fsdp_bench: --csv %s: cannot write (%s)\n", a.csv.c_str(), std::strerror(errno));
   if (wrong_total > 0) {
-    if (rank == 0) std::fprintf(stderr, "fsdp_bench: %llu wrong elements in total: a collective returned wrong data\n",
-                                static_cast<unsigned long long>(wrong_total));
+    if (rank == 0)
+      std::fprintf(stderr, "fsdp_bench: %llu wrong elements in total: a collective returned wrong data\n",
+                   static_cast<unsigned long long>(wrong_total));
     return 1;
   }
   return csv_failed ? 1 : 0;

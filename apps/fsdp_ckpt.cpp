@@ -100,7 +100,8 @@ Args parse_args(int argc, char** argv) {
     throw Error(a.command + " takes " + (files == 1 ? "one file" : "an input and an output file") + ", got " +
                 std::to_string(a.files.size()) + " (try --help)");
   if (!a.format.empty() && a.command != "reshard") throw Error("--format goes with reshard");
-  if (a.force && a.command != "consolidate" && a.command != "reshard") throw Error("--force goes with consolidate or reshard");
+  if (a.force && a.command != "consolidate" && a.command != "reshard")
+    throw Error("--force goes with consolidate or reshard");
   if (a.command == "consolidate") a.format = "consolidated";
   if (a.command == "reshard" && a.format.empty()) a.format = "sharded";
   return a;
@@ -122,20 +123,13 @@ std::string number(double v) {
 std::string dtype_name(hid_t type) {
   const size_t size = H5Tget_size(type);
   switch (H5Tget_class(type)) {
-    case H5T_FLOAT:
-      return "f" + std::to_string(size * 8);
-    case H5T_INTEGER:
-      return (H5Tget_sign(type) == H5T_SGN_NONE ? "u" : "i") + std::to_string(size * 8);
-    case H5T_STRING:
-      return H5Tis_variable_str(type) > 0 ? "string" : "string[" + std::to_string(size) + "]";
-    case H5T_COMPOUND:
-      return "compound";
-    case H5T_ENUM:
-      return "enum";
-    case H5T_ARRAY:
-      return "array";
-    default:
-      return "other";
+    case H5T_FLOAT: return "f" + std::to_string(size * 8);
+    case H5T_INTEGER: return (H5Tget_sign(type) == H5T_SGN_NONE ? "u" : "i") + std::to_string(size * 8);
+    case H5T_STRING: return H5Tis_variable_str(type) > 0 ? "string" : "string[" + std::to_string(size) + "]";
+    case H5T_COMPOUND: return "compound";
+    case H5T_ENUM: return "enum";
+    case H5T_ARRAY: return "array";
+    default: return "other";
   }
 }
 
@@ -191,12 +185,13 @@ std::string attr_text(hid_t attr) {
 
 std::vector<std::string> attr_names(hid_t obj) {
   std::vector<std::string> names;
-  H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_INC, nullptr,
-              [](hid_t, const char* name, const H5A_info_t*, void* out) -> herr_t {
-                static_cast<std::vector<std::string>*>(out)->push_back(name);
-                return 0;
-              },
-              &names);
+  H5Aiterate2(
+      obj, H5_INDEX_NAME, H5_ITER_INC, nullptr,
+      [](hid_t, const char* name, const H5A_info_t*, void* out) -> herr_t {
+        static_cast<std::vector<std::string>*>(out)->push_back(name);
+        return 0;
+      },
+      &names);
   return names;
 }
 
@@ -224,11 +219,29 @@ void print_table(const std::vector<std::vector<std::string>>& rows, const std::v
 // The root attributes, fsdp-hpc's in the order CheckpointMeta lists them; multi-line strings
 // (config_yaml) last, as indented text.
 void print_attributes(hid_t root) {
-  static const std::vector<std::string> order = {
-      "format", "format_version", "step", "epoch", "step_in_epoch", "steps_per_epoch", "world_size",
-      "shard_group_size", "global_batch_size", "seed", "strategy", "backend", "wrap_policy", "model_kind",
-      "optimizer", "optimizer_states", "optimizer_step", "scheduler", "lr", "loss_scale", "loss_scale_good_steps",
-      "best_eval_loss", "config_yaml"};
+  static const std::vector<std::string> order = {"format",
+                                                 "format_version",
+                                                 "step",
+                                                 "epoch",
+                                                 "step_in_epoch",
+                                                 "steps_per_epoch",
+                                                 "world_size",
+                                                 "shard_group_size",
+                                                 "global_batch_size",
+                                                 "seed",
+                                                 "strategy",
+                                                 "backend",
+                                                 "wrap_policy",
+                                                 "model_kind",
+                                                 "optimizer",
+                                                 "optimizer_states",
+                                                 "optimizer_step",
+                                                 "scheduler",
+                                                 "lr",
+                                                 "loss_scale",
+                                                 "loss_scale_good_steps",
+                                                 "best_eval_loss",
+                                                 "config_yaml"};
   std::vector<std::string> names = attr_names(root);
   std::stable_sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
     auto rank = [](const std::string& s) { return std::find(order.begin(), order.end(), s) - order.begin(); };
@@ -264,35 +277,36 @@ void print_datasets(hid_t root) {
     std::vector<std::vector<std::string>> rows{{"dataset", "shape", "dtype", "bytes", "crc32"}};
     int64_t count = 0, bytes = 0;
   } walk;
-  H5Lvisit(root, H5_INDEX_NAME, H5_ITER_INC,
-           [](hid_t r, const char* name, const H5L_info_t* info, void* out) -> herr_t {
-             auto& w = *static_cast<Walk*>(out);
-             const std::string path = std::string("/") + name;
-             if (info->type != H5L_TYPE_HARD) {
-               w.rows.push_back({path, info->type == H5L_TYPE_SOFT ? "(soft link)" : "(external link)", "", "", ""});
-               return 0;
-             }
-             fsdp::H5Id obj(H5Oopen(r, name, H5P_DEFAULT), H5Oclose);
-             if (!obj.valid() || H5Iget_type(obj.get()) != H5I_DATASET) return 0;
-             fsdp::H5Id type(H5Dget_type(obj.get()), H5Tclose);
-             fsdp::H5Id space(H5Dget_space(obj.get()), H5Sclose);
-             const int rank = H5Sget_simple_extent_ndims(space.get());
-             std::vector<hsize_t> dims(std::max(rank, 0));
-             if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-             const int64_t numel = std::max<hssize_t>(H5Sget_simple_extent_npoints(space.get()), 0);
-             const int64_t bytes = numel * static_cast<int64_t>(H5Tget_size(type.get()));
-             std::string crc;
-             if (H5Aexists(obj.get(), "crc32") > 0) {
-               fsdp::H5Id a(H5Aopen(obj.get(), "crc32", H5P_DEFAULT), H5Aclose);
-               crc = a.valid() ? attr_text(a.get()) : "(unreadable)";
-             }
-             w.rows.push_back({path, rank < 0 ? "(none)" : fsdp::shape_str(fsdp::Shape(dims.begin(), dims.end())),
-                               dtype_name(type.get()), std::to_string(bytes), crc});
-             ++w.count;
-             w.bytes += bytes;
-             return 0;
-           },
-           &walk);
+  H5Lvisit(
+      root, H5_INDEX_NAME, H5_ITER_INC,
+      [](hid_t r, const char* name, const H5L_info_t* info, void* out) -> herr_t {
+        auto& w = *static_cast<Walk*>(out);
+        const std::string path = std::string("/") + name;
+        if (info->type != H5L_TYPE_HARD) {
+          w.rows.push_back({path, info->type == H5L_TYPE_SOFT ? "(soft link)" : "(external link)", "", "", ""});
+          return 0;
+        }
+        fsdp::H5Id obj(H5Oopen(r, name, H5P_DEFAULT), H5Oclose);
+        if (!obj.valid() || H5Iget_type(obj.get()) != H5I_DATASET) return 0;
+        fsdp::H5Id type(H5Dget_type(obj.get()), H5Tclose);
+        fsdp::H5Id space(H5Dget_space(obj.get()), H5Sclose);
+        const int rank = H5Sget_simple_extent_ndims(space.get());
+        std::vector<hsize_t> dims(std::max(rank, 0));
+        if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+        const int64_t numel = std::max<hssize_t>(H5Sget_simple_extent_npoints(space.get()), 0);
+        const int64_t bytes = numel * static_cast<int64_t>(H5Tget_size(type.get()));
+        std::string crc;
+        if (H5Aexists(obj.get(), "crc32") > 0) {
+          fsdp::H5Id a(H5Aopen(obj.get(), "crc32", H5P_DEFAULT), H5Aclose);
+          crc = a.valid() ? attr_text(a.get()) : "(unreadable)";
+        }
+        w.rows.push_back({path, rank < 0 ? "(none)" : fsdp::shape_str(fsdp::Shape(dims.begin(), dims.end())),
+                          dtype_name(type.get()), std::to_string(bytes), crc});
+        ++w.count;
+        w.bytes += bytes;
+        return 0;
+      },
+      &walk);
   std::printf("datasets: %lld, %lld bytes\n", static_cast<long long>(walk.count), static_cast<long long>(walk.bytes));
   print_table(walk.rows, {false, false, false, true, true});
 }
@@ -301,8 +315,8 @@ void print_index(const fsdp::CheckpointContents& c) {
   std::printf("index: %zu parameters in %zu units\n", c.tensors.size(), c.unit_padded_numel.size());
   std::vector<std::vector<std::string>> rows{{"name", "unit", "offset", "numel", "shape"}};
   for (const fsdp::CheckpointTensor& t : c.tensors)
-    rows.push_back({t.name, std::to_string(t.unit), std::to_string(t.offset), std::to_string(fsdp::shape_numel(t.shape)),
-                    fsdp::shape_str(t.shape)});
+    rows.push_back({t.name, std::to_string(t.unit), std::to_string(t.offset),
+                    std::to_string(fsdp::shape_numel(t.shape)), fsdp::shape_str(t.shape)});
   print_table(rows, {false, true, true, true, false});
   std::printf("units: %zu\n", c.unit_padded_numel.size());
   std::vector<std::vector<std::string>> units{{"unit", "padded_numel", "parameters"}};
@@ -365,7 +379,7 @@ int verify(const std::string& path) {
 // parameter (consolidated), each split over the K ranks in contiguous ranges.
 struct Slice {
   fsdp::CheckpointContents contents;
-  std::deque<fsdp::Param> params;       // name and shape only: the loader maps by name
+  std::deque<fsdp::Param> params;  // name and shape only: the loader maps by name
   std::deque<fsdp::FlatLayout> layouts;
   std::vector<std::vector<float>> buffers;
   fsdp::ShardedState state;
@@ -380,7 +394,8 @@ std::unique_ptr<Slice> make_slice(const std::string& in, int rank, int size) {
   const fsdp::CheckpointContents& c = s->contents;
   const bool sharded = c.meta.format == "sharded";
   // Units of the input: its own (with each unit's parameters in offset order), or one per parameter.
-  std::vector<std::vector<const fsdp::CheckpointTensor*>> units(sharded ? c.unit_padded_numel.size() : c.tensors.size());
+  std::vector<std::vector<const fsdp::CheckpointTensor*>> units(sharded ? c.unit_padded_numel.size()
+                                                                        : c.tensors.size());
   for (size_t i = 0; i < c.tensors.size(); ++i) units[sharded ? c.tensors[i].unit : i].push_back(&c.tensors[i]);
   for (auto& u : units)
     std::stable_sort(u.begin(), u.end(), [](const auto* a, const auto* b) { return a->offset < b->offset; });
@@ -473,10 +488,11 @@ int convert(const Args& args, const fsdp::MpiSession& mpi) {
   if (mpi.rank() == 0) {
     const std::string units =
         args.format == "sharded" ? ", " + std::to_string(slice->state.units.size()) + " units" : std::string();
-    std::printf("%s (%s, %zu tensors, step %lld) -> %s (%s%s): %.1f MB read in %.2f s, written in %.2f s on %d rank%s\n",
-                in.c_str(), meta.format.c_str(), slice->contents.tensors.size(), static_cast<long long>(meta.step),
-                out.c_str(), args.format.c_str(), units.c_str(), load_stats.bytes / 1e6, load_stats.seconds,
-                save_stats.seconds, mpi.size(), mpi.size() == 1 ? "" : "s");
+    std::printf(
+        "%s (%s, %zu tensors, step %lld) -> %s (%s%s): %.1f MB read in %.2f s, written in %.2f s on %d rank%s\n",
+        in.c_str(), meta.format.c_str(), slice->contents.tensors.size(), static_cast<long long>(meta.step), out.c_str(),
+        args.format.c_str(), units.c_str(), load_stats.bytes / 1e6, load_stats.seconds, save_stats.seconds, mpi.size(),
+        mpi.size() == 1 ? "" : "s");
   }
   return 0;
 }

@@ -35,10 +35,14 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") usage("measures OpenBLAS sgemm GFLOP/s");
     if (i + 1 >= argc) usage(("missing value after " + a).c_str());
-    if (a == "--threads") threads = parse_positive("--threads", argv[++i]);
-    else if (a == "--size") n = parse_positive("--size", argv[++i]);
-    else if (a == "--reps") reps = parse_positive("--reps", argv[++i]);
-    else usage(("unknown option " + a).c_str());
+    if (a == "--threads")
+      threads = parse_positive("--threads", argv[++i]);
+    else if (a == "--size")
+      n = parse_positive("--size", argv[++i]);
+    else if (a == "--reps")
+      reps = parse_positive("--reps", argv[++i]);
+    else
+      usage(("unknown option " + a).c_str());
   }
   if (threads > 0) openblas_set_num_threads(static_cast<int>(threads));
 
@@ -50,8 +54,8 @@ int main(int argc, char** argv) {
   }
   auto gemm = [&] {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(n),
-                static_cast<int>(n), 1.0f, a.data(), static_cast<int>(n), b.data(), static_cast<int>(n), 0.0f,
-                c.data(), static_cast<int>(n));
+                static_cast<int>(n), 1.0f, a.data(), static_cast<int>(n), b.data(), static_cast<int>(n), 0.0f, c.data(),
+                static_cast<int>(n));
   };
   gemm();  // warm-up: thread pool start, page faults
   std::vector<double> rates;

@@ -60,7 +60,8 @@ Run run(const std::string& args) { return run_with("", args, 120); }
 struct TempDir {
   fs::path path;
   TempDir() {
-    path = fs::temp_directory_path() / ("fsdp_app_case_" + std::to_string(getpid()) + "_" + std::to_string(counter()++));
+    path =
+        fs::temp_directory_path() / ("fsdp_app_case_" + std::to_string(getpid()) + "_" + std::to_string(counter()++));
     fs::create_directories(path);
   }
   ~TempDir() { fs::remove_all(path); }
@@ -137,8 +138,9 @@ BOOST_AUTO_TEST_CASE(missing_data_package) {
 
 BOOST_AUTO_TEST_CASE(missing_text_corpus) {
   TempDir d;
-  std::string f = d.file("m.yaml", "model: {kind: transformer, d_model: 16, n_layers: 1, n_heads: 2, d_ff: 32, seq_len: 8}\n"
-                                   "data: {kind: text, path: /nonexistent/corpus}\n");
+  std::string f = d.file("m.yaml",
+                         "model: {kind: transformer, d_model: 16, n_layers: 1, n_heads: 2, d_ff: 32, seq_len: 8}\n"
+                         "data: {kind: text, path: /nonexistent/corpus}\n");
   expect_error(run(f), "/nonexistent/corpus");
 }
 
@@ -177,8 +179,9 @@ BOOST_AUTO_TEST_CASE(init_from_missing_and_misshaped) {
 
 BOOST_AUTO_TEST_CASE(model_data_mismatch) {
   TempDir d;
-  std::string f = d.file("x.yaml", "model: {kind: transformer, d_model: 16, n_layers: 1, n_heads: 2, d_ff: 32, seq_len: 8}\n"
-                                   "data: {kind: fashion_mnist}\n");
+  std::string f = d.file("x.yaml",
+                         "model: {kind: transformer, d_model: 16, n_layers: 1, n_heads: 2, d_ff: 32, seq_len: 8}\n"
+                         "data: {kind: fashion_mnist}\n");
   expect_error(run(f), "model.kind transformer needs tokens");
 }
 

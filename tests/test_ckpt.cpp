@@ -4,12 +4,12 @@
 #define BOOST_TEST_MODULE ckpt
 #include <zlib.h>
 
+#include <unistd.h>
 #include <boost/test/unit_test.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
-#include <unistd.h>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/internal.h"
@@ -24,7 +24,8 @@ namespace {
 struct TempDir {
   fs::path path;
   TempDir() {
-    path = fs::temp_directory_path() / ("fsdp_ckpt_test_" + std::to_string(getpid()) + "_" + std::to_string(counter()++));
+    path =
+        fs::temp_directory_path() / ("fsdp_ckpt_test_" + std::to_string(getpid()) + "_" + std::to_string(counter()++));
     fs::create_directories(path);
   }
   ~TempDir() { fs::remove_all(path); }
@@ -53,7 +54,8 @@ struct IotaDataset {
     H5Pset_fapl_core(fapl.get(), 1 << 16, 0);
     file = H5Id(H5Fcreate("iota", H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
     H5Id space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
-    ds = H5Id(H5Dcreate2(file.get(), "d", H5T_NATIVE_FLOAT, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+    ds = H5Id(H5Dcreate2(file.get(), "d", H5T_NATIVE_FLOAT, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+              H5Dclose);
     hssize_t n = H5Sget_simple_extent_npoints(space.get());
     std::vector<float> v(n);
     std::iota(v.begin(), v.end(), 0.0f);
@@ -102,7 +104,8 @@ struct ToyState {
     for (auto& b : buffers) std::fill(b.begin(), b.end(), 0.0f);
     for (size_t p = 0; p < params.size(); ++p)
       for (size_t s = 0; s < buffers.size(); ++s)
-        for (int64_t e = 0; e < params[p].numel(); ++e) at(params[p].name, static_cast<int>(s), e) = 1000.0f * p + 100.0f * s + e;
+        for (int64_t e = 0; e < params[p].numel(); ++e)
+          at(params[p].name, static_cast<int>(s), e) = 1000.0f * p + 100.0f * s + e;
   }
 };
 
@@ -151,8 +154,9 @@ BOOST_AUTO_TEST_CASE(flat_ranges_select_exactly_those_elements_in_order) {
         std::vector<float> out(count, -1.0f);
         BOOST_REQUIRE(H5Dread(d.ds.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), H5P_DEFAULT, out.data()) >= 0);
         for (int64_t i = 0; i < count; ++i)
-          BOOST_REQUIRE_MESSAGE(out[i] == static_cast<float>(offset + i),
-                                "dims rank " << dims.size() << " offset " << offset << " count " << count << " element " << i);
+          BOOST_REQUIRE_MESSAGE(out[i] == static_cast<float>(offset + i), "dims rank " << dims.size() << " offset "
+                                                                                       << offset << " count " << count
+                                                                                       << " element " << i);
       }
   }
 }
@@ -162,24 +166,23 @@ BOOST_AUTO_TEST_CASE(crc_of_floats_is_zlib_crc_of_their_bytes) {
   for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 977) * 0.5f;
   uint32_t expect = static_cast<uint32_t>(crc32_z(0, reinterpret_cast<const Bytef*>(v.data()), v.size() * 4));
   BOOST_TEST(crc32_floats(v.data(), static_cast<int64_t>(v.size())) == expect);
-  BOOST_TEST(crc32_floats(v.data(), 10) == static_cast<uint32_t>(crc32_z(0, reinterpret_cast<const Bytef*>(v.data()), 40)));
+  BOOST_TEST(crc32_floats(v.data(), 10) ==
+             static_cast<uint32_t>(crc32_z(0, reinterpret_cast<const Bytef*>(v.data()), 40)));
 }
 
 BOOST_AUTO_TEST_CASE(crc_pieces_combine_in_any_order_with_replicas) {
   std::vector<float> v(1000);
   for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) * 1.25f;
-  auto piece = [&](int64_t off, int64_t n) {
-    return PieceCrc{0, 0, off, off, n, crc32_floats(v.data() + off, n)};
-  };
+  auto piece = [&](int64_t off, int64_t n) { return PieceCrc{0, 0, off, off, n, crc32_floats(v.data() + off, n)}; };
   const uint32_t whole = crc32_floats(v.data(), 1000);
   uint32_t c = 0;
   BOOST_TEST(combine_crc({piece(600, 400), piece(0, 250), piece(250, 350), piece(0, 250)}, true, 1000, &c));
   BOOST_TEST(c == whole);
   BOOST_TEST(combine_crc({piece(0, 1000)}, false, 1000, &c));
   BOOST_TEST(c == whole);
-  BOOST_TEST(!combine_crc({piece(0, 250), piece(300, 700)}, true, 1000, &c));   // a gap
-  BOOST_TEST(!combine_crc({piece(0, 300), piece(250, 750)}, true, 1000, &c));   // an overlap
-  BOOST_TEST(!combine_crc({piece(0, 500)}, true, 1000, &c));                    // short
+  BOOST_TEST(!combine_crc({piece(0, 250), piece(300, 700)}, true, 1000, &c));  // a gap
+  BOOST_TEST(!combine_crc({piece(0, 300), piece(250, 750)}, true, 1000, &c));  // an overlap
+  BOOST_TEST(!combine_crc({piece(0, 500)}, true, 1000, &c));                   // short
   PieceCrc liar = piece(0, 500);
   liar.crc ^= 1;
   BOOST_TEST(!combine_crc({piece(0, 500), liar, piece(500, 500)}, true, 1000, &c));  // replicas disagree
@@ -229,7 +232,8 @@ BOOST_AUTO_TEST_CASE(both_formats_load_into_another_unit_layout_exactly) {
         for (int64_t e = 0; e < p.numel(); ++e) BOOST_REQUIRE_EQUAL(b.at(p.name, s, e), a.at(p.name, s, e));
     // Padding comes back zero in the new layout.
     for (const UnitShard& u : b.st.units)
-      for (int64_t e = u.layout->numel; e < u.padded_numel; ++e) BOOST_REQUIRE_EQUAL(b.buffers[0][u.local_offset + e], 0.0f);
+      for (int64_t e = u.layout->numel; e < u.padded_numel; ++e)
+        BOOST_REQUIRE_EQUAL(b.buffers[0][u.local_offset + e], 0.0f);
     // Parameters only: the optimizer buffers are left alone.
     ToyState c(kSpecs, {{0, 1, 2, 3}}, 1, {"exp_avg", "exp_avg_sq"});
     load_checkpoint(dir.file("c.h5"), c.st, {false, ""}, MPI_COMM_NULL);
@@ -260,8 +264,8 @@ BOOST_AUTO_TEST_CASE(damaged_or_mismatched_files_are_refused_with_one_line) {
   a.fill();
   const std::string good = dir.file("c.h5");
   save_checkpoint(good, a.st, some_meta(), {}, MPI_COMM_NULL);
-  auto load_into = [&](const std::string& path, std::vector<std::pair<std::string, Shape>> specs, std::string opt = "adamw",
-                       std::vector<std::string> states = {"exp_avg", "exp_avg_sq"}) {
+  auto load_into = [&](const std::string& path, std::vector<std::pair<std::string, Shape>> specs,
+                       std::string opt = "adamw", std::vector<std::string> states = {"exp_avg", "exp_avg_sq"}) {
     std::vector<int> all(specs.size());
     std::iota(all.begin(), all.end(), 0);
     ToyState b(specs, {all}, 1, states);
@@ -288,15 +292,17 @@ BOOST_AUTO_TEST_CASE(damaged_or_mismatched_files_are_refused_with_one_line) {
   BOOST_TEST(load_into(dir.file("flip.h5"), kSpecs).find("a.bias fails its crc32 check") != std::string::npos);
   auto specs = kSpecs;
   specs[2].second = {4, 6};
-  BOOST_TEST(load_into(good, specs).find("/model/b.weight has shape [4, 2, 3], the model expects [4, 6]") != std::string::npos);
+  BOOST_TEST(load_into(good, specs).find("/model/b.weight has shape [4, 2, 3], the model expects [4, 6]") !=
+             std::string::npos);
   specs = kSpecs;
   specs.pop_back();
   BOOST_TEST(load_into(good, specs).find("unexpected tensor /model/c") != std::string::npos);
   specs = kSpecs;
   specs.push_back({"d", {2}});
   BOOST_TEST(load_into(good, specs).find("missing tensor /model/d") != std::string::npos);
-  BOOST_TEST(load_into(good, kSpecs, "sgd", {"momentum_buffer"}).find("written with optimizer adamw, this run uses sgd") !=
-             std::string::npos);
+  BOOST_TEST(
+      load_into(good, kSpecs, "sgd", {"momentum_buffer"}).find("written with optimizer adamw, this run uses sgd") !=
+      std::string::npos);
   BOOST_TEST(load_into(good, kSpecs, "", {"momentum_buffer"}).find("has no optimizer state 'momentum_buffer'") !=
              std::string::npos);
   // Truncated: HDF5 cannot even open it.

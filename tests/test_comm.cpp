@@ -12,10 +12,10 @@
 // messages go to stderr), and any failing rank exits non-zero, so mpirun does too.
 // FSDP_TEST_ALL_RANKS=1 keeps every rank's Boost log.
 #define BOOST_TEST_NO_MAIN
-#include <boost/test/unit_test.hpp>
+#include <mpi.h>
 #include <boost/test/results_collector.hpp>
 #include <boost/test/results_reporter.hpp>
-#include <mpi.h>
+#include <boost/test/unit_test.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -157,7 +157,8 @@ double gamma(int k, double u) { return k * u / (1 - k * u); }
 Expect expect_reduce(ReduceOp op, DType d, int n, size_t j) {
   if (op == ReduceOp::max || op == ReduceOp::min) {
     double v = minmax_value(d, 0, j);
-    for (int r = 1; r < n; ++r) v = op == ReduceOp::max ? std::max(v, minmax_value(d, r, j)) : std::min(v, minmax_value(d, r, j));
+    for (int r = 1; r < n; ++r)
+      v = op == ReduceOp::max ? std::max(v, minmax_value(d, r, j)) : std::min(v, minmax_value(d, r, j));
     return {v, 0};
   }
   double s = 0, abs_sum = 0;
@@ -206,7 +207,8 @@ void check_buffer(const Buf& out, const std::function<Expect(size_t)>& expect, c
 }
 
 std::string where(const Communicator& c, const std::string& what) {
-  return std::string(c.backend()) + " " + what + " on rank " + std::to_string(c.rank()) + "/" + std::to_string(c.size());
+  return std::string(c.backend()) + " " + what + " on rank " + std::to_string(c.rank()) + "/" +
+         std::to_string(c.size());
 }
 
 // ---- the cases' building blocks (used alone and concurrently) ----
@@ -217,7 +219,8 @@ struct Pending {
 };
 
 // Inputs in `in`, sentinels in `out`; the returned check looks at every element of `out`.
-Pending start_all_gather(Communicator& c, DType d, size_t count, std::shared_ptr<Buf> in = {}, std::shared_ptr<Buf> out = {}) {
+Pending start_all_gather(Communicator& c, DType d, size_t count, std::shared_ptr<Buf> in = {},
+                         std::shared_ptr<Buf> out = {}) {
   const int n = c.size(), r = c.rank();
   if (!in) in = std::make_shared<Buf>(d, count);
   if (!out) out = std::make_shared<Buf>(d, count * static_cast<size_t>(n));
@@ -227,7 +230,12 @@ Pending start_all_gather(Communicator& c, DType d, size_t count, std::shared_ptr
   p.work = c.all_gather(in->data(), out->data(), count, d);
   std::string what = where(c, "all_gather " + name(d) + " count " + std::to_string(count));
   p.check = [in, out, d, count, what] {
-    check_buffer(*out, [&](size_t j) { return Expect{gather_value(d, static_cast<int>(j / count), j % count), 0}; }, what);
+    check_buffer(
+        *out,
+        [&](size_t j) {
+          return Expect{gather_value(d, static_cast<int>(j / count), j % count), 0};
+        },
+        what);
   };
   return p;
 }
@@ -242,7 +250,8 @@ Pending start_reduce_scatter(Communicator& c, DType d, ReduceOp op, size_t count
   p.work = c.reduce_scatter(in->data(), out->data(), count, d, op);
   std::string what = where(c, "reduce_scatter " + name(op) + " " + name(d) + " count " + std::to_string(count));
   p.check = [in, out, d, op, count, n, r, what] {
-    check_buffer(*out, [&](size_t i) { return expect_reduce(op, d, n, static_cast<size_t>(r) * count + i); }, what);
+    check_buffer(
+        *out, [&](size_t i) { return expect_reduce(op, d, n, static_cast<size_t>(r) * count + i); }, what);
   };
   return p;
 }
@@ -258,7 +267,10 @@ Pending start_all_reduce(Communicator& c, DType d, ReduceOp op, size_t count, bo
   p.work = c.all_reduce(in->data(), out->data(), count, d, op);
   std::string what = where(c, std::string(in_place ? "in-place " : "") + "all_reduce " + name(op) + " " + name(d) +
                                   " count " + std::to_string(count));
-  p.check = [in, out, d, op, n, what] { check_buffer(*out, [&](size_t j) { return expect_reduce(op, d, n, j); }, what); };
+  p.check = [in, out, d, op, n, what] {
+    check_buffer(
+        *out, [&](size_t j) { return expect_reduce(op, d, n, j); }, what);
+  };
   return p;
 }
 
@@ -267,8 +279,16 @@ Pending start_broadcast(Communicator& c, DType d, size_t count, int root) {
   for (size_t i = 0; i < count; ++i) buf->set(i, c.rank() == root ? gather_value(d, root, i) : sentinel(d));
   Pending p;
   p.work = c.broadcast(buf->data(), count, d, root);
-  std::string what = where(c, "broadcast " + name(d) + " count " + std::to_string(count) + " root " + std::to_string(root));
-  p.check = [buf, d, root, what] { check_buffer(*buf, [&](size_t i) { return Expect{gather_value(d, root, i), 0}; }, what); };
+  std::string what =
+      where(c, "broadcast " + name(d) + " count " + std::to_string(count) + " root " + std::to_string(root));
+  p.check = [buf, d, root, what] {
+    check_buffer(
+        *buf,
+        [&](size_t i) {
+          return Expect{gather_value(d, root, i), 0};
+        },
+        what);
+  };
   return p;
 }
 
@@ -278,7 +298,9 @@ void finish(Pending p) {
 }
 
 // The large case: >= 4 MiB of f32 in the whole array at any world size.
-size_t large_count_per_rank(int n) { return ((size_t{1} << 20) + static_cast<size_t>(n) - 1) / static_cast<size_t>(n) + 3; }
+size_t large_count_per_rank(int n) {
+  return ((size_t{1} << 20) + static_cast<size_t>(n) - 1) / static_cast<size_t>(n) + 3;
+}
 constexpr size_t kLargeCount = (size_t{1} << 20) + 3;
 
 std::vector<size_t> counts_for(DType d, size_t large) {
@@ -353,10 +375,15 @@ void case_in_place(const std::string& backend) {
       Pending p = start_all_gather(*c, d, count, std::make_shared<Buf>(d, count), out);
       p.work->wait();  // (that call used a separate input; now the in-place form)
       p.check();
-      for (size_t i = 0; i < out->count(); ++i) out->set(i, i / count == static_cast<size_t>(r) ? gather_value(d, r, i % count) : sentinel(d));
+      for (size_t i = 0; i < out->count(); ++i)
+        out->set(i, i / count == static_cast<size_t>(r) ? gather_value(d, r, i % count) : sentinel(d));
       c->all_gather(out->at(static_cast<size_t>(r) * count), out->data(), count, d)->wait();
-      check_buffer(*out, [&](size_t j) { return Expect{gather_value(d, static_cast<int>(j / count), j % count), 0}; },
-                   where(*c, "in-place all_gather " + name(d) + " count " + std::to_string(count)));
+      check_buffer(
+          *out,
+          [&](size_t j) {
+            return Expect{gather_value(d, static_cast<int>(j / count), j % count), 0};
+          },
+          where(*c, "in-place all_gather " + name(d) + " count " + std::to_string(count)));
       for (ReduceOp op : kReduceOps) finish(start_all_reduce(*c, d, op, count, /*in_place=*/true));
     }
   }
@@ -382,18 +409,21 @@ void case_barrier(const std::string& backend) {
     double stamp_ns = 0;
     if (c->rank() == late) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      stamp_ns = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
+      stamp_ns = static_cast<double>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
       c->barrier();
     } else {
       c->barrier();
-      stamp_ns = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
+      stamp_ns = static_cast<double>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
     }
     std::vector<double> all(static_cast<size_t>(c->size()));
     MPI_Allgather(&stamp_ns, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, MPI_COMM_WORLD);
     for (int r = 0; r < c->size(); ++r)
       if (r != late)
-        report(all[static_cast<size_t>(r)] >= all[static_cast<size_t>(late)],
-               where(*c, "barrier: rank " + std::to_string(r) + " left before rank " + std::to_string(late) + " entered"));
+        report(
+            all[static_cast<size_t>(r)] >= all[static_cast<size_t>(late)],
+            where(*c, "barrier: rank " + std::to_string(r) + " left before rank " + std::to_string(late) + " entered"));
   }
 }
 
@@ -501,14 +531,18 @@ void case_timeout(const std::string& backend) {
     }
     double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     report(!message.empty(), backend + " timeout: wait returned although rank 0 never joined");
-    for (const std::string& part : {backend, std::string("all_reduce"), std::string("count 5"), std::string("f32"), std::string("#2")})
+    for (const std::string& part :
+         {backend, std::string("all_reduce"), std::string("count 5"), std::string("f32"), std::string("#2")})
       report(message.find(part) != std::string::npos, backend + " timeout message lacks '" + part + "': " + message);
-    report(waited_s >= 0.45, backend + " timeout fired after " + std::to_string(waited_s) + " s, before the 0.5 s limit");
+    report(waited_s >= 0.45,
+           backend + " timeout fired after " + std::to_string(waited_s) + " s, before the 0.5 s limit");
   }
   MPI_Barrier(MPI_COMM_WORLD);  // every waiting rank has timed out
   if (doomed->rank() == 0) work = doomed->all_reduce(in.data(), out.data(), 5, DType::f32, ReduceOp::sum);
-  report(poll_until_done(*work, kTimeout_s), backend + " timeout: the collective did not complete after rank 0 joined late");
-  for (float v : out) report(v == static_cast<float>(n), backend + " timeout: late all_reduce gave " + std::to_string(v));
+  report(poll_until_done(*work, kTimeout_s),
+         backend + " timeout: the collective did not complete after rank 0 joined late");
+  for (float v : out)
+    report(v == static_cast<float>(n), backend + " timeout: late all_reduce gave " + std::to_string(v));
   work.reset();
   doomed.reset();
   parent->barrier();  // the parent is unaffected
@@ -523,7 +557,8 @@ void case_registry() {
   } catch (const fsdp::Error& e) {
     std::string m = e.what();
     BOOST_CHECK_MESSAGE(m.find("nope") != std::string::npos, m);
-    for (const std::string& b : built) BOOST_CHECK_MESSAGE(m.find(b) != std::string::npos, "'" + b + "' missing from: " + m);
+    for (const std::string& b : built)
+      BOOST_CHECK_MESSAGE(m.find(b) != std::string::npos, "'" + b + "' missing from: " + m);
   }
 }
 

@@ -30,25 +30,23 @@ std::string dump(const Config& c) {
   const auto& o = t.optimizer;
   const auto& sc = t.scheduler;
   const auto& f = c.fsdp;
-  s << m.kind << ' ' << m.vocab << ' ' << m.d_model << ' ' << m.n_layers << ' ' << m.n_heads << ' '
-    << m.d_ff << ' ' << m.seq_len << ' ' << m.init_from << '\n'
-    << c.data.kind << ' ' << c.data.path << ' ' << c.data.eval_fraction << ' '
-    << c.data.synthetic_samples << '\n'
-    << t.batch_size << ' ' << t.epochs << ' ' << t.steps << ' ' << t.seed << ' ' << t.grad_accum
-    << ' ' << t.clip_grad_norm << ' ' << t.eval_every << ' ' << t.eval_batch_size << ' '
-    << t.dropout << ' ' << t.shuffle << ' ' << t.threads << '\n'
-    << o.kind << ' ' << o.lr << ' ' << o.momentum << ' ' << o.dampening << ' ' << o.nesterov << ' '
-    << o.weight_decay << ' ' << o.rho << ' ' << o.eps << ' ' << o.beta1 << ' ' << o.beta2 << '\n'
-    << sc.kind << ' ' << sc.step_size << ' ' << sc.gamma << ' ' << sc.warmup_steps << ' '
-    << sc.total_steps << ' ' << sc.min_lr << '\n'
-    << f.sharding_strategy << ' ' << f.wrap_policy << ' ' << f.min_num_params << ' '
-    << f.wrap_modules.size() << ' ' << f.mixed_precision.param_dtype << ' '
-    << f.mixed_precision.reduce_dtype << ' ' << f.mixed_precision.buffer_dtype << ' '
-    << f.backward_prefetch << ' ' << f.forward_prefetch << ' ' << f.limit_all_gathers << ' '
+  s << m.kind << ' ' << m.vocab << ' ' << m.d_model << ' ' << m.n_layers << ' ' << m.n_heads << ' ' << m.d_ff << ' '
+    << m.seq_len << ' ' << m.init_from << '\n'
+    << c.data.kind << ' ' << c.data.path << ' ' << c.data.eval_fraction << ' ' << c.data.synthetic_samples << '\n'
+    << t.batch_size << ' ' << t.epochs << ' ' << t.steps << ' ' << t.seed << ' ' << t.grad_accum << ' '
+    << t.clip_grad_norm << ' ' << t.eval_every << ' ' << t.eval_batch_size << ' ' << t.dropout << ' ' << t.shuffle
+    << ' ' << t.threads << '\n'
+    << o.kind << ' ' << o.lr << ' ' << o.momentum << ' ' << o.dampening << ' ' << o.nesterov << ' ' << o.weight_decay
+    << ' ' << o.rho << ' ' << o.eps << ' ' << o.beta1 << ' ' << o.beta2 << '\n'
+    << sc.kind << ' ' << sc.step_size << ' ' << sc.gamma << ' ' << sc.warmup_steps << ' ' << sc.total_steps << ' '
+    << sc.min_lr << '\n'
+    << f.sharding_strategy << ' ' << f.wrap_policy << ' ' << f.min_num_params << ' ' << f.wrap_modules.size() << ' '
+    << f.mixed_precision.param_dtype << ' ' << f.mixed_precision.reduce_dtype << ' ' << f.mixed_precision.buffer_dtype
+    << ' ' << f.backward_prefetch << ' ' << f.forward_prefetch << ' ' << f.limit_all_gathers << ' '
     << f.activation_checkpointing << ' ' << f.cpu_offload << ' ' << f.shard_group_size << '\n'
     << c.comm.backend << ' ' << c.comm.timeout_s << '\n'
-    << c.checkpoint.dir << ' ' << c.checkpoint.format << ' ' << c.checkpoint.every_steps << ' '
-    << c.checkpoint.keep << ' ' << c.checkpoint.save_best << ' ' << c.checkpoint.resume << '\n'
+    << c.checkpoint.dir << ' ' << c.checkpoint.format << ' ' << c.checkpoint.every_steps << ' ' << c.checkpoint.keep
+    << ' ' << c.checkpoint.save_best << ' ' << c.checkpoint.resume << '\n'
     << c.output.metrics << ' ' << c.output.log_every << '\n';
   for (const auto& name : f.wrap_modules) s << name << ' ';
   return s.str();
@@ -58,8 +56,7 @@ std::string dump(const Config& c) {
 struct TempFile {
   std::filesystem::path path;
   explicit TempFile(const std::string& text, const std::string& name = "cfg.yaml")
-      : path(std::filesystem::temp_directory_path() /
-             ("fsdp_test_config_" + std::to_string(getpid()) + "_" + name)) {
+      : path(std::filesystem::temp_directory_path() / ("fsdp_test_config_" + std::to_string(getpid()) + "_" + name)) {
     std::ofstream(path) << text;
   }
   ~TempFile() { std::filesystem::remove(path); }
@@ -209,15 +206,13 @@ BOOST_AUTO_TEST_CASE(load_config_reads_real_files) {
 
   const TempFile bad("train:\n  epochs: 2\n  batch_size: -1\n", "bad.yaml");
   BOOST_CHECK_EXCEPTION(load_config(bad.path.string()), ConfigError, [&](const ConfigError& e) {
-    return std::string(e.what()) ==
-           bad.path.string() + ":3: train.batch_size: must be >= 1, got -1";
+    return std::string(e.what()) == bad.path.string() + ":3: train.batch_size: must be >= 1, got -1";
   });
 }
 
 BOOST_AUTO_TEST_CASE(unreadable_file) {
   BOOST_CHECK_EXCEPTION(load_config("no/such/file.yaml"), ConfigError, [](const ConfigError& e) {
-    return std::string(e.what()) ==
-           "no/such/file.yaml: cannot read input file (No such file or directory)";
+    return std::string(e.what()) == "no/such/file.yaml: cannot read input file (No such file or directory)";
   });
   const std::string dir = std::filesystem::temp_directory_path().string();
   BOOST_CHECK_EXCEPTION(load_config(dir), ConfigError, [&](const ConfigError& e) {
@@ -228,11 +223,9 @@ BOOST_AUTO_TEST_CASE(unreadable_file) {
 BOOST_AUTO_TEST_CASE(unknown_keys) {
   BOOST_TEST(error_of("model: {kind: mnist_cnn}\ntrain:\n  batchsize: 5\n") ==
              "in.yaml:3: unknown key 'train.batchsize' (did you mean 'train.batch_size'?)");
-  BOOST_TEST(error_of("trian: {epochs: 1}\n") ==
-             "in.yaml:1: unknown key 'trian' (did you mean 'train'?)");
-  BOOST_TEST(
-      error_of("train:\n  optimizer:\n    kind: adamw\n    beta: [0.9, 0.99]\n") ==
-      "in.yaml:4: unknown key 'train.optimizer.beta' (did you mean 'train.optimizer.betas'?)");
+  BOOST_TEST(error_of("trian: {epochs: 1}\n") == "in.yaml:1: unknown key 'trian' (did you mean 'train'?)");
+  BOOST_TEST(error_of("train:\n  optimizer:\n    kind: adamw\n    beta: [0.9, 0.99]\n") ==
+             "in.yaml:4: unknown key 'train.optimizer.beta' (did you mean 'train.optimizer.betas'?)");
   // The right name in the wrong section.
   BOOST_TEST(error_of("train: {lr: 0.1}\n") ==
              "in.yaml:1: unknown key 'train.lr' (did you mean 'train.optimizer.lr'?)");
@@ -243,8 +236,7 @@ BOOST_AUTO_TEST_CASE(unknown_keys) {
   BOOST_TEST(error_of("network: {}\n") == "in.yaml:1: unknown key 'network'");
   BOOST_TEST(error_of("train: {kind: sgd}\n") == "in.yaml:1: unknown key 'train.kind'");
   // A map under a leaf key is a type error of that key, not an unknown key below it.
-  BOOST_TEST(error_of("train:\n  epochs:\n    n: 1\n") ==
-             "in.yaml:2: train.epochs: expected an integer, got a map");
+  BOOST_TEST(error_of("train:\n  epochs:\n    n: 1\n") == "in.yaml:2: train.epochs: expected an integer, got a map");
   BOOST_TEST(error_of("train:\n  epochs: 1\n  epochs: 2\n") ==
              "in.yaml:3: train.epochs: given twice (first at line 2)");
 }
@@ -262,8 +254,7 @@ BOOST_AUTO_TEST_CASE(wrong_types) {
       {"train: {batch_size: }", "in.yaml:1: train.batch_size: expected an integer, got nothing"},
       {"train: {seed: -1}", "in.yaml:1: train.seed: expected a non-negative integer, got '-1'"},
       {"train: {clip_grad_norm: x}", "in.yaml:1: train.clip_grad_norm: expected a number, got 'x'"},
-      {"train: {clip_grad_norm: .inf}",
-       "in.yaml:1: train.clip_grad_norm: expected a number, got '.inf'"},
+      {"train: {clip_grad_norm: .inf}", "in.yaml:1: train.clip_grad_norm: expected a number, got '.inf'"},
       {"train: {shuffle: yes}", "in.yaml:1: train.shuffle: expected true or false, got 'yes'"},
       {"train: {shuffle: 1}", "in.yaml:1: train.shuffle: expected true or false, got '1'"},
       {"model: {kind: [transformer]}", "in.yaml:1: model.kind: expected a string, got a list"},
@@ -330,17 +321,14 @@ BOOST_AUTO_TEST_CASE(ranges) {
       {"train: {optimizer: {lr: 0}}", "in.yaml:1: train.optimizer.lr: must be > 0, got 0"},
       {"train: {optimizer: {kind: sgd, lr: 1, momentum: -0.1}}",
        "in.yaml:1: train.optimizer.momentum: must be >= 0, got -0.1"},
-      {"train: {optimizer: {weight_decay: -1}}",
-       "in.yaml:1: train.optimizer.weight_decay: must be >= 0, got -1"},
-      {"train: {optimizer: {rho: 1.5}}",
-       "in.yaml:1: train.optimizer.rho: must be in [0, 1], got 1.5"},
+      {"train: {optimizer: {weight_decay: -1}}", "in.yaml:1: train.optimizer.weight_decay: must be >= 0, got -1"},
+      {"train: {optimizer: {rho: 1.5}}", "in.yaml:1: train.optimizer.rho: must be in [0, 1], got 1.5"},
       {"train: {optimizer: {eps: 0}}", "in.yaml:1: train.optimizer.eps: must be > 0, got 0"},
       {"train: {optimizer: {kind: adamw, betas: [0.9, 1.0]}}",
        "in.yaml:1: train.optimizer.betas: must be in [0, 1), got 1.0"},
       {"train: {optimizer: {kind: adamw, betas: [-0.1, 0.9]}}",
        "in.yaml:1: train.optimizer.betas: must be in [0, 1), got -0.1"},
-      {"train: {scheduler: {step_size: 0}}",
-       "in.yaml:1: train.scheduler.step_size: must be >= 1, got 0"},
+      {"train: {scheduler: {step_size: 0}}", "in.yaml:1: train.scheduler.step_size: must be >= 1, got 0"},
       {"train: {scheduler: {gamma: 0}}", "in.yaml:1: train.scheduler.gamma: must be > 0, got 0"},
       {"model: {d_ff: 0}", "in.yaml:1: model.d_ff: must be >= 1, got 0"},
       {"model: {n_layers: 0}", "in.yaml:1: model.n_layers: must be >= 1, got 0"},
@@ -356,10 +344,8 @@ BOOST_AUTO_TEST_CASE(ranges) {
       {"checkpoint: {keep: 0}", "in.yaml:1: checkpoint.keep: must be >= 1, got 0"},
       {"checkpoint: {every_steps: -1}", "in.yaml:1: checkpoint.every_steps: must be >= 0, got -1"},
       {"output: {log_every: 0}", "in.yaml:1: output.log_every: must be >= 1, got 0"},
-      {"fsdp: {hybrid: {shard_group_size: -2}}",
-       "in.yaml:1: fsdp.hybrid.shard_group_size: must be >= 0, got -2"},
-      {"fsdp: {auto_wrap: {min_num_params: -1}}",
-       "in.yaml:1: fsdp.auto_wrap.min_num_params: must be >= 0, got -1"},
+      {"fsdp: {hybrid: {shard_group_size: -2}}", "in.yaml:1: fsdp.hybrid.shard_group_size: must be >= 0, got -2"},
+      {"fsdp: {auto_wrap: {min_num_params: -1}}", "in.yaml:1: fsdp.auto_wrap.min_num_params: must be >= 0, got -1"},
   };
   for (const Case& c : cases) BOOST_TEST_CONTEXT(c.yaml) {
       BOOST_TEST(error_of(c.yaml) == c.message);
@@ -375,10 +361,8 @@ BOOST_AUTO_TEST_CASE(enumerations_list_the_allowed_values) {
     const char* message;
   };
   const Case cases[] = {
-      {"model: {kind: resnet}",
-       "in.yaml:1: model.kind: expected one of [mnist_cnn, transformer], got 'resnet'"},
-      {"data: {kind: cifar}",
-       "in.yaml:1: data.kind: expected one of [fashion_mnist, text, synthetic], got 'cifar'"},
+      {"model: {kind: resnet}", "in.yaml:1: model.kind: expected one of [mnist_cnn, transformer], got 'resnet'"},
+      {"data: {kind: cifar}", "in.yaml:1: data.kind: expected one of [fashion_mnist, text, synthetic], got 'cifar'"},
       {"fsdp: {sharding_strategy: full_shard}",
        "in.yaml:1: fsdp.sharding_strategy: expected one of [FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, "
        "HYBRID_SHARD, HYBRID_SHARD_ZERO2], got 'full_shard'"},
@@ -390,10 +374,8 @@ BOOST_AUTO_TEST_CASE(enumerations_list_the_allowed_values) {
       {"fsdp: {auto_wrap: {policy: always}}",
        "in.yaml:1: fsdp.auto_wrap.policy: expected one of [size_based, transformer_layer, manual], "
        "got 'always'"},
-      {"comm: {backend: gloo}",
-       "in.yaml:1: comm.backend: expected one of [mpi, ucx, nccl], got 'gloo'"},
-      {"checkpoint: {format: zip}",
-       "in.yaml:1: checkpoint.format: expected one of [consolidated, sharded], got 'zip'"},
+      {"comm: {backend: gloo}", "in.yaml:1: comm.backend: expected one of [mpi, ucx, nccl], got 'gloo'"},
+      {"checkpoint: {format: zip}", "in.yaml:1: checkpoint.format: expected one of [consolidated, sharded], got 'zip'"},
       {"train: {optimizer: {kind: adam}}",
        "in.yaml:1: train.optimizer.kind: expected one of [sgd, adadelta, adamw], got 'adam'"},
       {"train: {scheduler: {kind: linear}}",
@@ -424,8 +406,10 @@ BOOST_AUTO_TEST_CASE(checkpoint_keys_that_need_a_folder_or_evaluations) {
              "in.yaml:2: train.eval_every: checkpoint.save_best needs evaluations (train.eval_every is never)");
   BOOST_TEST(error_of("checkpoint: {dir: ck, io: posix}\n") ==
              "in.yaml:1: checkpoint.io: expected one of [independent, collective], got 'posix'");
-  const Config c = parse_config("checkpoint: {dir: ck, resume: /x/ckpt_00000010.h5, every_steps: 5}\n"
-                                "train: {stop_after_steps: 7}\n", "in.yaml");
+  const Config c = parse_config(
+      "checkpoint: {dir: ck, resume: /x/ckpt_00000010.h5, every_steps: 5}\n"
+      "train: {stop_after_steps: 7}\n",
+      "in.yaml");
   BOOST_TEST(c.checkpoint.io == "independent");
   BOOST_TEST(c.checkpoint.resume == "/x/ckpt_00000010.h5");
   BOOST_TEST(c.train.stop_after_steps == 7);
@@ -433,11 +417,9 @@ BOOST_AUTO_TEST_CASE(checkpoint_keys_that_need_a_folder_or_evaluations) {
 }
 
 BOOST_AUTO_TEST_CASE(malformed_yaml_names_the_line) {
-  BOOST_TEST(
-      error_of("train:\n  epochs: 1\n  batch_size: [1, 2\nfsdp: {}\n") ==
-      "in.yaml:4: malformed YAML: end of sequence flow not found");  // where yaml-cpp notices
-  BOOST_TEST(error_of("train:\n  epochs: 1\n   batch_size: 3\n") ==
-             "in.yaml:3: malformed YAML: illegal map value");
+  BOOST_TEST(error_of("train:\n  epochs: 1\n  batch_size: [1, 2\nfsdp: {}\n") ==
+             "in.yaml:4: malformed YAML: end of sequence flow not found");  // where yaml-cpp notices
+  BOOST_TEST(error_of("train:\n  epochs: 1\n   batch_size: 3\n") == "in.yaml:3: malformed YAML: illegal map value");
   BOOST_TEST(error_of("train: {epochs: 1}\n---\ntrain: {epochs: 2}\n") ==
              "in.yaml:3: only one YAML document is allowed");
   // yaml-cpp 0.7's LoadAll never returned on these (found by tests/fuzz/fuzz_config).
@@ -473,8 +455,7 @@ BOOST_AUTO_TEST_CASE(optimizer_defaults_follow_pytorch) {
   BOOST_TEST(adadelta.eps == 1e-6);
   BOOST_TEST(adadelta.weight_decay == 0.0);
 
-  const OptimizerConfig adamw =
-      parse_config("train: {optimizer: {kind: adamw}}", "in.yaml").train.optimizer;
+  const OptimizerConfig adamw = parse_config("train: {optimizer: {kind: adamw}}", "in.yaml").train.optimizer;
   BOOST_TEST(adamw.lr == 1e-3);
   BOOST_TEST(adamw.beta1 == 0.9);
   BOOST_TEST(adamw.beta2 == 0.999);
@@ -492,8 +473,7 @@ BOOST_AUTO_TEST_CASE(optimizer_defaults_follow_pytorch) {
   BOOST_TEST(given.eps == 1e-6);
   BOOST_TEST(given.weight_decay == 0.0);
 
-  const OptimizerConfig sgd =
-      parse_config("train: {optimizer: {kind: sgd, lr: 0.1}}", "in.yaml").train.optimizer;
+  const OptimizerConfig sgd = parse_config("train: {optimizer: {kind: sgd, lr: 0.1}}", "in.yaml").train.optimizer;
   BOOST_TEST(sgd.lr == 0.1);
   BOOST_TEST(sgd.momentum == 0.0);
   BOOST_TEST(sgd.dampening == 0.0);
@@ -514,20 +494,18 @@ BOOST_AUTO_TEST_CASE(optimizer_rejects_other_optimizers_keys) {
   BOOST_TEST(error_of("train: {optimizer: {kind: adamw, momentum: 0.9}}") ==
              "in.yaml:1: train.optimizer.momentum: not a setting of optimizer adamw "
              "(it takes lr, betas, eps, weight_decay)");
-  const std::string nesterov_error =
-      "in.yaml:1: train.optimizer.nesterov: requires momentum > 0 and dampening 0";
-  BOOST_TEST(error_of("train: {optimizer: {kind: sgd, lr: 0.1, nesterov: true}}") ==
-             nesterov_error);
+  const std::string nesterov_error = "in.yaml:1: train.optimizer.nesterov: requires momentum > 0 and dampening 0";
+  BOOST_TEST(error_of("train: {optimizer: {kind: sgd, lr: 0.1, nesterov: true}}") == nesterov_error);
   BOOST_TEST(error_of("train: {optimizer: {kind: sgd, lr: 0.1, nesterov: true, momentum: 0.9, "
                       "dampening: 0.1}}") == nesterov_error);
 }
 
 BOOST_AUTO_TEST_CASE(overrides) {
   // Create sections that the file lacks, replace values it has, apply in order.
-  const Config c = parse_config(
-      "train:\n  batch_size: 8\n", "in.yaml",
-      {"train.batch_size=32", "train.optimizer.kind=adamw", "fsdp.auto_wrap.modules=[a, b]",
-       "fsdp.auto_wrap.policy=manual", "train.epochs=5", "train.epochs=6", "checkpoint.dir="});
+  const Config c =
+      parse_config("train:\n  batch_size: 8\n", "in.yaml",
+                   {"train.batch_size=32", "train.optimizer.kind=adamw", "fsdp.auto_wrap.modules=[a, b]",
+                    "fsdp.auto_wrap.policy=manual", "train.epochs=5", "train.epochs=6", "checkpoint.dir="});
   BOOST_TEST(c.train.batch_size == 32);
   BOOST_TEST(c.train.optimizer.kind == "adamw");
   BOOST_TEST(c.train.optimizer.lr == 1e-3);
@@ -535,35 +513,27 @@ BOOST_AUTO_TEST_CASE(overrides) {
   BOOST_TEST(c.train.epochs == 6);
   BOOST_TEST(c.checkpoint.dir == "");
   // A whole section as one value, and values in an empty file.
-  const Config s =
-      parse_config("", "in.yaml", {"comm={backend: nccl, timeout_s: 5}", "train.dropout=false"});
+  const Config s = parse_config("", "in.yaml", {"comm={backend: nccl, timeout_s: 5}", "train.dropout=false"});
   BOOST_TEST(s.comm.backend == "nccl");
   BOOST_TEST(s.comm.timeout_s == 5.0);
   BOOST_TEST(!s.train.dropout);
 
-  BOOST_TEST(error_of("", {"train.batch_size"}) ==
-             "--set 'train.batch_size': expected dotted.key=value");
+  BOOST_TEST(error_of("", {"train.batch_size"}) == "--set 'train.batch_size': expected dotted.key=value");
   BOOST_TEST(error_of("", {"=5"}) == "--set '=5': expected dotted.key=value");
-  BOOST_TEST(error_of("", {"train..epochs=5"}) ==
-             "--set 'train..epochs=5': expected dotted.key=value");
-  BOOST_TEST(
-      error_of("", {"train.batchsize=5"}) ==
-      "--set train.batchsize: unknown key 'train.batchsize' (did you mean 'train.batch_size'?)");
+  BOOST_TEST(error_of("", {"train..epochs=5"}) == "--set 'train..epochs=5': expected dotted.key=value");
+  BOOST_TEST(error_of("", {"train.batchsize=5"}) ==
+             "--set train.batchsize: unknown key 'train.batchsize' (did you mean 'train.batch_size'?)");
   BOOST_TEST(error_of("", {"network.depth=5"}) == "--set network.depth: unknown key 'network'");
   BOOST_TEST(error_of("train: {epochs: 2}", {"train.batch_size=abc"}) ==
              "--set train.batch_size: train.batch_size: expected an integer, got 'abc'");
-  BOOST_TEST(error_of("", {"train={batch_size: 0}"}) ==
-             "--set train: train.batch_size: must be >= 1, got 0");
-  BOOST_TEST(error_of("", {"train.batch_size=[1"})
-                 .starts_with("--set train.batch_size: malformed YAML value: "));
-  BOOST_TEST(
-      error_of("", {"train.optimizer.kind=sgd"}) ==
-      "--set train.optimizer.kind: train.optimizer.lr: required for sgd (PyTorch has no default)");
+  BOOST_TEST(error_of("", {"train={batch_size: 0}"}) == "--set train: train.batch_size: must be >= 1, got 0");
+  BOOST_TEST(error_of("", {"train.batch_size=[1"}).starts_with("--set train.batch_size: malformed YAML value: "));
+  BOOST_TEST(error_of("", {"train.optimizer.kind=sgd"}) ==
+             "--set train.optimizer.kind: train.optimizer.lr: required for sgd (PyTorch has no default)");
   // A file value is still blamed on the file when an override touched a neighbour.
   BOOST_TEST(error_of("train:\n  optimizer:\n    rho: 2\n", {"train.optimizer.lr=0.5"}) ==
              "in.yaml:3: train.optimizer.rho: must be in [0, 1], got 2");
-  BOOST_TEST(error_of("train: 5\n", {"train.epochs=1"}) ==
-             "in.yaml:1: train: expected a map, got '5'");
+  BOOST_TEST(error_of("train: 5\n", {"train.epochs=1"}) == "in.yaml:1: train: expected a map, got '5'");
   // A later override wins over an earlier bad one.
   BOOST_TEST(error_of("", {"train.batch_size=abc", "train.batch_size=4"}) == "(no error)");
 }
@@ -572,8 +542,7 @@ BOOST_AUTO_TEST_CASE(yaml_text_reproduces_the_run) {
   const std::vector<std::string> overrides = {"train.batch_size=7", "train.optimizer={kind: adamw}",
                                               "model.kind=transformer", "checkpoint.dir=\"~\""};
   const Config c = parse_config(kFull, "full.yaml", overrides);
-  BOOST_TEST(c.yaml_text.starts_with(
-      "# full.yaml with overrides merged:\n#   --set train.batch_size=7\n"));
+  BOOST_TEST(c.yaml_text.starts_with("# full.yaml with overrides merged:\n#   --set train.batch_size=7\n"));
   const Config again = parse_config(c.yaml_text, "checkpoint");
   BOOST_TEST(dump(again) == dump(c));
   BOOST_TEST(again.train.batch_size == 7);
@@ -588,7 +557,8 @@ BOOST_AUTO_TEST_CASE(global_batch_size_splits_over_the_ranks) {
   BOOST_TEST(fsdp::for_world_size(c, 4).train.batch_size == 16);
   BOOST_TEST(fsdp::for_world_size(c, 8).train.batch_size == 8);
   BOOST_CHECK_EXCEPTION(fsdp::for_world_size(c, 3), fsdp::ConfigError, [](const fsdp::ConfigError& e) {
-    return std::string(e.what()).find("train.global_batch_size 64 is not divisible by the 3 ranks") != std::string::npos;
+    return std::string(e.what()).find("train.global_batch_size 64 is not divisible by the 3 ranks") !=
+           std::string::npos;
   });
   // Without it, batch_size stays per rank.
   fsdp::Config d = fsdp::parse_config("train: {batch_size: 32}\n", "b.yaml");

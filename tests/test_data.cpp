@@ -147,8 +147,7 @@ BOOST_AUTO_TEST_CASE(train_matches_independent_decode) {
   BOOST_TEST(y.i32()[3] == 3);
   for (size_t k = 0; k < indices.size(); ++k) {
     BOOST_TEST(y.i32()[k] == labels[8 + indices[k]]);
-    for (int p = 0; p < 784; ++p)
-      BOOST_REQUIRE(x.f32()[k * 784 + p] == normalized(images[16 + indices[k] * 784 + p]));
+    for (int p = 0; p < 784; ++p) BOOST_REQUIRE(x.f32()[k * 784 + p] == normalized(images[16 + indices[k] * 784 + p]));
   }
   // Image 0: pixel 0 is 0, pixel 99 is 13, pixel 100 is 73. Expected floats from numpy float32
   // (x/255 - 0.2860)/0.3530, which is what ToTensor()+Normalize computes.
@@ -317,7 +316,9 @@ BOOST_AUTO_TEST_CASE(errors) {
   write_file(empty.path / "zero.bin", std::string(1, '\0'));
   BOOST_TEST(contains(error_of([&] { load_text_corpus({empty.str(), 4, 0.1}, true); }), "no text"));
 
-  BOOST_TEST(contains(error_of([&] { load_text_corpus({path, 100, 0.1}, true); }),
+  BOOST_TEST(contains(error_of([&] {
+                        load_text_corpus({path, 100, 0.1}, true);
+                      }),
                       "22 bytes is shorter than seq_len+1 = 101 bytes"));
   for (double bad : {0.0, 1.0, -0.5, std::numeric_limits<double>::quiet_NaN()})
     BOOST_TEST(contains(error_of([&] { load_text_corpus({path, 4, bad}, true); }), "eval_fraction"));
@@ -541,7 +542,9 @@ BOOST_AUTO_TEST_CASE(rank_slices_cover_the_batch) {
 BOOST_AUTO_TEST_CASE(errors) {
   BOOST_TEST(contains(error_of([] { Sampler({10, 0, false, true, 1}); }), "global batch must be positive"));
   BOOST_TEST(contains(error_of([] { Sampler({0, 4, false, true, 1}); }), "dataset is empty"));
-  BOOST_TEST(contains(error_of([] { Sampler({10, 11, true, true, 1}); }),
+  BOOST_TEST(contains(error_of([] {
+                        Sampler({10, 11, true, true, 1});
+                      }),
                       "batch of 11 is larger than the dataset of 10 samples"));
   Sampler eval({10, 11, false, false, 1});  // evaluation keeps a short batch
   BOOST_TEST(eval.steps_per_epoch() == 1);

@@ -58,8 +58,7 @@ std::vector<float> to_vec(const Tensor& t) { return std::vector<float>(t.f32(), 
 struct Bound {
   FlatLayout layout;
   std::vector<float> data, grad;
-  Bound(Module& m, uint64_t seed)
-      : layout(make_flat_layout(m.params())), data(layout.numel), grad(layout.numel, 0.0f) {
+  Bound(Module& m, uint64_t seed) : layout(make_flat_layout(m.params())), data(layout.numel), grad(layout.numel, 0.0f) {
     init_flat_range(layout, data.data(), 0, layout.numel, seed);
     bind_flat(layout, data.data(), grad.data());
   }
@@ -174,8 +173,8 @@ void check_layer(Layer& layer, RunCtx& ctx, Tensor x, Bound* params, const Tol& 
       const Param* p = params->param_of(i);
       return p ? p->name + "@" + std::to_string(i) : std::to_string(i);
     };
-    double w = fd_check(loss, params->data.data(), g_an, all_indices(params->layout.numel), tol, what + " params",
-                        label);
+    double w =
+        fd_check(loss, params->data.data(), g_an, all_indices(params->layout.numel), tol, what + " params", label);
     BOOST_TEST_MESSAGE(what << " params worst " << w);
   }
 }
@@ -288,7 +287,8 @@ BOOST_AUTO_TEST_CASE(relu) {
   // Values at least 0.1 away from the kink.
   auto v = random_vec(2 * 3 * 4, 5, 0.1f, 1.0f);
   std::mt19937 gen(1);
-  for (auto& x : v) if (gen() & 1) x = -x;
+  for (auto& x : v)
+    if (gen() & 1) x = -x;
   check_layer(relu, ctx, make_tensor({2, 3, 4}, v), nullptr, Tol{});
 }
 
@@ -358,7 +358,8 @@ BOOST_AUTO_TEST_CASE(embeddings) {
   BOOST_TEST(y.shape() == (Shape{2, 5, 4}));
   for (int64_t i = 0; i < 10; ++i)
     for (int64_t c = 0; c < 4; ++c)
-      BOOST_TEST(y.f32()[i * 4 + c] == emb.tok.weight.data[tokens.i32()[i] * 4 + c] + emb.pos.weight.data[(i % 5) * 4 + c]);
+      BOOST_TEST(y.f32()[i * 4 + c] ==
+                 emb.tok.weight.data[tokens.i32()[i] * 4 + c] + emb.pos.weight.data[(i % 5) * 4 + c]);
   check_layer(emb, ctx, tokens, &b, Tol{}, /*check_input=*/false);
   // Rows of tokens never used get exactly zero gradient; so does the unused position 5.
   for (int c = 0; c < 4; ++c) {
@@ -389,7 +390,8 @@ BOOST_AUTO_TEST_CASE(multihead_attention_causal) {
   for (int64_t r = 0; r < B * T; ++r)
     for (int64_t j = 0; j < 3 * C; ++j) {
       double s = attn.in_proj_bias.data[j];
-      for (int64_t c = 0; c < C; ++c) s += static_cast<double>(attn.in_proj_weight.data[j * C + c]) * x.f32()[r * C + c];
+      for (int64_t c = 0; c < C; ++c)
+        s += static_cast<double>(attn.in_proj_weight.data[j * C + c]) * x.f32()[r * C + c];
       qkv[r * 3 * C + j] = s;
     }
   for (int64_t bb = 0; bb < B; ++bb)
@@ -642,13 +644,18 @@ BOOST_AUTO_TEST_CASE(transformer_structure) {
   std::vector<std::pair<std::string, Shape>> want = {{"tok_emb.weight", {V, C}}, {"pos_emb.weight", {S, C}}};
   for (int i = 0; i < L; ++i) {
     std::string b = "blocks." + std::to_string(i) + ".";
-    std::vector<std::pair<std::string, Shape>> blk = {
-        {b + "ln1.weight", {C}},           {b + "ln1.bias", {C}},
-        {b + "attn.in_proj_weight", {3 * C, C}}, {b + "attn.in_proj_bias", {3 * C}},
-        {b + "attn.out_proj.weight", {C, C}},    {b + "attn.out_proj.bias", {C}},
-        {b + "ln2.weight", {C}},           {b + "ln2.bias", {C}},
-        {b + "fc1.weight", {F, C}},        {b + "fc1.bias", {F}},
-        {b + "fc2.weight", {C, F}},        {b + "fc2.bias", {C}}};
+    std::vector<std::pair<std::string, Shape>> blk = {{b + "ln1.weight", {C}},
+                                                      {b + "ln1.bias", {C}},
+                                                      {b + "attn.in_proj_weight", {3 * C, C}},
+                                                      {b + "attn.in_proj_bias", {3 * C}},
+                                                      {b + "attn.out_proj.weight", {C, C}},
+                                                      {b + "attn.out_proj.bias", {C}},
+                                                      {b + "ln2.weight", {C}},
+                                                      {b + "ln2.bias", {C}},
+                                                      {b + "fc1.weight", {F, C}},
+                                                      {b + "fc1.bias", {F}},
+                                                      {b + "fc2.weight", {C, F}},
+                                                      {b + "fc2.bias", {C}}};
     want.insert(want.end(), blk.begin(), blk.end());
   }
   want.push_back({"ln_f.weight", {C}});
@@ -664,8 +671,8 @@ BOOST_AUTO_TEST_CASE(transformer_structure) {
   BOOST_TEST(m->num_params() == 34304);
   std::vector<std::string> layer_types;
   for (Layer* l : m->layers()) layer_types.push_back(l->type());
-  BOOST_TEST(layer_types == (std::vector<std::string>{"Embeddings", "TransformerBlock", "TransformerBlock",
-                                                      "LayerNorm", "Linear"}));
+  BOOST_TEST(layer_types ==
+             (std::vector<std::string>{"Embeddings", "TransformerBlock", "TransformerBlock", "LayerNorm", "Linear"}));
   BOOST_TEST(m->layers()[1]->name() == "blocks.0");
   BOOST_TEST(m->layers()[4]->name() == "head");
   BOOST_TEST(m->loss_elements_per_sample() == S);
@@ -756,8 +763,8 @@ BOOST_AUTO_TEST_CASE(init_depends_only_on_seed_name_index) {
   std::vector<float> full(layout.numel);
   init_flat_range(layout, full.data(), 0, layout.numel, 42);
   std::mt19937 gen(1);
-  std::vector<std::pair<int64_t, int64_t>> ranges = {{0, 1}, {0, layout.numel}, {layout.numel - 1, layout.numel},
-                                                     {layout.offsets[2] - 3, layout.offsets[5] + 7}};
+  std::vector<std::pair<int64_t, int64_t>> ranges = {
+      {0, 1}, {0, layout.numel}, {layout.numel - 1, layout.numel}, {layout.offsets[2] - 3, layout.offsets[5] + 7}};
   for (int i = 0; i < 30; ++i) {
     int64_t a = gen() % layout.numel, b = gen() % layout.numel;
     if (a > b) std::swap(a, b);
@@ -766,7 +773,8 @@ BOOST_AUTO_TEST_CASE(init_depends_only_on_seed_name_index) {
   for (auto [a, b] : ranges) {
     std::vector<float> part(b - a + 1, -7.0f);
     init_flat_range(layout, part.data(), a, b, 42);
-    for (int64_t i = a; i < b; ++i) BOOST_TEST_REQUIRE(part[i - a] == full[i], "range [" << a << "," << b << ") at " << i);
+    for (int64_t i = a; i < b; ++i)
+      BOOST_TEST_REQUIRE(part[i - a] == full[i], "range [" << a << "," << b << ") at " << i);
     BOOST_TEST(part[b - a] == -7.0f);  // nothing past the end written
   }
   // Padding past the last parameter (a sharded buffer's tail) is zero.
@@ -970,8 +978,8 @@ BOOST_AUTO_TEST_CASE(empty_batch_on_a_rank) {
   run(*cnn, Tensor::empty({0, 1, 28, 28}, DType::f32), Tensor::empty({0}, DType::i32),
       random_tensor({1, 1, 28, 28}, 40, 0.0f, 1.0f), int_tensor({1}, {4}));
   auto lm = make_transformer(16, 8, 1, 2, 16, 6);
-  run(*lm, Tensor::empty({0, 6}, DType::i32), Tensor::empty({0, 6}, DType::i32),
-      int_tensor({1, 6}, {1, 2, 3, 4, 5, 6}), int_tensor({1, 6}, {2, 3, 4, 5, 6, 7}));
+  run(*lm, Tensor::empty({0, 6}, DType::i32), Tensor::empty({0, 6}, DType::i32), int_tensor({1, 6}, {1, 2, 3, 4, 5, 6}),
+      int_tensor({1, 6}, {2, 3, 4, 5, 6, 7}));
 }
 
 BOOST_AUTO_TEST_CASE(hooks_see_every_layer_in_order) {

@@ -99,8 +99,7 @@ std::vector<float> run_steps(Optimizer& opt, double base_lr, size_t copies = 1) 
     return out;
   };
   std::vector<float> params = tile(kP0);
-  for (size_t t = 0; t < kGrads.size(); ++t)
-    opt.step(params, tile(kGrads[t]), base_lr * kLrFactors[t]);
+  for (size_t t = 0; t < kGrads.size(); ++t) opt.step(params, tile(kGrads[t]), base_lr * kLrFactors[t]);
   return params;
 }
 
@@ -244,9 +243,7 @@ BOOST_AUTO_TEST_CASE(schedule_cosine_warmup_and_endpoints) {
   c.min_lr = 0.001;
   const double base = 0.1;
   LrSchedule s(c, base, 110);  // config total_steps 0: the run's 110 steps
-  auto cosine = [&](double t) {
-    return c.min_lr + (base - c.min_lr) * (1 + std::cos(std::numbers::pi * t)) / 2;
-  };
+  auto cosine = [&](double t) { return c.min_lr + (base - c.min_lr) * (1 + std::cos(std::numbers::pi * t)) / 2; };
   auto tol = boost::test_tools::tolerance(1e-12);
   BOOST_TEST(s.lr(0, 0) == base / 10, tol);
   BOOST_TEST(s.lr(4, 0) == base * 5 / 10, tol);

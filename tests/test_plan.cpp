@@ -202,8 +202,8 @@ BOOST_AUTO_TEST_CASE(strategies_at_world_size_eight) {
   BOOST_TEST(ns.all_gather.calls == 0);
   BOOST_TEST(ns.reduce_scatter.calls == 0);
   BOOST_TEST(ns.all_reduce.calls == 1);
-  BOOST_TEST(ns.all_reduce.bytes == 4 * psi);                        // one all_reduce of all gradients
-  BOOST_TEST(ns.all_reduce.wire_bytes == 2 * 4 * psi * 7 / 8);       // ~2 Psi per rank
+  BOOST_TEST(ns.all_reduce.bytes == 4 * psi);                   // one all_reduce of all gradients
+  BOOST_TEST(ns.all_reduce.wire_bytes == 2 * 4 * psi * 7 / 8);  // ~2 Psi per rank
 
   fsdp::MemoryPlan zero2 = fsdp::plan_memory(cfg(kOdd, {"fsdp.sharding_strategy=SHARD_GRAD_OP"}), {8});
   // Every unit gathered by the end of forward: 4 Psi (padded) on top of 16 Psi / N.
@@ -239,8 +239,8 @@ BOOST_AUTO_TEST_CASE(strategies_at_world_size_eight) {
 BOOST_AUTO_TEST_CASE(layer_activation_bytes) {
   fsdp::Linear fc("fc", 4, 3);
   BOOST_TEST(fc.output_shape({5, 4}) == fsdp::Shape({5, 3}));
-  BOOST_TEST(fc.activation_bytes({5, 4}, false) == 5 * 3 * 4);              // y
-  BOOST_TEST(fc.activation_bytes({5, 4}, true) == (5 * 3 + 5 * 4) * 4);     // y, dx
+  BOOST_TEST(fc.activation_bytes({5, 4}, false) == 5 * 3 * 4);           // y
+  BOOST_TEST(fc.activation_bytes({5, 4}, true) == (5 * 3 + 5 * 4) * 4);  // y, dx
   fsdp::Conv2d conv("conv", 2, 3, 3);
   BOOST_TEST(conv.output_shape({2, 2, 6, 6}) == fsdp::Shape({2, 3, 4, 4}));
   // col (18, 32), ybuf (3, 32), y (2,3,4,4); backward dyt (3, 32), dcol (18, 32), dx (2,2,6,6)
@@ -248,8 +248,8 @@ BOOST_AUTO_TEST_CASE(layer_activation_bytes) {
   fsdp::MaxPool2d pool("pool");
   BOOST_TEST(pool.activation_bytes({1, 2, 4, 4}, false) == 8 * 4 + 8 * 4);  // y f32 + argmax i32
   fsdp::Dropout drop("drop", 0.5f);
-  BOOST_TEST(drop.activation_bytes({3, 7}, false) == 0);                      // identity when not training
-  BOOST_TEST(drop.activation_bytes({3, 7}, true) == 3 * 21 * 4);             // mask, y, dx
+  BOOST_TEST(drop.activation_bytes({3, 7}, false) == 0);          // identity when not training
+  BOOST_TEST(drop.activation_bytes({3, 7}, true) == 3 * 21 * 4);  // mask, y, dx
   fsdp::TransformerBlock block("b", 8, 2, 16);
   BOOST_TEST(block.output_shape({2, 5, 8}) == fsdp::Shape({2, 5, 8}));
   BOOST_TEST(block.activation_bytes({2, 5, 8}, true) > block.activation_bytes({2, 5, 8}, false));

@@ -41,9 +41,12 @@ double f16_reference_value(uint16_t h) {
   int exp = (h >> 10) & 0x1f;
   int mant = h & 0x3ff;
   double v;
-  if (exp == 0x1f) v = mant ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
-  else if (exp == 0) v = std::ldexp(static_cast<double>(mant), -24);
-  else v = std::ldexp(static_cast<double>(1024 + mant), exp - 25);
+  if (exp == 0x1f)
+    v = mant ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  else if (exp == 0)
+    v = std::ldexp(static_cast<double>(mant), -24);
+  else
+    v = std::ldexp(static_cast<double>(1024 + mant), exp - 25);
   return sign ? -v : v;
 }
 
@@ -128,11 +131,11 @@ BOOST_AUTO_TEST_CASE(names_bytes_and_parse) {
 BOOST_AUTO_TEST_CASE(bf16_ties_to_even) {
   // ulp at 1.0 is 2^-7; 2^-8 is exactly half an ulp.
   BOOST_TEST(f32_to_bf16(1.0f) == 0x3f80);
-  BOOST_TEST(f32_to_bf16(1.0f + std::ldexp(1.0f, -8)) == 0x3f80);       // tie -> even (down)
-  BOOST_TEST(f32_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)) == 0x3f82);   // tie -> even (up) = 1 + 2^-6
+  BOOST_TEST(f32_to_bf16(1.0f + std::ldexp(1.0f, -8)) == 0x3f80);      // tie -> even (down)
+  BOOST_TEST(f32_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)) == 0x3f82);  // tie -> even (up) = 1 + 2^-6
   BOOST_TEST(bf16_to_f32(0x3f82) == 1.0f + std::ldexp(1.0f, -6));
-  BOOST_TEST(f32_to_bf16(1.0f + 5 * std::ldexp(1.0f, -8)) == 0x3f82);   // 1+5/256 tie: 0x3f82 even
-  BOOST_TEST(f32_to_bf16(1.0f + 7 * std::ldexp(1.0f, -8)) == 0x3f84);   // 1+7/256 tie: up to 0x3f84
+  BOOST_TEST(f32_to_bf16(1.0f + 5 * std::ldexp(1.0f, -8)) == 0x3f82);  // 1+5/256 tie: 0x3f82 even
+  BOOST_TEST(f32_to_bf16(1.0f + 7 * std::ldexp(1.0f, -8)) == 0x3f84);  // 1+7/256 tie: up to 0x3f84
   // Just above / below a tie.
   BOOST_TEST(f32_to_bf16(from_bits(0x3f808001u)) == 0x3f81);
   BOOST_TEST(f32_to_bf16(from_bits(0x3f807fffu)) == 0x3f80);
@@ -163,8 +166,8 @@ BOOST_AUTO_TEST_CASE(bf16_specials) {
   BOOST_TEST(signbit_of(bf16_to_f32(0x8000)));
   BOOST_TEST(bf16_to_f32(0x8000) == 0.0f);
   // NaNs: quiet NaN, signalling NaN (payload only in the low bits), negative NaN.
-  for (uint32_t nan_bits : {0x7fc00000u, 0x7f800001u, 0x7f800100u, 0xffc00000u, 0xff800001u, 0x7fffffffu,
-                            0x7fa00000u}) {
+  for (uint32_t nan_bits :
+       {0x7fc00000u, 0x7f800001u, 0x7f800100u, 0xffc00000u, 0xff800001u, 0x7fffffffu, 0x7fa00000u}) {
     uint16_t h = f32_to_bf16(from_bits(nan_bits));
     BOOST_TEST(bf16_is_nan(h), "nan " << std::hex << nan_bits << " -> " << h);
     BOOST_TEST((h & 0x40u) != 0u, "quiet bit for " << std::hex << nan_bits);
@@ -235,18 +238,18 @@ BOOST_AUTO_TEST_CASE(f16_specific_values) {
   // Subnormals and the underflow boundary.
   BOOST_TEST(f32_to_f16(std::ldexp(1.0f, -24)) == 0x0001);
   BOOST_TEST(f16_to_f32(0x0001) == std::ldexp(1.0f, -24));
-  BOOST_TEST(f32_to_f16(std::ldexp(1.0f, -25)) == 0x0000);        // tie -> even 0
-  BOOST_TEST(f32_to_f16(-std::ldexp(1.0f, -25)) == 0x8000);       // keeps the sign
+  BOOST_TEST(f32_to_f16(std::ldexp(1.0f, -25)) == 0x0000);   // tie -> even 0
+  BOOST_TEST(f32_to_f16(-std::ldexp(1.0f, -25)) == 0x8000);  // keeps the sign
   BOOST_TEST(f32_to_f16(std::nextafter(std::ldexp(1.0f, -25), 1.0f)) == 0x0001);
-  BOOST_TEST(f32_to_f16(3 * std::ldexp(1.0f, -26)) == 0x0001);    // 0.75 * 2^-24
-  BOOST_TEST(f32_to_f16(3 * std::ldexp(1.0f, -25)) == 0x0002);    // 1.5 * 2^-24: tie -> 2
-  BOOST_TEST(f32_to_f16(5 * std::ldexp(1.0f, -25)) == 0x0002);    // 2.5 * 2^-24: tie -> 2
+  BOOST_TEST(f32_to_f16(3 * std::ldexp(1.0f, -26)) == 0x0001);  // 0.75 * 2^-24
+  BOOST_TEST(f32_to_f16(3 * std::ldexp(1.0f, -25)) == 0x0002);  // 1.5 * 2^-24: tie -> 2
+  BOOST_TEST(f32_to_f16(5 * std::ldexp(1.0f, -25)) == 0x0002);  // 2.5 * 2^-24: tie -> 2
   BOOST_TEST(f32_to_f16(std::ldexp(1.0f, -26)) == 0x0000);
   BOOST_TEST(f32_to_f16(std::ldexp(1.0f, -40)) == 0x0000);
-  BOOST_TEST(f32_to_f16(from_bits(0x00000001u)) == 0x0000);       // f32 subnormal
-  BOOST_TEST(f32_to_f16(std::ldexp(1023.0f, -24)) == 0x03ff);     // largest subnormal
-  BOOST_TEST(f32_to_f16(std::ldexp(1023.5f, -24)) == 0x0400);     // tie -> even: smallest normal
-  BOOST_TEST(f32_to_f16(std::ldexp(1022.5f, -24)) == 0x03fe);     // tie -> even down
+  BOOST_TEST(f32_to_f16(from_bits(0x00000001u)) == 0x0000);    // f32 subnormal
+  BOOST_TEST(f32_to_f16(std::ldexp(1023.0f, -24)) == 0x03ff);  // largest subnormal
+  BOOST_TEST(f32_to_f16(std::ldexp(1023.5f, -24)) == 0x0400);  // tie -> even: smallest normal
+  BOOST_TEST(f32_to_f16(std::ldexp(1022.5f, -24)) == 0x03fe);  // tie -> even down
   BOOST_TEST(f32_to_f16(std::ldexp(1.0f, -14)) == 0x0400);
   // Normal ties: ulp at 1 is 2^-10.
   BOOST_TEST(f32_to_f16(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);
@@ -326,8 +329,19 @@ BOOST_AUTO_TEST_CASE(f16_matches_reference_rounding) {
 BOOST_AUTO_TEST_CASE(convert_all_float_pairs) {
   const double inf = std::numeric_limits<double>::infinity();
   // Exactly representable in every float type.
-  const std::vector<double> vals = {0.0, -0.0, 1.0, -2.0, 0.5, 3.5, 96.0, -0.09375, std::ldexp(1.0, -14),
-                                    -1024.0, inf, -inf, std::numeric_limits<double>::quiet_NaN()};
+  const std::vector<double> vals = {0.0,
+                                    -0.0,
+                                    1.0,
+                                    -2.0,
+                                    0.5,
+                                    3.5,
+                                    96.0,
+                                    -0.09375,
+                                    std::ldexp(1.0, -14),
+                                    -1024.0,
+                                    inf,
+                                    -inf,
+                                    std::numeric_limits<double>::quiet_NaN()};
   const size_t n = vals.size();
   const DType types[] = {DType::f32, DType::bf16, DType::f16, DType::f64};
   auto encode = [&](DType d, const std::vector<double>& v) {
@@ -337,8 +351,16 @@ BOOST_AUTO_TEST_CASE(convert_all_float_pairs) {
       switch (d) {
         case DType::f32: std::memcpy(buf.data() + 4 * i, &f, 4); break;
         case DType::f64: std::memcpy(buf.data() + 8 * i, &v[i], 8); break;
-        case DType::bf16: { uint16_t h = f32_to_bf16(f); std::memcpy(buf.data() + 2 * i, &h, 2); break; }
-        case DType::f16: { uint16_t h = f32_to_f16(f); std::memcpy(buf.data() + 2 * i, &h, 2); break; }
+        case DType::bf16: {
+          uint16_t h = f32_to_bf16(f);
+          std::memcpy(buf.data() + 2 * i, &h, 2);
+          break;
+        }
+        case DType::f16: {
+          uint16_t h = f32_to_f16(f);
+          std::memcpy(buf.data() + 2 * i, &h, 2);
+          break;
+        }
         default: break;
       }
     }
@@ -346,10 +368,26 @@ BOOST_AUTO_TEST_CASE(convert_all_float_pairs) {
   };
   auto decode = [&](DType d, const std::vector<unsigned char>& buf, size_t i) -> double {
     switch (d) {
-      case DType::f32: { float f; std::memcpy(&f, buf.data() + 4 * i, 4); return f; }
-      case DType::f64: { double x; std::memcpy(&x, buf.data() + 8 * i, 8); return x; }
-      case DType::bf16: { uint16_t h; std::memcpy(&h, buf.data() + 2 * i, 2); return bf16_to_f32(h); }
-      case DType::f16: { uint16_t h; std::memcpy(&h, buf.data() + 2 * i, 2); return f16_to_f32(h); }
+      case DType::f32: {
+        float f;
+        std::memcpy(&f, buf.data() + 4 * i, 4);
+        return f;
+      }
+      case DType::f64: {
+        double x;
+        std::memcpy(&x, buf.data() + 8 * i, 8);
+        return x;
+      }
+      case DType::bf16: {
+        uint16_t h;
+        std::memcpy(&h, buf.data() + 2 * i, 2);
+        return bf16_to_f32(h);
+      }
+      case DType::f16: {
+        uint16_t h;
+        std::memcpy(&h, buf.data() + 2 * i, 2);
+        return f16_to_f32(h);
+      }
       default: return 0.0;
     }
   };
@@ -426,13 +464,13 @@ BOOST_AUTO_TEST_CASE(tracker_through_tensors) {
     BOOST_TEST(tr.current_total_bytes() == 400u);
     BOOST_TEST(tr.peak_total_bytes() == 400u);
     {
-      Tensor copy = a;                       // shares the buffer
+      Tensor copy = a;  // shares the buffer
       Tensor v = a.view({100});
       Tensor v2 = v.view({4, 25});
       BOOST_TEST(copy.raw() == a.raw());
       BOOST_TEST(v2.raw() == a.raw());
       BOOST_TEST(tr.current_total_bytes() == 400u);
-      a = Tensor();                          // the copies keep it alive
+      a = Tensor();  // the copies keep it alive
       BOOST_TEST(tr.current_bytes(MemCategory::params) == 400u);
       a = copy;
     }
@@ -700,8 +738,8 @@ BOOST_AUTO_TEST_CASE(uniform_statistics) {
     mx = std::max(mx, u);
   }
   double mean = sum / n, var = sq / n - mean * mean;
-  BOOST_TEST(std::fabs(mean - 0.5) < 0.005);          // sigma ~ 0.0009
-  BOOST_TEST(std::fabs(var - 1.0 / 12.0) < 0.002);    // sigma ~ 0.0003
+  BOOST_TEST(std::fabs(mean - 0.5) < 0.005);        // sigma ~ 0.0009
+  BOOST_TEST(std::fabs(var - 1.0 / 12.0) < 0.002);  // sigma ~ 0.0003
   BOOST_TEST(mn < 1e-3f);
   BOOST_TEST(mx > 1.0f - 1e-3f);
   // Deciles roughly equal.
@@ -872,9 +910,9 @@ BOOST_AUTO_TEST_CASE(im2col_matches_definition_and_col2im_is_adjoint) {
 BOOST_AUTO_TEST_CASE(maxpool_first_max_and_backward) {
   // One 4x4 plane -> 2x2.
   std::vector<float> x = {
-      1, 1, 0, 5,   //
-      1, 1, 5, 0,   //
-      2, 3, -1, -1, //
+      1, 1, 0,  5,   //
+      1, 1, 5,  0,   //
+      2, 3, -1, -1,  //
       3, 0, -1, -1,
   };
   std::vector<float> y(4);
@@ -957,8 +995,7 @@ BOOST_AUTO_TEST_CASE(layernorm_and_log_softmax_vs_double) {
     double s = 1.0 / std::sqrt(v + 1e-5);
     BOOST_TEST(std::fabs(mean[r] - m) < 1e-5);
     BOOST_TEST(std::fabs(rstd[r] - s) < 1e-4 * s);
-    for (int64_t c = 0; c < C; ++c)
-      BOOST_TEST(std::fabs(y[r * C + c] - ((x[r * C + c] - m) * s * w[c] + b[c])) < 1e-5);
+    for (int64_t c = 0; c < C; ++c) BOOST_TEST(std::fabs(y[r * C + c] - ((x[r * C + c] - m) * s * w[c] + b[c])) < 1e-5);
   }
   std::vector<float> ls(rows * C);
   ops::log_softmax_forward(ls.data(), x.data(), rows, C);
@@ -966,8 +1003,7 @@ BOOST_AUTO_TEST_CASE(layernorm_and_log_softmax_vs_double) {
     double mx = -1e30, sum = 0.0;
     for (int64_t c = 0; c < C; ++c) mx = std::max(mx, static_cast<double>(x[r * C + c]));
     for (int64_t c = 0; c < C; ++c) sum += std::exp(x[r * C + c] - mx);
-    for (int64_t c = 0; c < C; ++c)
-      BOOST_TEST(std::fabs(ls[r * C + c] - (x[r * C + c] - mx - std::log(sum))) < 1e-5);
+    for (int64_t c = 0; c < C; ++c) BOOST_TEST(std::fabs(ls[r * C + c] - (x[r * C + c] - mx - std::log(sum))) < 1e-5);
   }
   // Stable for huge logits.
   std::vector<float> hx = {1000.0f, 0.0f, -1000.0f}, hy(3);

@@ -102,12 +102,13 @@ BOOST_AUTO_TEST_CASE(dropout_changes_training_only_when_on) {
 
 BOOST_AUTO_TEST_CASE(transformer_trains_on_the_text_corpus) {
   std::string m = tmp("text_metrics");
-  fsdp::TrainSummary s = fsdp::train(
-      cfg("model: {kind: transformer, d_model: 32, n_layers: 1, n_heads: 2, d_ff: 64, seq_len: 32}\n"
-          "data: {kind: text, path: /usr/share/games/fortunes/fortunes}\n"
-          "train: {batch_size: 8, steps: 30, eval_every: 30, eval_batch_size: 64, optimizer: {kind: adamw, lr: 0.003}}\n",
-          {"output.metrics=" + m}),
-      {});
+  fsdp::TrainSummary s =
+      fsdp::train(cfg("model: {kind: transformer, d_model: 32, n_layers: 1, n_heads: 2, d_ff: 64, seq_len: 32}\n"
+                      "data: {kind: text, path: /usr/share/games/fortunes/fortunes}\n"
+                      "train: {batch_size: 8, steps: 30, eval_every: 30, eval_batch_size: 64, optimizer: {kind: adamw, "
+                      "lr: 0.003}}\n",
+                      {"output.metrics=" + m}),
+                  {});
   std::vector<double> l = step_losses(m);
   BOOST_REQUIRE(l.size() == 30u);
   BOOST_TEST(std::abs(l.front() - std::log(256.0)) < 1.0);  // uniform-ish start over bytes
@@ -121,10 +122,10 @@ BOOST_AUTO_TEST_CASE(f16_dynamic_loss_scaling_skips_overflowing_steps) {
   // Gradients times an initial scale of 2^28 overflow f16 in the reduction: those steps are
   // skipped and the scale halves until the gradients fit; then training proceeds.
   std::string m = tmp("f16_metrics");
-  fsdp::train(cfg(kLm, {"train.steps=30", "fsdp.mixed_precision.param_dtype=f16",
-                        "fsdp.mixed_precision.reduce_dtype=f16", "fsdp.mixed_precision.init_loss_scale=268435456",
-                        "output.metrics=" + m}),
-              {});
+  fsdp::train(
+      cfg(kLm, {"train.steps=30", "fsdp.mixed_precision.param_dtype=f16", "fsdp.mixed_precision.reduce_dtype=f16",
+                "fsdp.mixed_precision.init_loss_scale=268435456", "output.metrics=" + m}),
+      {});
   std::ifstream f(m);
   std::string line;
   int skipped = 0, steps = 0;

@@ -54,16 +54,20 @@ BOOST_AUTO_TEST_CASE(a_call_past_its_deadline_ends_the_process_naming_it) {
     sleep_s(5.0);  // the "hung" collective
   });
   BOOST_TEST(c.exit_code == 1);
-  BOOST_TEST(c.err ==
-             "fsdp_app: mpi all_gather #7 (count 65536, f32) did not complete within comm.timeout_s = 0.2 s (a rank may "
-             "have failed, hung or skipped this collective); ending this rank\n");
+  BOOST_TEST(
+      c.err ==
+      "fsdp_app: mpi all_gather #7 (count 65536, f32) did not complete within comm.timeout_s = 0.2 s (a rank may "
+      "have failed, hung or skipped this collective); ending this rank\n");
 }
 
 BOOST_AUTO_TEST_CASE(calls_that_return_in_time_disarm_it) {
   Child c = in_child([] {
     fsdp::Watchdog w;
     for (int i = 0; i < 1000; ++i) auto armed = w.arm("call " + std::to_string(i), 0.3);  // armed and disarmed
-    { auto armed = w.arm("last", 0.2); sleep_s(0.05); }
+    {
+      auto armed = w.arm("last", 0.2);
+      sleep_s(0.05);
+    }
     sleep_s(0.6);  // well past every deadline, with nothing armed
   });
   BOOST_TEST(c.exit_code == 0);

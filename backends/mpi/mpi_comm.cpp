@@ -265,7 +265,10 @@ MPI_Op MpiHalfTypes::op(DType dtype, ReduceOp op) const {
 MpiCommunicator::MpiCommunicator(MPI_Comm owned, std::shared_ptr<MpiHalfTypes> types,
                                  std::shared_ptr<ShmProgress> progress, std::shared_ptr<Watchdog> watchdog,
                                  const CommOptions& options)
-    : Communicator(options), comm_(owned), types_(std::move(types)), progress_(std::move(progress)),
+    : Communicator(options),
+      comm_(owned),
+      types_(std::move(types)),
+      progress_(std::move(progress)),
       watchdog_(std::move(watchdog)) {
   MPI_Comm_rank(owned, &rank_);
   MPI_Comm_size(owned, &size_);
@@ -328,8 +331,8 @@ std::unique_ptr<Work> MpiCommunicator::all_gather(const void* in, void* out, siz
   return work;
 }
 
-std::unique_ptr<Work> MpiCommunicator::reduce_scatter(const void* in, void* out, size_t count, DType dtype,
-                                                      ReduceOp op, Stream) {
+std::unique_ptr<Work> MpiCommunicator::reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+                                                      Stream) {
   if (shm_ && count > 0) {
     auto work = std::make_unique<ShmWork>(describe("reduce_scatter", count, dtype), options().timeout_s, progress_);
     std::vector<size_t> offsets(static_cast<size_t>(size_) + 1);

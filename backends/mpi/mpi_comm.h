@@ -8,8 +8,8 @@
 #include <memory>
 
 #include "comm/comm.h"
-#include "comm/watchdog.h"
 #include "comm/mpi_env.h"
+#include "comm/watchdog.h"
 #include "mpi/mpi_shm.h"
 
 namespace fsdp {
@@ -22,7 +22,7 @@ class MpiHalfTypes {
   ~MpiHalfTypes();
   MpiHalfTypes(const MpiHalfTypes&) = delete;
   MpiHalfTypes& operator=(const MpiHalfTypes&) = delete;
-  MPI_Datatype datatype(DType dtype) const;  // any DType
+  MPI_Datatype datatype(DType dtype) const;   // any DType
   MPI_Op op(DType dtype, ReduceOp op) const;  // avg maps to sum (scaled afterwards)
 
  private:

@@ -215,8 +215,7 @@ bool ShmChannel::try_write(ShmOp& op) {
 bool ShmChannel::try_reduce(ShmOp& op) {
   const uint64_t g = op.first_chunk + op.reduced;
   const bool publish = op.kind == ShmOp::Kind::all_reduce;
-  if (!reached(&Control::posted, min_posted_, g + 1, false))
-    return false;  // a peer has not staged this chunk yet
+  if (!reached(&Control::posted, min_posted_, g + 1, false)) return false;  // a peer has not staged this chunk yet
   if (publish && !reached(&Control::gathered, min_gathered_, g + 1 > slots_ ? g + 1 - slots_ : 0, true))
     return false;  // a peer still copies this result slot's previous chunk
   const size_t me = static_cast<size_t>(rank_);

@@ -142,9 +142,7 @@ CudaEventHandle::~CudaEventHandle() {
   if (event_ != nullptr) cudaEventDestroy(event_);
 }
 
-DeviceBuffer::DeviceBuffer(size_t bytes) {
-  check_cuda(cudaMalloc(&ptr_, bytes), "nccl backend", "cudaMalloc");
-}
+DeviceBuffer::DeviceBuffer(size_t bytes) { check_cuda(cudaMalloc(&ptr_, bytes), "nccl backend", "cudaMalloc"); }
 
 DeviceBuffer::~DeviceBuffer() {
   if (ptr_ != nullptr) cudaFree(ptr_);
@@ -202,12 +200,11 @@ std::unique_ptr<Work> NcclCommunicator::reduce_scatter(const void* in, void* out
                                                        ReduceOp op, Stream stream) {
   CollectiveDesc desc = describe("reduce_scatter", count, dtype);
   cudaStream_t s = prepare(stream, desc);
-  return finish(ncclReduceScatter(in, out, count, nccl_dtype(dtype), nccl_op(op), comm_->get(), s), s,
-                std::move(desc));
+  return finish(ncclReduceScatter(in, out, count, nccl_dtype(dtype), nccl_op(op), comm_->get(), s), s, std::move(desc));
 }
 
-std::unique_ptr<Work> NcclCommunicator::all_reduce(const void* in, void* out, size_t count, DType dtype,
-                                                   ReduceOp op, Stream stream) {
+std::unique_ptr<Work> NcclCommunicator::all_reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+                                                   Stream stream) {
   CollectiveDesc desc = describe("all_reduce", count, dtype);
   cudaStream_t s = prepare(stream, desc);
   return finish(ncclAllReduce(in, out, count, nccl_dtype(dtype), nccl_op(op), comm_->get(), s), s, std::move(desc));
@@ -230,8 +227,7 @@ void NcclCommunicator::barrier() {
   // On our own stream without the legacy-stream ordering: a barrier meets the other ranks, it
   // does not wait for this rank's kernels.
   void* byte = scratch_->get();
-  finish(ncclAllReduce(byte, byte, 1, ncclUint8, ncclMax, comm_->get(), stream_.get()), stream_.get(),
-         std::move(desc))
+  finish(ncclAllReduce(byte, byte, 1, ncclUint8, ncclMax, comm_->get(), stream_.get()), stream_.get(), std::move(desc))
       ->wait();
 }
 

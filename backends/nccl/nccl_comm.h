@@ -108,7 +108,7 @@ class NcclCommunicator : public Communicator {
   int device_ = 0;  // initialised by making it current, before the stream and event are created
   int rank_ = 0, size_ = 1;
   CudaStreamHandle stream_;
-  CudaEventHandle legacy_ready_;        // orders the own stream after the legacy default stream
+  CudaEventHandle legacy_ready_;           // orders the own stream after the legacy default stream
   std::unique_ptr<DeviceBuffer> scratch_;  // barrier's byte, allocated on first use
 };
 

@@ -39,9 +39,7 @@ struct Link {
   int rank = 0, size = 1;
 
   int right() const { return (rank + 1) % size; }
-  uint64_t tag(uint32_t phase, uint64_t message) const {
-    return tag_base | (uint64_t{phase} << 28) | message;
-  }
+  uint64_t tag(uint32_t phase, uint64_t message) const { return tag_base | (uint64_t{phase} << 28) | message; }
   // Zero-byte pieces (uneven all_reduce blocks) are skipped on both sides: the request stays
   // idle, which reads as complete.
   void send(int peer, uint32_t phase, uint64_t message, const void* data, size_t bytes, Request& request) const {
@@ -49,8 +47,7 @@ struct Link {
     ucp_request_param_t params{};
     params.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE;
     params.memory_type = UCS_MEMORY_TYPE_HOST;  // host buffers: spare UCX the memory-type lookup
-    request.start(worker->get(),
-                  ucp_tag_send_nbx(worker->ep(peer), data, bytes, tag(phase, message), &params), *desc,
+    request.start(worker->get(), ucp_tag_send_nbx(worker->ep(peer), data, bytes, tag(phase, message), &params), *desc,
                   "ucp_tag_send_nbx");
   }
   void recv(uint32_t phase, uint64_t message, void* data, size_t bytes, Request& request) const {
@@ -59,8 +56,8 @@ struct Link {
     params.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE;
     params.memory_type = UCS_MEMORY_TYPE_HOST;
     request.start(worker->get(),
-                  ucp_tag_recv_nbx(worker->get(), data, bytes, tag(phase, message), ~uint64_t{0}, &params),
-                  *desc, "ucp_tag_recv_nbx");
+                  ucp_tag_recv_nbx(worker->get(), data, bytes, tag(phase, message), ~uint64_t{0}, &params), *desc,
+                  "ucp_tag_recv_nbx");
   }
   void check_messages(uint64_t messages) const {
     if (messages >= kMessageLimit)
@@ -479,8 +476,7 @@ class DisseminationBarrier : public Algo {
  private:
   void notify(int k) {
     static const std::byte token{1};  // static: never freed under an abandoned send
-    link_.send(mod(link_.rank + (1 << k), link_.size), kPhaseBarrier, static_cast<uint64_t>(k), &token, 1,
-               send_[k]);
+    link_.send(mod(link_.rank + (1 << k), link_.size), kPhaseBarrier, static_cast<uint64_t>(k), &token, 1, send_[k]);
   }
   Link link_;
   int rounds_ = 0, round_ = 0;
@@ -496,8 +492,7 @@ class DisseminationBarrier : public Algo {
 // (ucp_request_check_status), so nothing writes into a Work from a callback.
 class UcxWork final : public PollingWork, private ucx::Pollable {
  public:
-  UcxWork(CollectiveDesc desc, double timeout_s, std::shared_ptr<Worker> worker, uint64_t tag_base, int rank,
-          int size)
+  UcxWork(CollectiveDesc desc, double timeout_s, std::shared_ptr<Worker> worker, uint64_t tag_base, int rank, int size)
       : PollingWork(std::move(desc), timeout_s), worker_(std::move(worker)) {
     link_ = Link{worker_.get(), &desc_, tag_base, rank, size};
   }
@@ -684,8 +679,8 @@ std::unique_ptr<Work> UcxCommunicator::all_gather(const void* in, void* out, siz
   return work;
 }
 
-std::unique_ptr<Work> UcxCommunicator::reduce_scatter(const void* in, void* out, size_t count, DType dtype,
-                                                      ReduceOp op, Stream) {
+std::unique_ptr<Work> UcxCommunicator::reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+                                                      Stream) {
   CollectiveDesc desc = describe("reduce_scatter", count, dtype);
   if (count == 0) return std::make_unique<DoneWork>();
   if (size_ == 1) {

@@ -41,14 +41,14 @@ class UcxWork;  // ucx_comm.cpp
 // Staging per reduce_scatter/all_reduce in flight: 2 * lanes * chunk_bytes = 8 MiB at most.
 struct UcxTuning {
   size_t chunk_bytes = size_t{512} << 10;  // largest message of a ring step (the staging slot size)
-  size_t lanes = 8;                          // chunks a reduce-scatter keeps in flight (2 slots each)
+  size_t lanes = 8;                        // chunks a reduce-scatter keeps in flight (2 slots each)
 };
 
 class UcxCommunicator : public Communicator {
  public:
   // Collective over `owned` (address exchange); takes ownership of it.
-  UcxCommunicator(MPI_Comm owned, std::shared_ptr<ucx::Context> context, const CommOptions& options,
-                  UcxTuning tuning, uint8_t id);
+  UcxCommunicator(MPI_Comm owned, std::shared_ptr<ucx::Context> context, const CommOptions& options, UcxTuning tuning,
+                  uint8_t id);
   ~UcxCommunicator() override;  // collective: closes endpoints, fences
   UcxCommunicator(const UcxCommunicator&) = delete;
   UcxCommunicator& operator=(const UcxCommunicator&) = delete;

@@ -49,7 +49,7 @@ class Context {
   void detach(ucp_worker_h worker);
   void enlist(Pollable* pollable) { pollables_.push_back(pollable); }
   void dismiss(Pollable* pollable);  // safe from inside progress_all
-  unsigned progress_all();  // returns the workers' event count (0: nothing happened)
+  unsigned progress_all();           // returns the workers' event count (0: nothing happened)
 
  private:
   ucp_context_h context_ = nullptr;

@@ -34,32 +34,32 @@ CheckpointFormat parse_checkpoint_format(const std::string& name);
 // the tensors: the sampler position and the dropout streams are functions of (seed, step), the
 // learning rate of (step, epoch), so these numbers restore them exactly.
 struct CheckpointMeta {
-  std::string format;             // consolidated | sharded
+  std::string format;  // consolidated | sharded
   int64_t format_version = kCheckpointFormatVersion;
-  int64_t step = 0;               // optimizer steps done; training resumes with step `step`
-  int64_t epoch = 0;              // 0-based epoch of the next step
-  int64_t step_in_epoch = 0;      // sampler position of the next step inside that epoch
+  int64_t step = 0;           // optimizer steps done; training resumes with step `step`
+  int64_t epoch = 0;          // 0-based epoch of the next step
+  int64_t step_in_epoch = 0;  // sampler position of the next step inside that epoch
   int64_t steps_per_epoch = 0;
   int64_t world_size = 1;
   int64_t shard_group_size = 1;
   int64_t global_batch_size = 0;
-  int64_t seed = 0;               // Philox key of init, shuffles and dropout
+  int64_t seed = 0;  // Philox key of init, shuffles and dropout
   std::string strategy, backend, wrap_policy, model_kind;
-  std::string optimizer;          // kind: sgd | adadelta | adam | adamw
+  std::string optimizer;                      // kind: sgd | adadelta | adam | adamw
   std::vector<std::string> optimizer_states;  // names stored per parameter, e.g. exp_avg
   int64_t optimizer_step = 0;
-  std::string scheduler;          // kind; the schedule itself is a function of step and epoch
-  double lr = 0.0;                // learning rate of the last step
-  double loss_scale = 0.0;        // f16 loss scaler (0 when off)
+  std::string scheduler;    // kind; the schedule itself is a function of step and epoch
+  double lr = 0.0;          // learning rate of the last step
+  double loss_scale = 0.0;  // f16 loss scaler (0 when off)
   int64_t loss_scale_good_steps = 0;
-  double best_eval_loss = -1.0;   // save_best's threshold; -1: no evaluation yet
-  std::string config_yaml;        // the input file's text after --set overrides
+  double best_eval_loss = -1.0;  // save_best's threshold; -1: no evaluation yet
+  std::string config_yaml;       // the input file's text after --set overrides
 };
 
 // One FSDP unit as a checkpoint sees it on this rank.
 struct UnitShard {
-  const FlatLayout* layout = nullptr;  // params in PyTorch order, offsets in the flat buffer
-  int64_t padded_numel = 0;            // flat buffer size, padding at the end
+  const FlatLayout* layout = nullptr;        // params in PyTorch order, offsets in the flat buffer
+  int64_t padded_numel = 0;                  // flat buffer size, padding at the end
   int64_t held_begin = 0, held_count = 0;    // this rank's shard: range of the flat buffer
   int64_t local_offset = 0;                  // where the shard starts in `buffers`
   int64_t write_begin = 0, write_count = 0;  // the part of the shard this rank saves
@@ -92,8 +92,8 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& sta
                                 const SaveOptions& options, MPI_Comm comm);
 
 struct LoadOptions {
-  bool optimizer_state = true;   // false: parameters only
-  std::string optimizer;         // with optimizer_state: the kind this run uses (must match)
+  bool optimizer_state = true;  // false: parameters only
+  std::string optimizer;        // with optimizer_state: the kind this run uses (must match)
 };
 
 // Collective over comm. Fills every rank's shard (params, and optimizer state when asked) from
@@ -124,7 +124,7 @@ namespace fsdp {
 
 // One parameter as a checkpoint stores it.
 struct CheckpointTensor {
-  std::string name;             // state_dict name
+  std::string name;  // state_dict name
   Shape shape;
   int64_t unit = -1;            // sharded: its unit k (/shards/<k>/...); consolidated: -1
   int64_t offset = 0;           // sharded: its first element in the unit's flat buffer

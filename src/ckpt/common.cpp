@@ -268,7 +268,8 @@ std::vector<std::string> read_strings_attr(hid_t obj, const char* name, const st
   if (n < 0 || n > (1 << 20)) throw Error(what + ": attribute " + name + " has a bad size");
   std::vector<char*> ptrs(n, nullptr);
   H5Id mem = string_type();
-  if (n > 0 && H5Aread(a.get(), mem.get(), ptrs.data()) < 0) throw Error(what + ": attribute " + name + " cannot be read");
+  if (n > 0 && H5Aread(a.get(), mem.get(), ptrs.data()) < 0)
+    throw Error(what + ": attribute " + name + " cannot be read");
   std::vector<std::string> out;
   for (char* p : ptrs) {
     out.emplace_back(p ? p : "");
@@ -352,8 +353,7 @@ CheckpointMeta read_meta(hid_t file, const std::string& what) {
     throw Error(what + ": format_version " + std::to_string(m.format_version) + " is not supported (this build reads " +
                 std::to_string(kCheckpointFormatVersion) + ")");
   for (const MetaField& f : meta_fields()) f.read(file, m, what);
-  if (m.format != "consolidated" && m.format != "sharded")
-    throw Error(what + ": unknown format '" + m.format + "'");
+  if (m.format != "consolidated" && m.format != "sharded") throw Error(what + ": unknown format '" + m.format + "'");
   if (m.step < 0 || m.epoch < 0 || m.world_size < 1 || m.optimizer_step < 0)
     throw Error(what + ": negative step, epoch or world_size attribute");
   return m;

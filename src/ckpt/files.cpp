@@ -68,7 +68,8 @@ void prune_checkpoints(const std::string& dir, int64_t keep, int64_t saved_step)
   std::vector<std::pair<int64_t, std::string>> files = step_files(dir);
   std::erase_if(files, [&](const auto& f) { return f.first > saved_step; });
   std::error_code ec;
-  for (size_t i = static_cast<size_t>(std::max<int64_t>(keep, 0)); i < files.size(); ++i) fs::remove(files[i].second, ec);
+  for (size_t i = static_cast<size_t>(std::max<int64_t>(keep, 0)); i < files.size(); ++i)
+    fs::remove(files[i].second, ec);
   // A .tmp left by a save that was killed is never complete: nothing can resume from it.
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
     if (it->path().extension() == ".tmp" &&

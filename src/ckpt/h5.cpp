@@ -1,8 +1,8 @@
 #include "ckpt/h5.h"
 
+#include <unistd.h>
 #include <cstdio>
 #include <set>
-#include <unistd.h>
 
 #include "tensor/error.h"
 
@@ -17,12 +17,13 @@ H5Quiet::~H5Quiet() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
 
 std::vector<std::string> link_names(hid_t group) {
   std::vector<std::string> names;
-  H5Literate(group, H5_INDEX_NAME, H5_ITER_INC, nullptr,
-             [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
-               static_cast<std::vector<std::string>*>(out)->push_back(name);
-               return 0;
-             },
-             &names);
+  H5Literate(
+      group, H5_INDEX_NAME, H5_ITER_INC, nullptr,
+      [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
+        static_cast<std::vector<std::string>*>(out)->push_back(name);
+        return 0;
+      },
+      &names);
   return names;
 }
 
@@ -91,9 +92,9 @@ void WeightWriter::write(const std::vector<Param*>& params) {
   for (const Param* p : params) {
     std::vector<hsize_t> dims(p->shape.begin(), p->shape.end());
     H5Id space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
-    H5Id ds(H5Dcreate2(group_.get(), p->name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
-                       H5P_DEFAULT),
-            H5Dclose);
+    H5Id ds(
+        H5Dcreate2(group_.get(), p->name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+        H5Dclose);
     if (!ds.valid() || H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, p->data) < 0)
       throw Error("cannot write /model/" + p->name + " to " + tmp_path_);
   }

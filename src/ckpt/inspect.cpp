@@ -76,7 +76,8 @@ class Lister {
     H5Id type(H5Dget_type(ds), H5Tclose);
     const hsize_t need = static_cast<hsize_t>(n) * H5Tget_size(type.get());
     if (n > 0 && H5Dget_storage_size(ds) < need)
-      throw Error(what_ + ": " + path + " declares " + std::to_string(n) + " entries but stores fewer (truncated or damaged?)");
+      throw Error(what_ + ": " + path + " declares " + std::to_string(n) +
+                  " entries but stores fewer (truncated or damaged?)");
   }
 
   template <class T>
@@ -150,7 +151,8 @@ class Lister {
         count *= d;
       }
       if (count != numel[i])
-        throw Error(bad + "gives " + names[i] + " numel " + std::to_string(numel[i]) + " but shape " + shape_str(t.shape));
+        throw Error(bad + "gives " + names[i] + " numel " + std::to_string(numel[i]) + " but shape " +
+                    shape_str(t.shape));
       if (unit[i] < 0 || unit[i] >= static_cast<int64_t>(c_.unit_padded_numel.size()))
         throw Error(bad + "puts " + names[i] + " in unit " + std::to_string(unit[i]) + " of " +
                     std::to_string(c_.unit_padded_numel.size()));
@@ -212,14 +214,15 @@ CheckpointVerifyReport verify_checkpoint(const std::string& path) {
 
   // Every dataset outside /index is a tensor dataset, expected or not.
   std::vector<std::string> paths;
-  H5Lvisit(file.get(), H5_INDEX_NAME, H5_ITER_INC,
-           [](hid_t root, const char* name, const H5L_info_t* info, void* out) -> herr_t {
-             const std::string path = std::string("/") + name;
-             if (info->type == H5L_TYPE_HARD && path.rfind("/index/", 0) != 0 && is_dataset(root, path))
-               static_cast<std::vector<std::string>*>(out)->push_back(path);
-             return 0;
-           },
-           &paths);
+  H5Lvisit(
+      file.get(), H5_INDEX_NAME, H5_ITER_INC,
+      [](hid_t root, const char* name, const H5L_info_t* info, void* out) -> herr_t {
+        const std::string path = std::string("/") + name;
+        if (info->type == H5L_TYPE_HARD && path.rfind("/index/", 0) != 0 && is_dataset(root, path))
+          static_cast<std::vector<std::string>*>(out)->push_back(path);
+        return 0;
+      },
+      &paths);
 
   std::vector<float> scratch;
   for (const std::string& p : paths) {
@@ -271,15 +274,15 @@ CheckpointVerifyReport verify_checkpoint(const std::string& path) {
     const std::vector<const CheckpointTensor*>& tensors = exp ? exp->tensors : none;
     std::vector<uint32_t> tensor_crc(tensors.size(), 0);
     uint32_t crc = 0;
-    const bool ok = stream_flat_range(ds.get(), dims, 0, shape_numel(shape), scratch, [&](int64_t at, const float* data,
-                                                                                         int64_t n) {
-      crc = crc_append(crc, data, n);
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        const int64_t lo = std::max(at, tensors[i]->offset);
-        const int64_t hi = std::min(at + n, tensors[i]->offset + shape_numel(tensors[i]->shape));
-        if (lo < hi) tensor_crc[i] = crc_append(tensor_crc[i], data + (lo - at), hi - lo);
-      }
-    });
+    const bool ok = stream_flat_range(
+        ds.get(), dims, 0, shape_numel(shape), scratch, [&](int64_t at, const float* data, int64_t n) {
+          crc = crc_append(crc, data, n);
+          for (size_t i = 0; i < tensors.size(); ++i) {
+            const int64_t lo = std::max(at, tensors[i]->offset);
+            const int64_t hi = std::min(at + n, tensors[i]->offset + shape_numel(tensors[i]->shape));
+            if (lo < hi) tensor_crc[i] = crc_append(tensor_crc[i], data + (lo - at), hi - lo);
+          }
+        });
     if (!ok) {
       report.problems.push_back(p + ": cannot read the data (truncated or damaged file?)");
       continue;

@@ -35,16 +35,16 @@ class Group {
 
 // One logical tensor of a checkpoint: a parameter (state 0) or one of its optimizer states.
 struct TensorRef {
-  std::string name;      // the parameter's state_dict name
-  int state = 0;         // 0 = the parameter, s = state_names[s - 1]
+  std::string name;  // the parameter's state_dict name
+  int state = 0;     // 0 = the parameter, s = state_names[s - 1]
   Shape shape;
 };
 
 // A contiguous range of a tensor's flattened elements, as one rank wrote or read it, with the
 // CRC-32 of its bytes. Exchanged between ranks as plain bytes.
 struct PieceCrc {
-  int64_t tensor = 0;    // index into the tensor list both sides agree on; -1 = padding
-  int64_t dataset = 0;   // index into the dataset list
+  int64_t tensor = 0;   // index into the tensor list both sides agree on; -1 = padding
+  int64_t dataset = 0;  // index into the dataset list
   int64_t tensor_offset = 0, dataset_offset = 0, count = 0;
   uint64_t crc = 0;
 };

@@ -60,7 +60,8 @@ SavePlan make_plan(const ShardedState& st, CheckpointFormat format) {
     auto local = [&](int s, int64_t flat) { return st.buffers[s] + u.local_offset + (flat - u.held_begin); };
     if (sharded) {
       for (int s = 0; s < states; ++s) {
-        plan.datasets.push_back({shard_path(static_cast<int64_t>(k), s, st.state_names), {static_cast<hsize_t>(u.padded_numel)}});
+        plan.datasets.push_back(
+            {shard_path(static_cast<int64_t>(k), s, st.state_names), {static_cast<hsize_t>(u.padded_numel)}});
         if (u.write_count > 0) plan.writes.push_back({first_dataset + s, w_begin, u.write_count, local(s, w_begin)});
       }
     }
@@ -222,7 +223,8 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st,
   const int states = 1 + static_cast<int>(st.state_names.size());
 
   SavePlan plan = make_plan(st, options.format);
-  for (size_t i = 0; i < plan.pieces.size(); ++i) plan.pieces[i].crc = crc32_floats(plan.piece_data[i], plan.pieces[i].count);
+  for (size_t i = 0; i < plan.pieces.size(); ++i)
+    plan.pieces[i].crc = crc32_floats(plan.piece_data[i], plan.pieces[i].count);
 
   H5Quiet quiet;
   // create: a failure here (folder missing, not writable) is the same on every rank.
@@ -254,9 +256,9 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st,
   datasets.reserve(plan.datasets.size());
   for (const DatasetSpec& d : plan.datasets) {
     H5Id space(H5Screate_simple(static_cast<int>(d.dims.size()), d.dims.data(), nullptr), H5Sclose);
-    datasets.emplace_back(H5Dcreate2(file.get(), d.path.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(), dcpl.get(),
-                                     H5P_DEFAULT),
-                          H5Dclose);
+    datasets.emplace_back(
+        H5Dcreate2(file.get(), d.path.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
+        H5Dclose);
     if (!datasets.back().valid()) {
       error = "checkpoint: cannot create " + d.path + " in " + tmp;
       break;
@@ -266,8 +268,7 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st,
 
   // write: every rank visits every dataset in the same order (collective transfers need it).
   H5Id xfer(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
-  if (g.parallel())
-    H5Pset_dxpl_mpio(xfer.get(), options.collective ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT);
+  if (g.parallel()) H5Pset_dxpl_mpio(xfer.get(), options.collective ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT);
   std::vector<const WriteOp*> op_of(plan.datasets.size(), nullptr);
   for (const WriteOp& w : plan.writes) op_of[w.dataset] = &w;
   for (size_t d = 0; d < plan.datasets.size(); ++d) {
@@ -287,7 +288,8 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st,
     }
     static const float kNothing = 0.0f;
     errno = 0;
-    if (H5Dwrite(datasets[d].get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), xfer.get(), w ? w->data : &kNothing) < 0 &&
+    if (H5Dwrite(datasets[d].get(), H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), xfer.get(), w ? w->data : &kNothing) <
+            0 &&
         error.empty())
       error = "checkpoint: cannot write " + plan.datasets[d].path + " to " + tmp + " (" +
               io_reason(errno, tmp, w ? w->count * static_cast<int64_t>(sizeof(float)) : 0) + ")";

@@ -48,9 +48,9 @@ struct CollectiveDesc {
 class Work {
  public:
   virtual ~Work() = default;
-  virtual bool test() = 0;            // non-blocking poll; true once complete
-  virtual void wait() = 0;            // host blocks, at most timeout_s; then CommTimeout
-  virtual void wait_on(Stream) = 0;   // a device stream waits, the host does not
+  virtual bool test() = 0;           // non-blocking poll; true once complete
+  virtual void wait() = 0;           // host blocks, at most timeout_s; then CommTimeout
+  virtual void wait_on(Stream) = 0;  // a device stream waits, the host does not
 };
 
 // Work whose wait() polls test() until done or the deadline, yielding the core between polls so
@@ -90,8 +90,8 @@ class Communicator {
   // or in == out (all_reduce) is in-place and allowed.
   virtual std::unique_ptr<Work> all_gather(const void* in, void* out, size_t count, DType dtype,
                                            Stream stream = {}) = 0;
-  virtual std::unique_ptr<Work> reduce_scatter(const void* in, void* out, size_t count, DType dtype,
-                                               ReduceOp op, Stream stream = {}) = 0;
+  virtual std::unique_ptr<Work> reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+                                               Stream stream = {}) = 0;
   virtual std::unique_ptr<Work> all_reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
                                            Stream stream = {}) = 0;
   virtual std::unique_ptr<Work> broadcast(void* buf, size_t count, DType dtype, int root, Stream stream = {}) = 0;

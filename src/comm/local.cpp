@@ -14,12 +14,15 @@ class LocalCommunicator : public Communicator {
   std::string_view backend() const override { return "local"; }
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  std::unique_ptr<Communicator> split(int, int) const override { return std::make_unique<LocalCommunicator>(options()); }
+  std::unique_ptr<Communicator> split(int, int) const override {
+    return std::make_unique<LocalCommunicator>(options());
+  }
   std::unique_ptr<Work> all_gather(const void* in, void* out, size_t count, DType dtype, Stream) override {
     copy(in, out, count, dtype);
     return std::make_unique<DoneWork>();
   }
-  std::unique_ptr<Work> reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp, Stream) override {
+  std::unique_ptr<Work> reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp,
+                                       Stream) override {
     copy(in, out, count, dtype);  // sum, avg, max and min of one value are the value
     return std::make_unique<DoneWork>();
   }

@@ -65,15 +65,22 @@ void reduce_many_half(uint16_t* dst, const uint16_t* const* srcs, size_t n, size
 void reduce_many(void* dst, const void* const* srcs, size_t n, size_t count, DType dtype, ReduceOp op) {
   if (n == 0 || count == 0) return;
   switch (dtype) {
-    case DType::f32: return reduce_many_typed(static_cast<float*>(dst), reinterpret_cast<const float* const*>(srcs), n, count, op);
-    case DType::f64: return reduce_many_typed(static_cast<double*>(dst), reinterpret_cast<const double* const*>(srcs), n, count, op);
-    case DType::i32: return reduce_many_typed(static_cast<int32_t*>(dst), reinterpret_cast<const int32_t* const*>(srcs), n, count, op);
-    case DType::i64: return reduce_many_typed(static_cast<int64_t*>(dst), reinterpret_cast<const int64_t* const*>(srcs), n, count, op);
-    case DType::u8: return reduce_many_typed(static_cast<uint8_t*>(dst), reinterpret_cast<const uint8_t* const*>(srcs), n, count, op);
+    case DType::f32:
+      return reduce_many_typed(static_cast<float*>(dst), reinterpret_cast<const float* const*>(srcs), n, count, op);
+    case DType::f64:
+      return reduce_many_typed(static_cast<double*>(dst), reinterpret_cast<const double* const*>(srcs), n, count, op);
+    case DType::i32:
+      return reduce_many_typed(static_cast<int32_t*>(dst), reinterpret_cast<const int32_t* const*>(srcs), n, count, op);
+    case DType::i64:
+      return reduce_many_typed(static_cast<int64_t*>(dst), reinterpret_cast<const int64_t* const*>(srcs), n, count, op);
+    case DType::u8:
+      return reduce_many_typed(static_cast<uint8_t*>(dst), reinterpret_cast<const uint8_t* const*>(srcs), n, count, op);
     case DType::bf16:
-      return reduce_many_half<bf16_to_f32, f32_to_bf16>(static_cast<uint16_t*>(dst), reinterpret_cast<const uint16_t* const*>(srcs), n, count, op);
+      return reduce_many_half<bf16_to_f32, f32_to_bf16>(static_cast<uint16_t*>(dst),
+                                                        reinterpret_cast<const uint16_t* const*>(srcs), n, count, op);
     case DType::f16:
-      return reduce_many_half<f16_to_f32, f32_to_f16>(static_cast<uint16_t*>(dst), reinterpret_cast<const uint16_t* const*>(srcs), n, count, op);
+      return reduce_many_half<f16_to_f32, f32_to_f16>(static_cast<uint16_t*>(dst),
+                                                      reinterpret_cast<const uint16_t* const*>(srcs), n, count, op);
   }
 }
 

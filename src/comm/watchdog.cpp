@@ -23,8 +23,8 @@ Watchdog::Armed Watchdog::arm(std::string what, double timeout_s) {
     ++generation_;
     what_ = std::move(what);
     timeout_s_ = timeout_s;
-    deadline_ = std::chrono::steady_clock::now() +
-                std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
+    deadline_ = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                       std::chrono::duration<double>(timeout_s));
   }
   cv_.notify_all();
   return Armed(*this);
@@ -49,8 +49,9 @@ void Watchdog::run() {
     if (stop_ || !armed_ || generation_ != generation) continue;
     if (std::chrono::steady_clock::now() < deadline) continue;
     // Same wording as the polled waits' CommTimeout: one line naming the collective.
-    std::fprintf(stderr, "fsdp_app: %s did not complete within comm.timeout_s = %g s (a rank may have failed, hung "
-                         "or skipped this collective); ending this rank\n",
+    std::fprintf(stderr,
+                 "fsdp_app: %s did not complete within comm.timeout_s = %g s (a rank may have failed, hung "
+                 "or skipped this collective); ending this rank\n",
                  what_.c_str(), timeout_s_);
     std::fflush(stderr);
     std::_Exit(1);  // not exit(): the main thread is inside MPI; run no destructors under it

@@ -41,9 +41,7 @@ struct Bound {
   double lo = -kInf, hi = kInf;
   bool lo_open = false, hi_open = false;
 
-  bool contains(double v) const {
-    return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
-  }
+  bool contains(double v) const { return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi); }
   std::string text() const {
     std::ostringstream s;
     if (hi == kInf)
@@ -64,8 +62,8 @@ struct Betas {
 struct EvalEvery {
   std::string* text;
 };
-using Target = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*,
-                            std::vector<std::string>*, Betas, EvalEvery>;
+using Target =
+    std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*, Betas, EvalEvery>;
 
 struct Field {
   std::string path;  // dotted, as written in the YAML
@@ -135,10 +133,7 @@ std::vector<Field> schema(Config& c) {
       {"fsdp.mixed_precision.reduce_dtype", &mp.reduce_dtype, {}, dtypes},
       {"fsdp.mixed_precision.buffer_dtype", &mp.buffer_dtype, {}, dtypes},
       {"fsdp.mixed_precision.init_loss_scale", &mp.init_loss_scale, above(0)},
-      {"fsdp.backward_prefetch",
-       &f.backward_prefetch,
-       {},
-       {"BACKWARD_PRE", "BACKWARD_POST", "none"}},
+      {"fsdp.backward_prefetch", &f.backward_prefetch, {}, {"BACKWARD_PRE", "BACKWARD_POST", "none"}},
       {"fsdp.forward_prefetch", &f.forward_prefetch},
       {"fsdp.limit_all_gathers", &f.limit_all_gathers},
       {"fsdp.activation_checkpointing", &f.activation_checkpointing},
@@ -182,14 +177,10 @@ std::string join(const std::vector<std::string>& items) {
 
 std::string describe(const YAML::Node& n) {
   switch (n.Type()) {
-    case YAML::NodeType::Scalar:
-      return "'" + n.Scalar() + "'";
-    case YAML::NodeType::Sequence:
-      return "a list";
-    case YAML::NodeType::Map:
-      return "a map";
-    default:
-      return "nothing";
+    case YAML::NodeType::Scalar: return "'" + n.Scalar() + "'";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a map";
+    default: return "nothing";
   }
 }
 
@@ -204,8 +195,7 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
   for (size_t i = 1; i <= a.size(); ++i)
     for (size_t j = 1; j <= b.size(); ++j) {
-      d[i][j] =
-          std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
       if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
         d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
@@ -366,8 +356,7 @@ YAML::Node Reader::load(const std::string& text) const {
   if (docs.empty() || docs[0].IsNull()) return YAML::Node(YAML::NodeType::Map);
   if (!docs[0].IsMap())
     throw ConfigError(file_at(docs[0].Mark()) +
-                      ": the top level must be a map of sections (model, data, train, ...), got " +
-                      describe(docs[0]));
+                      ": the top level must be a map of sections (model, data, train, ...), got " + describe(docs[0]));
   return docs[0];
 }
 
@@ -395,15 +384,14 @@ void Reader::apply(const std::string& text, YAML::Node& root) {
     if (!next.IsDefined() || next.IsNull())
       next = YAML::Node(YAML::NodeType::Map);
     else if (!next.IsMap())
-      throw ConfigError(where(path, next.Mark()) + ": " + path + ": expected a map, got " +
-                        describe(next));
+      throw ConfigError(where(path, next.Mark()) + ": " + path + ": expected a map, got " + describe(next));
     cur.reset(next);
   }
   cur[parts.back()] = value;
 }
 
-void Reader::walk(const YAML::Node& map, const std::string& prefix,
-                  const std::set<std::string>& fields, const std::set<std::string>& sections) {
+void Reader::walk(const YAML::Node& map, const std::string& prefix, const std::set<std::string>& fields,
+                  const std::set<std::string>& sections) {
   for (const auto& kv : map) {
     const std::string name = kv.first.IsScalar() ? kv.first.Scalar() : describe(kv.first);
     // NOLINTNEXTLINE(performance-inefficient-string-concatenation): once per key of a config file
@@ -412,8 +400,7 @@ void Reader::walk(const YAML::Node& map, const std::string& prefix,
     if (!fields.contains(path) && !sections.contains(path)) {
       std::set<std::string> known = fields;
       known.insert(sections.begin(), sections.end());
-      throw ConfigError(where(path, mark) + ": unknown key '" + path + "'" +
-                        suggestion(path, known));
+      throw ConfigError(where(path, mark) + ": unknown key '" + path + "'" + suggestion(path, known));
     }
     // yaml-cpp keeps both copies of a repeated key; which one wins would be an accident.
     if (const auto [it, fresh] = given_.try_emplace(path, Given{kv.second, mark}); !fresh)
@@ -429,9 +416,7 @@ void Reader::walk(const YAML::Node& map, const std::string& prefix,
 }
 
 void Reader::convert(const Field& f, const YAML::Node& v) const {
-  auto expected = [&](const std::string& what) {
-    fail(f.path, "expected " + what + ", got " + describe(v));
-  };
+  auto expected = [&](const std::string& what) { fail(f.path, "expected " + what + ", got " + describe(v)); };
   auto check = [&](double x, const std::string& text) {
     if (!f.bound.contains(x)) fail(f.path, "must be " + f.bound.text() + ", got " + text);
   };
@@ -501,8 +486,7 @@ void Reader::check_optimizer(OptimizerConfig& o) const {
   const std::string p = "train.optimizer.";
   const std::vector<std::string> own = optimizer_keys(o.kind);
   for (const auto& [path, g] : given_)
-    if (path.starts_with(p) && path != p + "kind" &&
-        std::ranges::find(own, path.substr(p.size())) == own.end())
+    if (path.starts_with(p) && path != p + "kind" && std::ranges::find(own, path.substr(p.size())) == own.end())
       fail(path, "not a setting of optimizer " + o.kind + " (it takes " + join(own) + ")");
   // PyTorch's defaults where they differ from the struct's (which are adadelta's).
   if (o.kind == "sgd" && !given(p + "lr"))
@@ -525,8 +509,7 @@ void Reader::check_rules(const Config& c) const {
                                                       ") must be divisible by model.n_heads (" +
                                                       std::to_string(m.n_heads) + ")");
   if (c.data.kind == "text" && m.vocab > 256)
-    fail("model.vocab", "must be <= 256 when data.kind is text (tokens are bytes), got " +
-                            std::to_string(m.vocab));
+    fail("model.vocab", "must be <= 256 when data.kind is text (tokens are bytes), got " + std::to_string(m.vocab));
   if (c.train.epochs == 0 && c.train.steps == 0)
     fail(blame("train.epochs", "train.steps"),
          "train.epochs and train.steps are both 0; one of them must bound the run");
@@ -536,10 +519,12 @@ void Reader::check_rules(const Config& c) const {
   if (k.dir.empty()) {
     if (k.every_steps > 0) fail("checkpoint.every_steps", "needs checkpoint.dir");
     if (k.save_best) fail("checkpoint.save_best", "needs checkpoint.dir");
-    if (k.resume == "auto") fail("checkpoint.resume", "auto needs checkpoint.dir (it resumes from the newest file there)");
+    if (k.resume == "auto")
+      fail("checkpoint.resume", "auto needs checkpoint.dir (it resumes from the newest file there)");
   }
   if (k.save_best && c.train.eval_every == "never")
-    fail(blame("checkpoint.save_best", "train.eval_every"), "checkpoint.save_best needs evaluations (train.eval_every is never)");
+    fail(blame("checkpoint.save_best", "train.eval_every"),
+         "checkpoint.save_best needs evaluations (train.eval_every is never)");
 }
 
 void Reader::read(const YAML::Node& root, Config& c) {
@@ -557,8 +542,7 @@ void Reader::read(const YAML::Node& root, Config& c) {
   check_rules(c);
 }
 
-std::string merged_text(const YAML::Node& root, const std::string& source,
-                        const std::vector<std::string>& overrides) {
+std::string merged_text(const YAML::Node& root, const std::string& source, const std::vector<std::string>& overrides) {
   std::string out = "# " + source + " with overrides merged:\n";
   for (std::string o : overrides) {
     std::ranges::replace(o, '\n', ' ');  // keep each one a comment line
@@ -587,9 +571,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   struct Close {
     void operator()(std::FILE* f) const { (void)std::fclose(f); }  // opened for reading: nothing to lose
   };
-  auto cannot_read = [&] {
-    return ConfigError(path + ": cannot read input file (" + std::strerror(errno) + ")");
-  };
+  auto cannot_read = [&] { return ConfigError(path + ": cannot read input file (" + std::strerror(errno) + ")"); };
   const std::unique_ptr<std::FILE, Close> file(std::fopen(path.c_str(), "rb"));
   if (!file) throw cannot_read();
   std::string text;

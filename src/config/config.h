@@ -21,10 +21,10 @@ struct ModelConfig {
   int64_t vocab = 256;             // transformer fields
   int64_t d_model = 512;
   int64_t n_layers = 8;
-  int64_t n_heads = 8;             // d_model % n_heads == 0
+  int64_t n_heads = 8;  // d_model % n_heads == 0
   int64_t d_ff = 2048;
   int64_t seq_len = 256;
-  std::string init_from;           // HDF5 file with /model/<state_dict name> datasets; "" = none
+  std::string init_from;  // HDF5 file with /model/<state_dict name> datasets; "" = none
 };
 
 struct DataConfig {
@@ -37,14 +37,14 @@ struct DataConfig {
 struct OptimizerConfig {
   std::string kind = "adadelta";  // sgd | adadelta | adamw
   double lr = 1.0;
-  double momentum = 0.0;          // sgd
-  double dampening = 0.0;         // sgd
-  bool nesterov = false;          // sgd
-  double weight_decay = 0.0;      // all (adamw default 0.01 when not given)
-  double rho = 0.9;               // adadelta
-  double eps = 1e-6;              // adadelta 1e-6, adamw 1e-8 when not given
-  double beta1 = 0.9;             // adamw
-  double beta2 = 0.999;           // adamw
+  double momentum = 0.0;      // sgd
+  double dampening = 0.0;     // sgd
+  bool nesterov = false;      // sgd
+  double weight_decay = 0.0;  // all (adamw default 0.01 when not given)
+  double rho = 0.9;           // adadelta
+  double eps = 1e-6;          // adadelta 1e-6, adamw 1e-8 when not given
+  double beta1 = 0.9;         // adamw
+  double beta2 = 0.999;       // adamw
 };
 
 struct SchedulerConfig {
@@ -62,7 +62,7 @@ struct TrainConfig {
   // recipe, and the same losses, at any number of ranks.
   int64_t global_batch_size = 0;
   int64_t epochs = 1;
-  int64_t steps = 0;        // > 0: stop after this many steps in total
+  int64_t steps = 0;             // > 0: stop after this many steps in total
   int64_t stop_after_steps = 0;  // > 0: this launch runs at most this many steps, saves, exits
                                  // (a job chunked to fit a wall-time limit; the rest on resume)
   uint64_t seed = 1;
@@ -74,11 +74,11 @@ struct TrainConfig {
   int64_t eval_batch_size = 1000;
   bool dropout = true;
   bool shuffle = true;
-  int64_t threads = 0;      // 0 = leave OpenBLAS/OpenMP defaults
+  int64_t threads = 0;  // 0 = leave OpenBLAS/OpenMP defaults
 };
 
 struct MixedPrecisionConfig {
-  std::string param_dtype = "f32";   // f32 | bf16 | f16
+  std::string param_dtype = "f32";  // f32 | bf16 | f16
   std::string reduce_dtype = "f32";
   std::string buffer_dtype = "f32";
   double init_loss_scale = 65536.0;  // f16 dynamic loss scaling starts here (GradScaler's 2^16)
@@ -112,9 +112,9 @@ struct CheckpointConfig {
   std::string dir;
   std::string format = "consolidated";  // consolidated | sharded
   int64_t every_steps = 0;
-  int64_t keep = 2;                     // >= 1
+  int64_t keep = 2;  // >= 1
   bool save_best = false;
-  std::string resume;                   // "" | auto | path
+  std::string resume;  // "" | auto | path
   // MPI-IO transfers of a save: independent | collective. Independent is the default: each
   // rank's pieces are large contiguous ranges already, and on one node the two-phase exchange
   // of collective buffering only adds copies (jobs/bench-ckpt.sh measures both).
@@ -122,8 +122,8 @@ struct CheckpointConfig {
 };
 
 struct OutputConfig {
-  std::string metrics;   // JSON-lines file, "" = none
-  int64_t log_every = 10;  // >= 1
+  std::string metrics;       // JSON-lines file, "" = none
+  int64_t log_every = 10;    // >= 1
   std::string save_weights;  // at the end: HDF5 file with /model/<state_dict name> (full shapes)
 };
 

@@ -15,11 +15,11 @@ namespace fsdp {
 class Dataset {
  public:
   virtual ~Dataset() = default;
-  virtual int64_t size() const = 0;           // number of samples
-  virtual Shape input_shape() const = 0;      // one sample: {1, 28, 28} images, {L} tokens
-  virtual DType input_dtype() const = 0;      // f32 images, i32 tokens
-  virtual Shape target_shape() const = 0;     // {} a class label, {L} next tokens
-  virtual int64_t num_classes() const = 0;    // 10 for Fashion-MNIST, 256 for bytes
+  virtual int64_t size() const = 0;         // number of samples
+  virtual Shape input_shape() const = 0;    // one sample: {1, 28, 28} images, {L} tokens
+  virtual DType input_dtype() const = 0;    // f32 images, i32 tokens
+  virtual Shape target_shape() const = 0;   // {} a class label, {L} next tokens
+  virtual int64_t num_classes() const = 0;  // 10 for Fashion-MNIST, 256 for bytes
   // Writes samples `indices` into inputs (len, *input_shape) and targets (len, *target_shape),
   // targets as i32. The tensors are allocated by the caller with exactly that first dimension.
   virtual void fill(std::span<const int64_t> indices, Tensor& inputs, Tensor& targets) const = 0;
@@ -50,9 +50,9 @@ inline constexpr const char* kTextCorpusDir = "/usr/share/games/fortunes";  // D
 struct SyntheticOptions {
   std::string kind = "images";  // images | tokens
   int64_t samples = 1024;
-  int64_t classes = 10;         // images
+  int64_t classes = 10;  // images
   Shape image_shape = {1, 28, 28};
-  int64_t vocab = 256;          // tokens
+  int64_t vocab = 256;  // tokens
   int64_t seq_len = 64;
   uint64_t seed = 1;
 };
@@ -62,7 +62,7 @@ struct SamplerOptions {
   int64_t dataset_size = 0;
   int64_t global_batch = 0;  // per-rank batch * data-parallel ranks
   bool shuffle = false;
-  bool drop_last = true;     // a short last batch is dropped (training); evaluation keeps it
+  bool drop_last = true;  // a short last batch is dropped (training); evaluation keeps it
   uint64_t seed = 1;
 };
 

@@ -8,8 +8,7 @@
 namespace fsdp {
 
 // Declared where used (idx.cpp, text.cpp, synthetic.cpp); not part of the public interface.
-void check_fill(const Dataset& dataset, std::span<const int64_t> indices, const Tensor& inputs,
-                const Tensor& targets) {
+void check_fill(const Dataset& dataset, std::span<const int64_t> indices, const Tensor& inputs, const Tensor& targets) {
   const int64_t count = static_cast<int64_t>(indices.size());
   const int64_t size = dataset.size();
   for (int64_t index : indices)
@@ -21,10 +20,10 @@ void check_fill(const Dataset& dataset, std::span<const int64_t> indices, const 
     Shape want = {count};
     want.insert(want.end(), sample_shape.begin(), sample_shape.end());
     if (!t.matches(want, dtype) || t.device() != Device::cpu)
-      throw Error(std::string("dataset fill: ") + what + " tensor is " +
-                  (t.defined() ? shape_str(t.shape()) + " " + std::string(dtype_name(t.dtype()))
-                               : std::string("undefined")) +
-                  ", expected cpu " + shape_str(want) + " " + std::string(dtype_name(dtype)));
+      throw Error(
+          std::string("dataset fill: ") + what + " tensor is " +
+          (t.defined() ? shape_str(t.shape()) + " " + std::string(dtype_name(t.dtype())) : std::string("undefined")) +
+          ", expected cpu " + shape_str(want) + " " + std::string(dtype_name(dtype)));
   };
   check("inputs", inputs, dataset.input_shape(), dataset.input_dtype());
   check("targets", targets, dataset.target_shape(), DType::i32);

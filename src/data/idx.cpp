@@ -44,12 +44,10 @@ struct GzFile {
 
 std::vector<uint8_t> read_gz(const std::string& path) {
   std::error_code ignored;  // an unreadable path is reported by gzopen below
-  if (!std::filesystem::exists(path, ignored) && !ignored)
-    fail(path, std::string("file not found; ") + kInstallHint);
+  if (!std::filesystem::exists(path, ignored) && !ignored) fail(path, std::string("file not found; ") + kInstallHint);
   errno = 0;
   GzFile file(path);
-  if (!file.handle)
-    fail(path, std::string("cannot open: ") + (errno ? std::strerror(errno) : "out of memory"));
+  if (!file.handle) fail(path, std::string("cannot open: ") + (errno ? std::strerror(errno) : "out of memory"));
   gzbuffer(file.handle, 1 << 18);
 
   std::vector<uint8_t> bytes;
@@ -80,28 +78,25 @@ std::string hex32(uint32_t value) {
 }
 
 // Checks the header and the payload length; returns the sample count.
-int64_t check_idx(const std::string& path, const std::vector<uint8_t>& bytes, uint32_t magic,
-                  int64_t header_bytes, int64_t sample_bytes, const char* what) {
+int64_t check_idx(const std::string& path, const std::vector<uint8_t>& bytes, uint32_t magic, int64_t header_bytes,
+                  int64_t sample_bytes, const char* what) {
   const int64_t size_bytes = static_cast<int64_t>(bytes.size());
   if (size_bytes < header_bytes)
-    fail(path, "truncated: " + std::to_string(size_bytes) + " bytes, shorter than the " +
-                   std::to_string(header_bytes) + "-byte IDX header");
+    fail(path, "truncated: " + std::to_string(size_bytes) + " bytes, shorter than the " + std::to_string(header_bytes) +
+                   "-byte IDX header");
   uint32_t found = be32(bytes.data());
-  if (found != magic)
-    fail(path, "bad IDX magic " + hex32(found) + ", expected " + hex32(magic) + " (" + what + ")");
+  if (found != magic) fail(path, "bad IDX magic " + hex32(found) + ", expected " + hex32(magic) + " (" + what + ")");
   int64_t count = be32(bytes.data() + 4);
   if (count == 0) fail(path, std::string("contains no ") + what);
   if (magic == kImagesMagic) {
     int64_t rows = be32(bytes.data() + 8), cols = be32(bytes.data() + 12);
     if (rows != kRows || cols != kCols)
-      fail(path, "images are " + std::to_string(rows) + "x" + std::to_string(cols) +
-                     ", expected 28x28");
+      fail(path, "images are " + std::to_string(rows) + "x" + std::to_string(cols) + ", expected 28x28");
   }
   int64_t want_bytes = count * sample_bytes, have_bytes = size_bytes - header_bytes;
   if (have_bytes < want_bytes)
-    fail(path, "truncated: " + std::to_string(count) + " " + what + " need " +
-                   std::to_string(want_bytes) + " bytes of data, the file has " +
-                   std::to_string(have_bytes));
+    fail(path, "truncated: " + std::to_string(count) + " " + what + " need " + std::to_string(want_bytes) +
+                   " bytes of data, the file has " + std::to_string(have_bytes));
   if (have_bytes > want_bytes)
     fail(path, std::to_string(have_bytes - want_bytes) + " unexpected bytes after the last of " +
                    std::to_string(count) + " " + what);
@@ -151,21 +146,18 @@ std::unique_ptr<Dataset> load_fashion_mnist(const std::string& dir, bool train) 
   const std::string labels_path = prefix + "-labels-idx1-ubyte.gz";
 
   std::vector<uint8_t> label_file = read_gz(labels_path);
-  int64_t label_count =
-      check_idx(labels_path, label_file, kLabelsMagic, kLabelsHeaderBytes, 1, "labels");
+  int64_t label_count = check_idx(labels_path, label_file, kLabelsMagic, kLabelsHeaderBytes, 1, "labels");
   std::vector<uint8_t> image_file = read_gz(images_path);
-  int64_t image_count =
-      check_idx(images_path, image_file, kImagesMagic, kImagesHeaderBytes, kPixelCount, "images");
+  int64_t image_count = check_idx(images_path, image_file, kImagesMagic, kImagesHeaderBytes, kPixelCount, "images");
   if (image_count != label_count)
-    fail(images_path, "has " + std::to_string(image_count) + " images but " + labels_path +
-                          " has " + std::to_string(label_count) + " labels");
+    fail(images_path, "has " + std::to_string(image_count) + " images but " + labels_path + " has " +
+                          std::to_string(label_count) + " labels");
 
   std::vector<int32_t> labels(static_cast<size_t>(label_count));
   for (int64_t i = 0; i < label_count; ++i) {
     labels[i] = label_file[kLabelsHeaderBytes + i];
     if (labels[i] >= kClasses)
-      fail(labels_path, "label " + std::to_string(labels[i]) + " of sample " + std::to_string(i) +
-                            " is outside 0..9");
+      fail(labels_path, "label " + std::to_string(labels[i]) + " of sample " + std::to_string(i) + " is outside 0..9");
   }
   return std::make_unique<FashionMnist>(std::move(image_file), std::move(labels));
 }

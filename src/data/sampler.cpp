@@ -47,8 +47,7 @@ std::vector<int64_t> Sampler::global_batch(int64_t epoch, int64_t step) const {
   const int64_t steps = steps_per_epoch();
   if (epoch < 0) throw Error("sampler: epoch " + std::to_string(epoch) + " is negative");
   if (step < 0 || step >= steps)
-    throw Error("sampler: step " + std::to_string(step) + " is out of range [0, " +
-                std::to_string(steps) + ")");
+    throw Error("sampler: step " + std::to_string(step) + " is out of range [0, " + std::to_string(steps) + ")");
   const int64_t begin = step * options_.global_batch;
   const int64_t end = std::min(begin + options_.global_batch, options_.dataset_size);
   std::vector<int64_t> indices(static_cast<size_t>(end - begin));

@@ -18,7 +18,7 @@ void check_fill(const Dataset& dataset, std::span<const int64_t> indices, const 
 
 namespace {
 
-constexpr float kNoiseStd = 0.5f;     // pixel noise, small next to the +1 class band
+constexpr float kNoiseStd = 0.5f;  // pixel noise, small next to the +1 class band
 constexpr float kBandOffset = 1.0f;
 constexpr uint32_t kRandomTokenThreshold = 429496730u;  // ~10% of 2^32: tokens that break the rule
 
@@ -33,8 +33,11 @@ CounterRng split_rng(uint64_t seed, bool train) {
 class SyntheticImages final : public Dataset {
  public:
   SyntheticImages(const SyntheticOptions& o, bool train)
-      : rng_(split_rng(o.seed, train)), samples_(o.samples), classes_(o.classes),
-        shape_(o.image_shape), pixel_count_(shape_numel(o.image_shape)) {}
+      : rng_(split_rng(o.seed, train)),
+        samples_(o.samples),
+        classes_(o.classes),
+        shape_(o.image_shape),
+        pixel_count_(shape_numel(o.image_shape)) {}
   int64_t size() const override { return samples_; }
   Shape input_shape() const override { return shape_; }
   DType input_dtype() const override { return DType::f32; }
@@ -53,8 +56,7 @@ class SyntheticImages final : public Dataset {
         double radius = std::sqrt(-2.0 * std::log((b[0] + 1.0) * (1.0 / 4294967296.0)));
         double angle = 6.283185307179586 * (b[1] * (1.0 / 4294967296.0));
         dst[2 * m] = kNoiseStd * static_cast<float>(radius * std::cos(angle));
-        if (2 * m + 1 < pixel_count_)
-          dst[2 * m + 1] = kNoiseStd * static_cast<float>(radius * std::sin(angle));
+        if (2 * m + 1 < pixel_count_) dst[2 * m + 1] = kNoiseStd * static_cast<float>(radius * std::sin(angle));
       }
       const int64_t label = index % classes_;
       for (int64_t j = label * pixel_count_ / classes_; j < (label + 1) * pixel_count_ / classes_; ++j)
@@ -91,8 +93,7 @@ class SyntheticTokens final : public Dataset {
       for (int64_t j = 0; j <= seq_len_; ++j) {
         auto b = rng_.block(first_counter + j);
         bool random = j == 0 || b[0] < kRandomTokenThreshold;
-        token = random ? static_cast<int64_t>(b[1] % static_cast<uint64_t>(vocab_))
-                       : (token * 7 + 3) % vocab_;
+        token = random ? static_cast<int64_t>(b[1] % static_cast<uint64_t>(vocab_)) : (token * 7 + 3) % vocab_;
         sequence[j] = static_cast<int32_t>(token);
       }
       int64_t row = static_cast<int64_t>(k) * seq_len_;
@@ -111,8 +112,7 @@ class SyntheticTokens final : public Dataset {
 std::unique_ptr<Dataset> make_synthetic(const SyntheticOptions& options, bool train) {
   if (options.samples <= 0) fail("samples must be positive, got " + std::to_string(options.samples));
   if (options.kind == "images") {
-    if (options.image_shape.empty())
-      fail("image_shape must have at least one dimension");
+    if (options.image_shape.empty()) fail("image_shape must have at least one dimension");
     for (int64_t d : options.image_shape)
       if (d <= 0) fail("image_shape " + shape_str(options.image_shape) + " has a dimension <= 0");
     int64_t pixel_count = shape_numel(options.image_shape);

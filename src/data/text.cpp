@@ -117,9 +117,8 @@ std::unique_ptr<Dataset> load_text_corpus(const TextCorpusOptions& options, bool
   const int64_t train_samples = static_cast<int64_t>(std::floor(static_cast<double>(samples) * (1.0 - eval_fraction)));
   const int64_t eval_samples = samples - train_samples;
   if (train_samples < 1 || eval_samples < 1)
-    fail(path, std::to_string(samples) + " samples of " + std::to_string(seq_len) +
-                   " bytes split with eval_fraction " + fraction_str(eval_fraction) +
-                   " leave " + std::to_string(train_samples) + " train and " +
+    fail(path, std::to_string(samples) + " samples of " + std::to_string(seq_len) + " bytes split with eval_fraction " +
+                   fraction_str(eval_fraction) + " leave " + std::to_string(train_samples) + " train and " +
                    std::to_string(eval_samples) + " eval samples; need at least 1 of each");
   if (train) return std::make_unique<TextCorpus>(std::move(bytes), seq_len, 0, train_samples);
   return std::make_unique<TextCorpus>(std::move(bytes), seq_len, train_samples, eval_samples);

@@ -58,8 +58,14 @@ FsdpEngine::FsdpEngine(Model& model, Communicator& world, ProcessMesh mesh, cons
 FsdpEngine::~FsdpEngine() {
   // Outstanding collectives reference our buffers: finish them before the buffers go.
   for (auto& u : units_)
-    if (u->pending_gather) try { u->pending_gather->wait(); } catch (...) {}
-  for (auto& p : pending_reductions_) try { p.work->wait(); } catch (...) {}
+    if (u->pending_gather) try {
+        u->pending_gather->wait();
+      } catch (...) {
+      }
+  for (auto& p : pending_reductions_) try {
+      p.work->wait();
+    } catch (...) {
+    }
 }
 
 void FsdpEngine::init_shards(uint64_t seed) {
@@ -135,7 +141,8 @@ void FsdpEngine::unshard(Unit& u) {
   const size_t count = static_cast<size_t>(u.shard_numel);
   if (options_.param_dtype == DType::f32) {
     std::memcpy(u.gathered.f32() + r * u.shard_numel, mine, count * sizeof(float));
-    u.pending_gather = mesh_.shard->all_gather(u.gathered.f32() + r * u.shard_numel, u.gathered.f32(), count, DType::f32);
+    u.pending_gather =
+        mesh_.shard->all_gather(u.gathered.f32() + r * u.shard_numel, u.gathered.f32(), count, DType::f32);
   } else {
     // Gathering in bf16/f16 moves half the bytes; the f32 compute copy holds the rounded values.
     ensure(u.gathered_lowp, {u.padded_numel}, options_.param_dtype, MemCategory::gathered, &mem_);
@@ -266,9 +273,7 @@ void FsdpEngine::post_backward(Unit& u) {
   reshard(u);  // every strategy frees a unit's parameters once its backward is done
 }
 
-void FsdpEngine::begin_step() {
-  grad_shards_.zero();
-}
+void FsdpEngine::begin_step() { grad_shards_.zero(); }
 
 void FsdpEngine::finish_backward() {
   for (auto& p : pending_reductions_) p.work->wait();
@@ -276,8 +281,9 @@ void FsdpEngine::finish_backward() {
   if (sync_grads_ && mesh_.replicate->size() > 1 && !options_.skip_replicate_reduce) {
     // HYBRID and NO_SHARD: replicas of the same shard sum their gradients — one all_reduce over
     // every unit's shard at once.
-    mesh_.replicate->all_reduce(grad_shards_.raw(), grad_shards_.raw(), static_cast<size_t>(grad_shards_.numel()),
-                                DType::f32, ReduceOp::sum)
+    mesh_.replicate
+        ->all_reduce(grad_shards_.raw(), grad_shards_.raw(), static_cast<size_t>(grad_shards_.numel()), DType::f32,
+                     ReduceOp::sum)
         ->wait();
   }
 }

@@ -31,14 +31,14 @@ struct FsdpOptions {
   Strategy strategy = Strategy::full_shard;
   std::string wrap_policy = "size_based";  // size_based | transformer_layer | manual
   int64_t min_num_params = 100;
-  std::vector<std::string> wrap_modules;   // manual
-  DType param_dtype = DType::f32;          // all_gather and compute precision of parameters
-  DType reduce_dtype = DType::f32;         // reduce_scatter precision of gradients
+  std::vector<std::string> wrap_modules;  // manual
+  DType param_dtype = DType::f32;         // all_gather and compute precision of parameters
+  DType reduce_dtype = DType::f32;        // reduce_scatter precision of gradients
   BackwardPrefetch backward_prefetch = BackwardPrefetch::pre;
   bool forward_prefetch = false;
-  bool limit_all_gathers = true;           // at most two units' gathered buffers alive
+  bool limit_all_gathers = true;  // at most two units' gathered buffers alive
   bool activation_checkpointing = false;
-  int shard_group_size = 0;                // hybrid: ranks per shard group, 0 = ranks per node
+  int shard_group_size = 0;  // hybrid: ranks per shard group, 0 = ranks per node
   // Tests only: drop the replicate-group all_reduce (the HYBRID bug the tests must catch).
   bool skip_replicate_reduce = false;
 };
@@ -47,8 +47,8 @@ FsdpOptions fsdp_options(const FsdpConfig& config);
 // Which top-level layers form each unit. The root unit (index 0) holds every layer no policy
 // wrapped (it may be empty); units are formed at top-level-layer granularity.
 struct UnitSpec {
-  std::string name;              // "root" or the first layer's name
-  std::vector<Layer*> layers;    // in forward order
+  std::string name;            // "root" or the first layer's name
+  std::vector<Layer*> layers;  // in forward order
 };
 std::vector<UnitSpec> apply_wrap_policy(Model& model, const FsdpOptions& options);
 
@@ -64,14 +64,14 @@ enum class UnitState { sharded, gathering, gathered };
 
 struct Unit {
   UnitSpec spec;
-  FlatLayout layout;          // unpadded params, PyTorch order
-  int64_t padded_numel = 0;   // layout.numel rounded up to a multiple of N
-  int64_t shard_numel = 0;    // padded_numel / N
-  int64_t shard_offset = 0;   // this unit's shard in the engine's concatenated shard buffers
+  FlatLayout layout;         // unpadded params, PyTorch order
+  int64_t padded_numel = 0;  // layout.numel rounded up to a multiple of N
+  int64_t shard_numel = 0;   // padded_numel / N
+  int64_t shard_offset = 0;  // this unit's shard in the engine's concatenated shard buffers
   UnitState state = UnitState::sharded;
-  Tensor gathered;            // (padded_numel) f32 compute copy while unsharded
-  Tensor gathered_lowp;       // (padded_numel) param_dtype when it is not f32
-  Tensor full_grad;           // (padded_numel) f32 gradients during backward
+  Tensor gathered;       // (padded_numel) f32 compute copy while unsharded
+  Tensor gathered_lowp;  // (padded_numel) param_dtype when it is not f32
+  Tensor full_grad;      // (padded_numel) f32 gradients during backward
   std::unique_ptr<Work> pending_gather;
   int forward_layers_left = 0;
   int backward_layers_left = 0;
@@ -143,8 +143,8 @@ class FsdpEngine : public ModuleHooks {
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<int> unit_of_layer_;  // by position in model.layers()
   std::vector<int> forward_order_;  // unit indices in order of first forward use
-  Tensor shards_;       // concatenated f32 master shards of every unit
-  Tensor grad_shards_;  // concatenated f32 gradient shards
+  Tensor shards_;                   // concatenated f32 master shards of every unit
+  Tensor grad_shards_;              // concatenated f32 gradient shards
   bool sync_grads_ = true;
   struct PendingReduction {
     std::unique_ptr<Work> work;

@@ -180,8 +180,8 @@ class EngineReplay {
   int index_of(const SimUnit& u) const { return static_cast<int>(&u - units_.data()); }
 
   bool keeps_params_after_forward(const SimUnit& u) const {
-    return index_of(u) == 0 || o_.strategy == Strategy::shard_grad_op ||
-           o_.strategy == Strategy::hybrid_shard_zero2 || n_ == 1;
+    return index_of(u) == 0 || o_.strategy == Strategy::shard_grad_op || o_.strategy == Strategy::hybrid_shard_zero2 ||
+           n_ == 1;
   }
 
   void count(CollectivePlan& c, int64_t bytes, bool all_reduce_factor) {
@@ -394,7 +394,8 @@ MemoryPlan plan_memory(const Config& config, const PlanRequest& request) {
     bool step_after_eval = false;
     if (evaluates) {
       if (c.train.eval_every == "epoch") {
-        step_after_eval = steps_per_epoch < 0 ? (c.train.steps > 0 || c.train.epochs > 1) : total_steps > steps_per_epoch;
+        step_after_eval =
+            steps_per_epoch < 0 ? (c.train.steps > 0 || c.train.epochs > 1) : total_steps > steps_per_epoch;
         if (steps_per_epoch < 0 && c.train.steps > 0)
           plan.notes.emplace_back("train set size unknown: assumed a training step follows an evaluation");
       } else {
@@ -548,8 +549,8 @@ std::string MemoryPlan::text() const {
   coll("reduce_scatter", reduce_scatter);
   coll("all_reduce", all_reduce);
   add("  %-38s size %11s = %.2f Psi  wire %11s = %.2f Psi\n", "total",
-      human_bytes(static_cast<double>(size_sum)).c_str(), psi(size_sum), human_bytes(static_cast<double>(wire_sum)).c_str(),
-      psi(wire_sum));
+      human_bytes(static_cast<double>(size_sum)).c_str(), psi(size_sum),
+      human_bytes(static_cast<double>(wire_sum)).c_str(), psi(wire_sum));
   for (const std::string& note : notes) t += "  note: " + note + "\n";
   return t;
 }

@@ -53,8 +53,8 @@ struct CollectivePlan {
 };
 
 struct MemoryPlan {
-  std::string model;            // model.kind
-  std::string strategy;         // FULL_SHARD, ...
+  std::string model;     // model.kind
+  std::string strategy;  // FULL_SHARD, ...
   int world_size = 1;
   int shard_group_size = 1;     // N: ranks sharing one copy of the parameters
   int replicas = 1;             // world_size / N

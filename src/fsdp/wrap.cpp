@@ -13,7 +13,8 @@ Strategy parse_strategy(const std::string& name) {
   if (name == "NO_SHARD") return Strategy::no_shard;
   if (name == "HYBRID_SHARD") return Strategy::hybrid_shard;
   if (name == "HYBRID_SHARD_ZERO2") return Strategy::hybrid_shard_zero2;
-  throw Error("fsdp.sharding_strategy '" + name + "' is not FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2");
+  throw Error("fsdp.sharding_strategy '" + name +
+              "' is not FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or HYBRID_SHARD_ZERO2");
 }
 
 std::string_view strategy_name(Strategy s) {
@@ -73,8 +74,8 @@ std::vector<UnitSpec> apply_wrap_policy(Model& model, const FsdpOptions& options
     std::string names;
     for (Layer* layer : model.layers())
       if (layer->num_params() > 0) names += (names.empty() ? "" : ", ") + layer->name();
-    throw Error("fsdp.auto_wrap.modules: no top-level module '" + *wanted.begin() + "' in this model (modules with parameters: " +
-                names + ")");
+    throw Error("fsdp.auto_wrap.modules: no top-level module '" + *wanted.begin() +
+                "' in this model (modules with parameters: " + names + ")");
   }
   return units;
 }
@@ -93,8 +94,7 @@ ProcessMesh make_mesh(Communicator& world, Strategy strategy, int shard_group_si
       mesh.replicate = world.split(0, rank);
       return mesh;
     case Strategy::hybrid_shard:
-    case Strategy::hybrid_shard_zero2:
-      break;
+    case Strategy::hybrid_shard_zero2: break;
   }
   if (shard_group_size > 0) {
     if (n % shard_group_size != 0)

@@ -83,8 +83,8 @@ class Transformer : public Model {
 
 std::unique_ptr<Model> make_mnist_cnn() { return std::make_unique<MnistCnn>(); }
 
-std::unique_ptr<Model> make_transformer(int64_t vocab, int64_t d_model, int64_t n_layers, int64_t n_heads,
-                                        int64_t d_ff, int64_t seq_len) {
+std::unique_ptr<Model> make_transformer(int64_t vocab, int64_t d_model, int64_t n_layers, int64_t n_heads, int64_t d_ff,
+                                        int64_t seq_len) {
   if (d_model % n_heads != 0)
     throw Error("model.d_model " + std::to_string(d_model) + " is not divisible by model.n_heads " +
                 std::to_string(n_heads));
@@ -94,8 +94,7 @@ std::unique_ptr<Model> make_transformer(int64_t vocab, int64_t d_model, int64_t 
 std::unique_ptr<Model> make_model(const ModelConfig& config) {
   if (config.kind == "mnist_cnn") return make_mnist_cnn();
   if (config.kind == "transformer")
-    return make_transformer(config.vocab, config.d_model, config.n_layers, config.n_heads, config.d_ff,
-                            config.seq_len);
+    return make_transformer(config.vocab, config.d_model, config.n_layers, config.n_heads, config.d_ff, config.seq_len);
   throw Error("model.kind '" + config.kind + "' is not mnist_cnn or transformer");
 }
 

@@ -42,7 +42,7 @@ class Model : public Module {
  private:
   std::unique_ptr<Loss> loss_;
   std::vector<Layer*> layers_;
-  std::vector<bool> checkpointed_;   // by layer position
+  std::vector<bool> checkpointed_;    // by layer position
   std::vector<Tensor> saved_inputs_;  // checkpointed layers' inputs, forward to backward
   Tensor output_;
 };
@@ -53,8 +53,8 @@ std::unique_ptr<Model> make_mnist_cnn();
 
 // Decoder-only LM: tok_emb + pos_emb, n_layers TransformerBlock ("blocks.i"), ln_f, head;
 // cross-entropy over every position.
-std::unique_ptr<Model> make_transformer(int64_t vocab, int64_t d_model, int64_t n_layers, int64_t n_heads,
-                                        int64_t d_ff, int64_t seq_len);
+std::unique_ptr<Model> make_transformer(int64_t vocab, int64_t d_model, int64_t n_layers, int64_t n_heads, int64_t d_ff,
+                                        int64_t seq_len);
 
 std::unique_ptr<Model> make_model(const ModelConfig& config);
 

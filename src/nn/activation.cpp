@@ -81,8 +81,7 @@ const Tensor& MaxPool2d::forward(RunCtx& ctx, const Tensor& x) {
 
 const Tensor& MaxPool2d::backward(RunCtx& ctx, const Tensor& dy) {
   ensure(dx_, x_shape_, DType::f32, MemCategory::activations, ctx.mem);
-  ops::maxpool2_backward(dx_.f32(), dy.f32(), argmax_.i32(), x_shape_[0] * x_shape_[1], x_shape_[2],
-                         x_shape_[3]);
+  ops::maxpool2_backward(dx_.f32(), dy.f32(), argmax_.i32(), x_shape_[0] * x_shape_[1], x_shape_[2], x_shape_[3]);
   return dx_;
 }
 
@@ -115,7 +114,8 @@ LayerNorm::LayerNorm(const std::string& name, int64_t C, float eps)
     : Layer(name, "LayerNorm"),
       weight(add_param("weight", {C}, {ParamInit::Kind::constant, 1.0f, 0.0f})),
       bias(add_param("bias", {C}, {ParamInit::Kind::constant, 0.0f, 0.0f})),
-      C_(C), eps_(eps) {}
+      C_(C),
+      eps_(eps) {}
 
 const Tensor& LayerNorm::forward(RunCtx& ctx, const Tensor& x) {
   if (x.ndim() == 0 || x.shape().back() != C_)
@@ -131,8 +131,8 @@ const Tensor& LayerNorm::forward(RunCtx& ctx, const Tensor& x) {
 
 const Tensor& LayerNorm::backward(RunCtx& ctx, const Tensor& dy) {
   ensure(dx_, x_.shape(), DType::f32, MemCategory::activations, ctx.mem);
-  ops::layernorm_backward(dx_.f32(), weight.grad, bias.grad, dy.f32(), x_.f32(), weight.data, mean_.f32(),
-                          rstd_.f32(), x_.numel() / C_, C_);
+  ops::layernorm_backward(dx_.f32(), weight.grad, bias.grad, dy.f32(), x_.f32(), weight.data, mean_.f32(), rstd_.f32(),
+                          x_.numel() / C_, C_);
   return dx_;
 }
 
@@ -143,12 +143,14 @@ Embeddings::Embeddings(int64_t vocab, int64_t max_seq, int64_t C)
     : Layer("", "Embeddings"),
       tok(add_child<Embedding>("tok_emb", vocab, C)),
       pos(add_child<Embedding>("pos_emb", max_seq, C)),
-      vocab_(vocab), max_seq_(max_seq), C_(C) {}
+      vocab_(vocab),
+      max_seq_(max_seq),
+      C_(C) {}
 
 const Tensor& Embeddings::forward(RunCtx& ctx, const Tensor& tokens) {
   if (tokens.ndim() != 2 || tokens.dim(1) > max_seq_)
-    throw Error("embeddings: tokens " + shape_str(tokens.shape()) + " are not (B, T <= " +
-                std::to_string(max_seq_) + ")");
+    throw Error("embeddings: tokens " + shape_str(tokens.shape()) + " are not (B, T <= " + std::to_string(max_seq_) +
+                ")");
   tokens_ = tokens;
   int64_t B = tokens.dim(0), T = tokens.dim(1);
   ensure(y_, {B, T, C_}, DType::f32, MemCategory::activations, ctx.mem);

@@ -16,8 +16,10 @@ MultiheadAttention::MultiheadAttention(const std::string& name, int64_t C, int64
                                 std::sqrt(6.0f / (4.0f * static_cast<float>(C)))})),
       in_proj_bias(add_param("in_proj_bias", {3 * C}, {ParamInit::Kind::constant, 0.0f, 0.0f})),
       out_proj(add_child<Linear>(child_name("out_proj"), C, C)),
-      C_(C), H_(heads) {
-  if (C % heads != 0) throw Error(name + ": d_model " + std::to_string(C) + " not divisible by heads " + std::to_string(heads));
+      C_(C),
+      H_(heads) {
+  if (C % heads != 0)
+    throw Error(name + ": d_model " + std::to_string(C) + " not divisible by heads " + std::to_string(heads));
   // torch.nn.MultiheadAttention._reset_parameters zeroes out_proj.bias.
   out_proj.bias->init = {ParamInit::Kind::constant, 0.0f, 0.0f};
 }
@@ -106,8 +108,8 @@ const Tensor& MultiheadAttention::backward(RunCtx& ctx, const Tensor& dy) {
     ensure(dx_, x_.shape(), DType::f32, MemCategory::activations, ctx.mem);
     dx = dx_.f32();
   }
-  ops::linear_backward(dx, in_proj_weight.grad, in_proj_bias.grad, dqkv, x_.f32(), in_proj_weight.data,
-                       B * T, C, 3 * C);
+  ops::linear_backward(dx, in_proj_weight.grad, in_proj_bias.grad, dqkv, x_.f32(), in_proj_weight.data, B * T, C,
+                       3 * C);
   return dx_;
 }
 
@@ -133,7 +135,8 @@ const Tensor& TransformerBlock::backward(RunCtx& ctx, const Tensor& dy) {
   ensure(da_, dy.shape(), DType::f32, MemCategory::activations, ctx.mem);
   ensure(dx_, dy.shape(), DType::f32, MemCategory::activations, ctx.mem);
   int64_t n = dy.numel();
-  ops::add(da_.f32(), dy.f32(), ln2.backward(ctx, fc1.backward(ctx, act.backward(ctx, fc2.backward(ctx, dy)))).f32(), n);
+  ops::add(da_.f32(), dy.f32(), ln2.backward(ctx, fc1.backward(ctx, act.backward(ctx, fc2.backward(ctx, dy)))).f32(),
+           n);
   ops::add(dx_.f32(), da_.f32(), ln1.backward(ctx, attn.backward(ctx, da_)).f32(), n);
   return dx_;
 }

@@ -37,8 +37,8 @@ const Tensor& Linear::backward(RunCtx& ctx, const Tensor& dy) {
     ensure(dx_, x_.shape(), DType::f32, MemCategory::activations, ctx.mem);
     dx = dx_.f32();
   }
-  ops::linear_backward(dx, weight.grad, bias ? bias->grad : nullptr, dy.f32(), x_.f32(), weight.data,
-                       x_.numel() / in_, in_, out_);
+  ops::linear_backward(dx, weight.grad, bias ? bias->grad : nullptr, dy.f32(), x_.f32(), weight.data, x_.numel() / in_,
+                       in_, out_);
   return dx_;
 }
 
@@ -46,7 +46,10 @@ Conv2d::Conv2d(const std::string& name, int64_t in, int64_t out, int64_t kernel,
     : Layer(name, "Conv2d"),
       weight(add_param("weight", {out, in, kernel, kernel}, fan_in_uniform(in * kernel * kernel))),
       bias(add_param("bias", {out}, fan_in_uniform(in * kernel * kernel))),
-      in_(in), out_(out), k_(kernel), pad_(padding) {}
+      in_(in),
+      out_(out),
+      k_(kernel),
+      pad_(padding) {}
 
 const Tensor& Conv2d::forward(RunCtx& ctx, const Tensor& x) {
   if (x.ndim() != 4 || x.dim(1) != in_)

@@ -52,12 +52,12 @@ class ModuleHooks {
 struct RunCtx {
   MemoryTracker* mem = nullptr;  // activations are charged here
   bool training = true;
-  bool dropout = true;            // train.dropout; dropout acts only when training too
+  bool dropout = true;  // train.dropout; dropout acts only when training too
   uint64_t seed = 1;
-  int64_t step = 0;               // global optimizer step: dropout masks change per step
-  int64_t sample_offset = 0;      // global index of this rank's first sample in the step
-  double loss_normalizer = 1.0;   // samples (or tokens) in the global batch: loss = sum / this
-  double loss_scale = 1.0;        // f16 dynamic loss scaling: gradients come out multiplied by this
+  int64_t step = 0;              // global optimizer step: dropout masks change per step
+  int64_t sample_offset = 0;     // global index of this rank's first sample in the step
+  double loss_normalizer = 1.0;  // samples (or tokens) in the global batch: loss = sum / this
+  double loss_scale = 1.0;       // f16 dynamic loss scaling: gradients come out multiplied by this
   ModuleHooks* hooks = nullptr;
 };
 

@@ -33,8 +33,7 @@ class Optimizer {
 
 // `numel` = size of the flat spans this optimizer will see; state is allocated now (zeros) and
 // charged to MemCategory::optim.
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, int64_t numel,
-                                          MemoryTracker* tracker);
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, int64_t numel, MemoryTracker* tracker);
 
 // Learning-rate schedule: lr for a given optimizer step and epoch (both 0-based).
 // step: StepLR over epochs, lr * gamma^(epoch / step_size) (the seed steps it per epoch).

@@ -65,9 +65,8 @@ class OptimizerBase : public Optimizer {
   void check(std::span<float> params, std::span<const float> grads) const {
     auto n = static_cast<size_t>(numel_);
     if (params.size() != n || grads.size() != n)
-      throw Error(c_.kind + " step: " + std::to_string(params.size()) + " params and " +
-                  std::to_string(grads.size()) + " grads for an optimizer of " +
-                  std::to_string(numel_) + " elements");
+      throw Error(c_.kind + " step: " + std::to_string(params.size()) + " params and " + std::to_string(grads.size()) +
+                  " grads for an optimizer of " + std::to_string(numel_) + " elements");
   }
   OptimizerConfig c_;
   int64_t numel_;
@@ -75,8 +74,7 @@ class OptimizerBase : public Optimizer {
 
 class Sgd final : public OptimizerBase {
  public:
-  Sgd(const OptimizerConfig& config, int64_t numel, MemoryTracker* tracker)
-      : OptimizerBase(config, numel) {
+  Sgd(const OptimizerConfig& config, int64_t numel, MemoryTracker* tracker) : OptimizerBase(config, numel) {
     if (c_.momentum != 0) buf_ = state_tensor(numel, tracker);  // torch keeps none without momentum
   }
 
@@ -96,7 +94,7 @@ class Sgd final : public OptimizerBase {
             float d = g[i];
             if constexpr (has_wd) d = madd(wd, p[i], d);  // d_p.add(param, alpha=wd)
             if constexpr (has_mom) {
-              float b = d;  // the first step clones d_p into the buffer
+              float b = d;                                               // the first step clones d_p into the buffer
               if constexpr (!is_first) b = madd(keep, d, buf[i] * mom);  // buf.mul_(momentum).add_(d_p, alpha=1-damp)
               buf[i] = b;
               if constexpr (nesterov)
@@ -219,8 +217,7 @@ void validate(const OptimizerConfig& c) {
   };
   if (c.kind == "sgd") {
     require(c.momentum >= 0, "momentum must be >= 0");
-    require(!c.nesterov || (c.momentum > 0 && c.dampening == 0),
-            "nesterov requires momentum > 0 and dampening == 0");
+    require(!c.nesterov || (c.momentum > 0 && c.dampening == 0), "nesterov requires momentum > 0 and dampening == 0");
   } else if (c.kind == "adadelta") {
     require(c.rho >= 0 && c.rho <= 1, "rho must be in [0, 1]");
   } else if (c.kind == "adamw") {
@@ -236,8 +233,7 @@ void validate(const OptimizerConfig& c) {
 
 }  // namespace
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, int64_t numel,
-                                          MemoryTracker* tracker) {
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, int64_t numel, MemoryTracker* tracker) {
   validate(config);
   if (config.kind == "sgd") return std::make_unique<Sgd>(config, numel, tracker);
   if (config.kind == "adadelta") return std::make_unique<Adadelta>(config, numel, tracker);

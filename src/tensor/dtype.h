@@ -3,8 +3,8 @@
 // Conversions round to nearest, ties to even; NaN stays NaN (quiet), inf stays inf,
 // f16 subnormals are produced and read exactly, overflow goes to inf as IEEE says.
 #include <bit>
-#include <cstddef>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string_view>
@@ -52,7 +52,7 @@ inline uint16_t f32_to_f16(float value) {
   if (exp < -25) return static_cast<uint16_t>(sign);  // below half the smallest subnormal: zero
   // Subnormal f16: value = m * 2^-24 with m < 1024.
   uint32_t mant = (abs & 0x7fffffu) | 0x800000u;  // implicit 1
-  int shift = -exp - 14 + 13;                      // 14..24 + ...
+  int shift = -exp - 14 + 13;                     // 14..24 + ...
   uint32_t h = mant >> shift;
   uint32_t rest = mant & ((1u << shift) - 1u);
   uint32_t half = 1u << (shift - 1);
@@ -72,7 +72,6 @@ inline float f16_to_f32(uint16_t bits) {
   }
   return detail::float_of(sign | ((exp + 112u) << 23) | (mant << 13));
 }
-
 
 // Element i of an array of any dtype, through double (exact for every value of every type but
 // large i64): for checks and references, not hot loops. Integers store truncated, u8 wraps.

@@ -8,16 +8,16 @@
 #if FSDP_HAVE_SBGEMM
 // Debian 12's OpenBLAS 0.3.21 is built without it; newer builds declare it in cblas.h.
 extern "C" void cblas_sbgemm(const enum CBLAS_ORDER, const enum CBLAS_TRANSPOSE, const enum CBLAS_TRANSPOSE,
-                             const blasint, const blasint, const blasint, const float, const uint16_t*,
-                             const blasint, const uint16_t*, const blasint, const float, float*, const blasint);
+                             const blasint, const blasint, const blasint, const float, const uint16_t*, const blasint,
+                             const uint16_t*, const blasint, const float, float*, const blasint);
 #endif
 
 namespace fsdp::ops {
 
 bool have_native_sbgemm() { return FSDP_HAVE_SBGEMM; }
 
-void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
-               int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
+               const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
 #if FSDP_HAVE_SBGEMM
   cblas_sbgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
                static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,

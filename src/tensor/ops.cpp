@@ -12,16 +12,15 @@ namespace fsdp::ops {
 // Elementwise loops below this many elements stay on one thread: waking the team costs more.
 constexpr int64_t kParallelMin = 1 << 15;
 
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
               static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
 }
 
-void linear_forward(float* Y, const float* X, const float* W, const float* b, int64_t rows,
-                    int64_t in, int64_t out) {
+void linear_forward(float* Y, const float* X, const float* W, const float* b, int64_t rows, int64_t in, int64_t out) {
   if (b) {
     // Seeding Y with the bias lets one GEMM with beta = 1 do the add.
     for (int64_t r = 0; r < rows; ++r) std::memcpy(Y + r * out, b, out * sizeof(float));
@@ -29,8 +28,8 @@ void linear_forward(float* Y, const float* X, const float* W, const float* b, in
   gemm(false, true, rows, out, in, 1.0f, X, in, W, in, b ? 1.0f : 0.0f, Y, out);
 }
 
-void linear_backward(float* dX, float* dW, float* db, const float* dY, const float* X,
-                     const float* W, int64_t rows, int64_t in, int64_t out) {
+void linear_backward(float* dX, float* dW, float* db, const float* dY, const float* X, const float* W, int64_t rows,
+                     int64_t in, int64_t out) {
   gemm(true, false, out, in, rows, 1.0f, dY, out, X, in, 1.0f, dW, in);
   if (db) {
     for (int64_t r = 0; r < rows; ++r) {
@@ -42,8 +41,8 @@ void linear_backward(float* dX, float* dW, float* db, const float* dY, const flo
   if (dX) gemm(false, false, rows, in, out, 1.0f, dY, out, W, in, 0.0f, dX, in);
 }
 
-void im2col(const float* image, float* col, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
-            int64_t pad, int64_t OH, int64_t OW, int64_t col_ld) {
+void im2col(const float* image, float* col, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t pad,
+            int64_t OH, int64_t OW, int64_t col_ld) {
   for (int64_t c = 0; c < C; ++c) {
     for (int64_t kh = 0; kh < KH; ++kh) {
       for (int64_t kw = 0; kw < KW; ++kw) {
@@ -66,8 +65,8 @@ void im2col(const float* image, float* col, int64_t C, int64_t H, int64_t W, int
   }
 }
 
-void col2im(const float* col, float* image, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
-            int64_t pad, int64_t OH, int64_t OW, int64_t col_ld) {
+void col2im(const float* col, float* image, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t pad,
+            int64_t OH, int64_t OW, int64_t col_ld) {
   for (int64_t c = 0; c < C; ++c) {
     for (int64_t kh = 0; kh < KH; ++kh) {
       for (int64_t kw = 0; kw < KW; ++kw) {
@@ -122,8 +121,8 @@ void add_inplace(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
-void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
-                       const float* b, int64_t rows, int64_t C, float eps) {
+void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int64_t rows,
+                       int64_t C, float eps) {
 #pragma omp parallel for if (rows * C > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * C;
@@ -142,8 +141,8 @@ void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const
   }
 }
 
-void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
-                        const float* w, const float* mean, const float* rstd, int64_t rows, int64_t C) {
+void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                        const float* mean, const float* rstd, int64_t rows, int64_t C) {
   // dw/db are reductions over rows: done serially so the sum order (and result) never depends on
   // the thread count; dx rows are independent and go parallel.
   for (int64_t r = 0; r < rows; ++r) {
@@ -225,8 +224,7 @@ void maxpool2_forward(float* y, int32_t* argmax, const float* x, int64_t planes,
   }
 }
 
-void maxpool2_backward(float* dx, const float* dy, const int32_t* argmax, int64_t planes, int64_t H,
-                       int64_t W) {
+void maxpool2_backward(float* dx, const float* dy, const int32_t* argmax, int64_t planes, int64_t H, int64_t W) {
   int64_t OH = H / 2, OW = W / 2;
   std::memset(dx, 0, planes * H * W * sizeof(float));
 #pragma omp parallel for if (planes * H * W > kParallelMin)

@@ -8,23 +8,22 @@
 namespace fsdp::ops {
 
 // C (M,N) = alpha * op(A) @ op(B) + beta * C, row-major; op(A) is (M,K), op(B) is (K,N).
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 // Y (rows, out) = X (rows, in) @ W^T (W: (out, in)) + b (out) — torch.nn.Linear.
-void linear_forward(float* Y, const float* X, const float* W, const float* b, int64_t rows,
-                    int64_t in, int64_t out);
+void linear_forward(float* Y, const float* X, const float* W, const float* b, int64_t rows, int64_t in, int64_t out);
 // dW += dY^T X, db += colsum(dY), dX = dY W (dX may be null: first layer).
-void linear_backward(float* dX, float* dW, float* db, const float* dY, const float* X,
-                     const float* W, int64_t rows, int64_t in, int64_t out);
+void linear_backward(float* dX, float* dW, float* db, const float* dY, const float* X, const float* W, int64_t rows,
+                     int64_t in, int64_t out);
 
 // Image (C,H,W) -> columns (C*KH*KW, OH*OW) with stride 1 and zero padding `pad`; `col_ld` is
 // the row stride of the column matrix so several images can sit side by side.
-void im2col(const float* image, float* col, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
-            int64_t pad, int64_t OH, int64_t OW, int64_t col_ld);
+void im2col(const float* image, float* col, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t pad,
+            int64_t OH, int64_t OW, int64_t col_ld);
 // Adjoint of im2col: image += scatter(col). image must be zeroed by the caller.
-void col2im(const float* col, float* image, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
-            int64_t pad, int64_t OH, int64_t OW, int64_t col_ld);
+void col2im(const float* col, float* image, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t pad,
+            int64_t OH, int64_t OW, int64_t col_ld);
 
 void relu_forward(float* y, const float* x, int64_t n);
 void relu_backward(float* dx, const float* dy, const float* y, int64_t n);  // uses the output
@@ -35,11 +34,11 @@ void add_inplace(float* y, const float* x, int64_t n);          // y += x
 
 // LayerNorm over the last dim C of (rows, C): y = (x - mean) * rstd * w + b, biased variance.
 // mean/rstd (rows) saved for backward.
-void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
-                       const float* b, int64_t rows, int64_t C, float eps);
+void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int64_t rows,
+                       int64_t C, float eps);
 // dx = (not accumulated), dw += , db += .
-void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
-                        const float* w, const float* mean, const float* rstd, int64_t rows, int64_t C);
+void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                        const float* mean, const float* rstd, int64_t rows, int64_t C);
 
 // Row-wise log-softmax of (rows, C) and its backward dx = dy - exp(y) * sum(dy).
 void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C);
@@ -47,8 +46,7 @@ void log_softmax_backward(float* dx, const float* dy, const float* y, int64_t ro
 
 // 2x2 max-pool, stride 2, on (N*C, H, W) planes; argmax (flat index within the plane) saved.
 void maxpool2_forward(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W);
-void maxpool2_backward(float* dx, const float* dy, const int32_t* argmax, int64_t planes, int64_t H,
-                       int64_t W);
+void maxpool2_backward(float* dx, const float* dy, const int32_t* argmax, int64_t planes, int64_t H, int64_t W);
 
 }  // namespace fsdp::ops
 
@@ -57,8 +55,8 @@ namespace fsdp::ops {
 // bf16 operands (raw uint16 bits), f32 accumulate and output: OpenBLAS's cblas_sbgemm where the
 // library has it (detected by Meson), otherwise both operands are widened to f32 scratch and
 // sgemm runs — exact either way, since every bf16 value is an f32 value.
-void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
-               int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
+               const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
 bool have_native_sbgemm();
 
 }  // namespace fsdp::ops

@@ -24,7 +24,10 @@ std::array<uint32_t, 4> CounterRng::block(uint64_t counter) const {
     uint32_t n1 = static_cast<uint32_t>(p1);
     uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
     uint32_t n3 = static_cast<uint32_t>(p0);
-    c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+    c0 = n0;
+    c1 = n1;
+    c2 = n2;
+    c3 = n3;
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
@@ -48,15 +51,14 @@ float CounterRng::normal(uint64_t counter) const {
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
 }
 
-void init_uniform(float* out, size_t count, size_t offset, uint64_t seed, std::string_view name,
-                  float low, float high) {
+void init_uniform(float* out, size_t count, size_t offset, uint64_t seed, std::string_view name, float low,
+                  float high) {
   CounterRng rng(seed, hash_name(name));
   float span = high - low;
   for (size_t i = 0; i < count; ++i) out[i] = low + span * rng.uniform(offset + i);
 }
 
-void init_normal(float* out, size_t count, size_t offset, uint64_t seed, std::string_view name,
-                 float mean, float std) {
+void init_normal(float* out, size_t count, size_t offset, uint64_t seed, std::string_view name, float mean, float std) {
   CounterRng rng(seed, hash_name(name));
   for (size_t i = 0; i < count; ++i) out[i] = mean + std * rng.normal(offset + i);
 }

@@ -26,9 +26,7 @@ class CounterRng {
 };
 
 // Parameter initialisation: out[i] is element (offset + i) of the tensor named `name`.
-void init_uniform(float* out, size_t count, size_t offset, uint64_t seed, std::string_view name,
-                  float low, float high);
-void init_normal(float* out, size_t count, size_t offset, uint64_t seed, std::string_view name,
-                 float mean, float std);
+void init_uniform(float* out, size_t count, size_t offset, uint64_t seed, std::string_view name, float low, float high);
+void init_normal(float* out, size_t count, size_t offset, uint64_t seed, std::string_view name, float mean, float std);
 
 }  // namespace fsdp

@@ -65,8 +65,7 @@ int32_t* Tensor::i32() const {
 }
 
 Tensor Tensor::view(const Shape& shape) const {
-  if (shape_numel(shape) != numel_)
-    throw Error("view " + shape_str(shape) + " does not match " + shape_str(shape_));
+  if (shape_numel(shape) != numel_) throw Error("view " + shape_str(shape) + " does not match " + shape_str(shape_));
   Tensor t = *this;
   t.shape_ = shape;
   return t;

@@ -16,12 +16,12 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/h5.h"
+#include "comm/local.h"
 #include "config/config.h"
 #include "data/data.h"
-#include "models/model.h"
-#include "comm/local.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/plan.h"
+#include "models/model.h"
 #include "nn/flat.h"
 #include "optim/optim.h"
 #include "tensor/error.h"
@@ -34,9 +34,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 struct Datasets {
   std::unique_ptr<Dataset> train, eval;
@@ -261,7 +259,8 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
   // The schedule of global batches: the same for any world size.
   s.micro_global = c.train.batch_size * s.env.world_size;
   s.global_batch = s.micro_global * c.train.grad_accum;
-  s.sampler = std::make_unique<Sampler>(SamplerOptions{s.data.train->size(), s.global_batch, c.train.shuffle, true, c.train.seed});
+  s.sampler = std::make_unique<Sampler>(
+      SamplerOptions{s.data.train->size(), s.global_batch, c.train.shuffle, true, c.train.seed});
   s.steps_per_epoch = s.sampler->steps_per_epoch();
   s.total_steps = c.train.steps > 0 ? c.train.steps : c.train.epochs * s.steps_per_epoch;
   s.schedule = std::make_unique<LrSchedule>(c.train.scheduler, c.train.optimizer.lr, s.total_steps);
@@ -299,7 +298,8 @@ void Trainer::resume(const std::string& path) {
   }
   s.best_eval_loss = m.best_eval_loss;
   char line[512];
-  std::snprintf(line, sizeof line, "checkpoint: resumed from %s at step %lld (written by %lld rank%s, %s); %.1f MB in %.2f s\n",
+  std::snprintf(line, sizeof line,
+                "checkpoint: resumed from %s at step %lld (written by %lld rank%s, %s); %.1f MB in %.2f s\n",
                 path.c_str(), static_cast<long long>(m.step), static_cast<long long>(m.world_size),
                 m.world_size == 1 ? "" : "s", m.strategy.c_str(), stats.bytes / 1e6, stats.seconds);
   s.resume_note += line;
@@ -350,8 +350,9 @@ CheckpointStats Trainer::save(const std::string& path, int64_t steps_done, doubl
   CheckpointStats stats = save_checkpoint(path, checkpoint_state(*s.engine, *s.optimizer), position(steps_done, lr),
                                           options, s.env.mpi_comm);
   if (s.env.rank == 0) {
-    std::printf("checkpoint: step %lld saved to %s, %.1f MB in %.2f s (%.2f GB/s)\n", static_cast<long long>(steps_done),
-                path.c_str(), stats.bytes / 1e6, stats.seconds, stats.bytes / 1e9 / std::max(stats.seconds, 1e-9));
+    std::printf("checkpoint: step %lld saved to %s, %.1f MB in %.2f s (%.2f GB/s)\n",
+                static_cast<long long>(steps_done), path.c_str(), stats.bytes / 1e6, stats.seconds,
+                stats.bytes / 1e9 / std::max(stats.seconds, 1e-9));
     std::fflush(stdout);
   }
   return stats;
@@ -374,12 +375,13 @@ TrainSummary Trainer::run() {
   const int64_t total_steps = s.total_steps, steps_per_epoch = s.steps_per_epoch, global_batch = s.global_batch;
 
   if (leader)
-    std::printf("fsdp_app: %s, %lld parameters, %s on %d rank%s (%s, %zu units), %s, %lld train / %lld eval samples, %lld steps (%lld per epoch)\n",
-                c.model.kind.c_str(), static_cast<long long>(model.num_params()), c.fsdp.sharding_strategy.c_str(),
-                env.world_size, env.world_size == 1 ? "" : "s", c.comm.backend.c_str(), engine.units().size(),
-                c.data.kind.c_str(), static_cast<long long>(s.data.train->size()),
-                static_cast<long long>(s.data.eval->size()), static_cast<long long>(total_steps),
-                static_cast<long long>(steps_per_epoch));
+    std::printf(
+        "fsdp_app: %s, %lld parameters, %s on %d rank%s (%s, %zu units), %s, %lld train / %lld eval samples, %lld "
+        "steps (%lld per epoch)\n",
+        c.model.kind.c_str(), static_cast<long long>(model.num_params()), c.fsdp.sharding_strategy.c_str(),
+        env.world_size, env.world_size == 1 ? "" : "s", c.comm.backend.c_str(), engine.units().size(),
+        c.data.kind.c_str(), static_cast<long long>(s.data.train->size()), static_cast<long long>(s.data.eval->size()),
+        static_cast<long long>(total_steps), static_cast<long long>(steps_per_epoch));
   if (env.world_size > 1) {
     // The nodes MPI found (MPI_COMM_TYPE_SHARED: node_color), each named by its first rank's
     // host name, and the mesh made of them: HYBRID's shard groups are those nodes, and a log
@@ -407,9 +409,9 @@ TrainSummary Trainer::run() {
       const bool hybrid = engine.options().strategy == Strategy::hybrid_shard ||
                           engine.options().strategy == Strategy::hybrid_shard_zero2;
       const char* how = !hybrid ? "" : c.fsdp.shard_group_size == 0 ? " (one per node, detected)" : " (configured)";
-      std::printf("mesh: %zu node%s (%s); shard groups of %d%s, %d replica%s\n", seen.size(), seen.size() == 1 ? "" : "s",
-                  nodes.c_str(), engine.mesh().shard->size(), how, engine.mesh().replicate->size(),
-                  engine.mesh().replicate->size() == 1 ? "" : "s");
+      std::printf("mesh: %zu node%s (%s); shard groups of %d%s, %d replica%s\n", seen.size(),
+                  seen.size() == 1 ? "" : "s", nodes.c_str(), engine.mesh().shard->size(), how,
+                  engine.mesh().replicate->size(), engine.mesh().replicate->size() == 1 ? "" : "s");
     }
   }
   if (leader && !s.resume_note.empty()) std::fputs(s.resume_note.c_str(), stdout);
@@ -422,8 +424,12 @@ TrainSummary Trainer::run() {
     last_saved_step = done;
     if (leader) {
       prune_checkpoints(ck.dir, ck.keep, done);
-      metrics.write(JsonLine().str("event", "checkpoint").integer("step", done).str("path", checkpoint_path(ck.dir, done))
-                        .integer("bytes", st.bytes).num("save_s", st.seconds));
+      metrics.write(JsonLine()
+                        .str("event", "checkpoint")
+                        .integer("step", done)
+                        .str("path", checkpoint_path(ck.dir, done))
+                        .integer("bytes", st.bytes)
+                        .num("save_s", st.seconds));
     }
   };
 
@@ -455,7 +461,10 @@ TrainSummary Trainer::run() {
     std::printf("eval step %lld epoch %lld: loss %.6f accuracy %.2f%%\n", static_cast<long long>(step_done),
                 static_cast<long long>(epoch) + 1, r.loss, 100.0 * r.accuracy);
     std::fflush(stdout);
-    metrics.write(JsonLine().integer("step", step_done).integer("epoch", epoch + 1).num("eval_loss", r.loss)
+    metrics.write(JsonLine()
+                      .integer("step", step_done)
+                      .integer("epoch", epoch + 1)
+                      .num("eval_loss", r.loss)
                       .num("eval_accuracy", r.accuracy));
   };
 
@@ -517,9 +526,10 @@ TrainSummary Trainer::run() {
       j.raw("mem_peak_bytes", mem_peaks_json(mem)).raw("mem_plan_bytes", s.plan.peaks_json());
       metrics.write(j);
       if (tty) {
-        std::printf("\r[epoch %lld] step %lld/%lld  loss %.4f  lr %.3g  %.0f %s/s   ", static_cast<long long>(epoch) + 1,
-                    static_cast<long long>(done), static_cast<long long>(total_steps), loss, lr,
-                    lm ? rate * elems_per_sample : rate, lm ? "tokens" : "samples");
+        std::printf("\r[epoch %lld] step %lld/%lld  loss %.4f  lr %.3g  %.0f %s/s   ",
+                    static_cast<long long>(epoch) + 1, static_cast<long long>(done),
+                    static_cast<long long>(total_steps), loss, lr, lm ? rate * elems_per_sample : rate,
+                    lm ? "tokens" : "samples");
         std::fflush(stdout);
       } else if (done % c.output.log_every == 0 || done == total_steps) {
         std::printf("step %lld/%lld epoch %lld loss %.6f lr %.6g %.1f %s/s\n", static_cast<long long>(done),
@@ -551,8 +561,12 @@ TrainSummary Trainer::run() {
     std::printf("done: %lld steps, %.1f samples/s, peak memory %.1f MiB (planned %.1f MiB)\n",
                 static_cast<long long>(summary.steps), summary.samples_per_s, mem.peak_total_bytes() / 1048576.0,
                 s.plan.total_peak_bytes / 1048576.0);
-    metrics.write(JsonLine().str("event", "done").integer("steps", summary.steps).num("samples_per_s", summary.samples_per_s)
-                      .raw("mem_peak_bytes", mem_peaks_json(mem)).raw("mem_plan_bytes", s.plan.peaks_json()));
+    metrics.write(JsonLine()
+                      .str("event", "done")
+                      .integer("steps", summary.steps)
+                      .num("samples_per_s", summary.samples_per_s)
+                      .raw("mem_peak_bytes", mem_peaks_json(mem))
+                      .raw("mem_plan_bytes", s.plan.peaks_json()));
   }
   return summary;
 }

@@ -19,19 +19,19 @@ struct CheckpointStats;
 struct RunEnv {
   int rank = 0;
   int world_size = 1;
-  Communicator* world = nullptr;  // comm.backend over all ranks; null: a local one-rank run
-  int node_color = 0;             // equal on ranks of one node (hybrid sharding)
-  int local_rank = 0;             // rank within the node
+  Communicator* world = nullptr;      // comm.backend over all ranks; null: a local one-rank run
+  int node_color = 0;                 // equal on ranks of one node (hybrid sharding)
+  int local_rank = 0;                 // rank within the node
   MPI_Comm mpi_comm = MPI_COMM_NULL;  // the same ranks for MPI-IO checkpoints; null: no MPI
 };
 
 struct TrainSummary {
-  int64_t start_step = 0;       // > 0 when resumed from a checkpoint
-  int64_t steps = 0;            // steps done, counting those before a resume
+  int64_t start_step = 0;  // > 0 when resumed from a checkpoint
+  int64_t steps = 0;       // steps done, counting those before a resume
   double last_loss = 0.0;
-  double eval_loss = -1.0;      // -1 when no evaluation ran
+  double eval_loss = -1.0;  // -1 when no evaluation ran
   double eval_accuracy = -1.0;
-  double samples_per_s = 0.0;   // mean over the run, excluding the first step
+  double samples_per_s = 0.0;  // mean over the run, excluding the first step
 };
 
 class Trainer {
@@ -40,7 +40,7 @@ class Trainer {
   ~Trainer();
   Trainer(const Trainer&) = delete;  // owns the MPI communicators, engine and open files
   Trainer& operator=(const Trainer&) = delete;
-  TrainSummary run();                                  // run phase
+  TrainSummary run();  // run phase
 
  private:
   void resume(const std::string& path);

@@ -19,19 +19,57 @@ namespace {
 using fsdp::H5Id;
 
 const std::vector<std::string>& attr_names() {
-  static const std::vector<std::string> names = {
-      "format_version", "format", "step", "epoch", "step_in_epoch", "steps_per_epoch", "world_size",
-      "shard_group_size", "global_batch_size", "seed", "strategy", "backend", "wrap_policy", "model_kind",
-      "optimizer", "optimizer_states", "optimizer_step", "scheduler", "lr", "loss_scale",
-      "loss_scale_good_steps", "best_eval_loss", "config_yaml", "crc32"};
+  static const std::vector<std::string> names = {"format_version",
+                                                 "format",
+                                                 "step",
+                                                 "epoch",
+                                                 "step_in_epoch",
+                                                 "steps_per_epoch",
+                                                 "world_size",
+                                                 "shard_group_size",
+                                                 "global_batch_size",
+                                                 "seed",
+                                                 "strategy",
+                                                 "backend",
+                                                 "wrap_policy",
+                                                 "model_kind",
+                                                 "optimizer",
+                                                 "optimizer_states",
+                                                 "optimizer_step",
+                                                 "scheduler",
+                                                 "lr",
+                                                 "loss_scale",
+                                                 "loss_scale_good_steps",
+                                                 "best_eval_loss",
+                                                 "config_yaml",
+                                                 "crc32"};
   return names;
 }
 
 const std::vector<int64_t>& interesting_ints() {
-  static const std::vector<int64_t> v = {0, 1, -1, 2, 3, 4, 7, 8, 16, 17, 31, 32, 255, 65536, int64_t{1} << 31,
-                                         (int64_t{1} << 32) - 1, int64_t{1} << 32, int64_t{1} << 40, int64_t{1} << 62,
-                                         std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(),
-                                         std::numeric_limits<int64_t>::max() / 4 + 1, -(int64_t{1} << 40)};
+  static const std::vector<int64_t> v = {0,
+                                         1,
+                                         -1,
+                                         2,
+                                         3,
+                                         4,
+                                         7,
+                                         8,
+                                         16,
+                                         17,
+                                         31,
+                                         32,
+                                         255,
+                                         65536,
+                                         int64_t{1} << 31,
+                                         (int64_t{1} << 32) - 1,
+                                         int64_t{1} << 32,
+                                         int64_t{1} << 40,
+                                         int64_t{1} << 62,
+                                         std::numeric_limits<int64_t>::max(),
+                                         std::numeric_limits<int64_t>::min(),
+                                         std::numeric_limits<int64_t>::max() / 4 + 1,
+                                         -(int64_t{1} << 40)};
   return v;
 }
 
@@ -42,28 +80,38 @@ int64_t some_int(fuzz::Input& in) {
 }
 
 double some_double(fuzz::Input& in) {
-  static const std::vector<double> v = {0.0, 1.0, -1.0, 0.5, 1e-300, 1e300, std::numeric_limits<double>::quiet_NaN(),
-                                        std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
-                                        17.0, 1e19, -0.0};
+  static const std::vector<double> v = {0.0,
+                                        1.0,
+                                        -1.0,
+                                        0.5,
+                                        1e-300,
+                                        1e300,
+                                        std::numeric_limits<double>::quiet_NaN(),
+                                        std::numeric_limits<double>::infinity(),
+                                        -std::numeric_limits<double>::infinity(),
+                                        17.0,
+                                        1e19,
+                                        -0.0};
   const uint8_t k = in.u8();
   return k < 200 ? v[k % v.size()] : in.f64();
 }
 
 hsize_t some_dim(fuzz::Input& in) {
-  static const std::vector<hsize_t> v = {0, 1, 2, 3, 4, 5, 7, 8, 12, 15, 16, 20, 22, 24, 1 << 20, hsize_t{1} << 31,
-                                         hsize_t{1} << 40, hsize_t{1} << 62};
+  static const std::vector<hsize_t> v = {
+      0, 1, 2, 3, 4, 5, 7, 8, 12, 15, 16, 20, 22, 24, 1 << 20, hsize_t{1} << 31, hsize_t{1} << 40, hsize_t{1} << 62};
   return v[in.u8() % v.size()];
 }
 
 // Every link path in the file ("/model/a.weight", "/index", ...), root excluded.
 std::vector<std::string> object_paths(hid_t file) {
   std::vector<std::string> paths;
-  H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC,
-           [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
-             static_cast<std::vector<std::string>*>(out)->push_back("/" + std::string(name));
-             return 0;
-           },
-           &paths);
+  H5Lvisit(
+      file, H5_INDEX_NAME, H5_ITER_INC,
+      [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
+        static_cast<std::vector<std::string>*>(out)->push_back("/" + std::string(name));
+        return 0;
+      },
+      &paths);
   return paths;
 }
 
@@ -135,8 +183,8 @@ void edit_attr(hid_t obj, const std::string& name, fuzz::Input& in) {
       break;
     }
     case 6: {  // narrower or unsigned integers
-      static const hid_t* types[] = {&H5T_NATIVE_UINT8, &H5T_NATIVE_INT16, &H5T_NATIVE_UINT32, &H5T_NATIVE_UINT64,
-                                     &H5T_STD_I64BE, &H5T_NATIVE_INT8};
+      static const hid_t* types[] = {&H5T_NATIVE_UINT8,  &H5T_NATIVE_INT16, &H5T_NATIVE_UINT32,
+                                     &H5T_NATIVE_UINT64, &H5T_STD_I64BE,    &H5T_NATIVE_INT8};
       const hid_t type = *types[in.u8() % 6];
       uint64_t v = in.u64();
       H5Id mem(H5Tcopy(H5T_NATIVE_UINT64), H5Tclose);
@@ -235,7 +283,8 @@ void replace_dataset(hid_t file, const std::string& path, fuzz::Input& in) {
   // that matches them when asked; big ones stay unwritten (declared, never allocated).
   if (points > 0 && points <= 4096 && H5Tget_class(type.get()) != H5T_STRING) {
     std::vector<float> v(points);
-    for (hssize_t i = 0; i < points; ++i) v[i] = (how & 32) ? static_cast<float>(static_cast<int8_t>(in.u8())) : 0.25f * i;
+    for (hssize_t i = 0; i < points; ++i)
+      v[i] = (how & 32) ? static_cast<float>(static_cast<int8_t>(in.u8())) : 0.25f * i;
     H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
     if (how & 64) {
       int64_t crc = static_cast<int64_t>(crc32_z(0, reinterpret_cast<const Bytef*>(v.data()), v.size() * 4));
@@ -290,14 +339,15 @@ void edit_index(hid_t file, const std::string& path, fuzz::Input& in) {
     return;
   }
   H5Id new_type(H5Tcopy(type.get()), H5Tclose);
-  if (op == 1) v.push_back(some_int(in));             // one more entry
-  if (op == 2 && !v.empty()) v.pop_back();            // one fewer
-  if (op == 3) new_type = dataset_type(in.u8());      // same values, another type
+  if (op == 1) v.push_back(some_int(in));         // one more entry
+  if (op == 2 && !v.empty()) v.pop_back();        // one fewer
+  if (op == 3) new_type = dataset_type(in.u8());  // same values, another type
   ds.reset();
   H5Ldelete(file, path.c_str(), H5P_DEFAULT);
   hsize_t len = v.size();
-  H5Id sp(len == 0 ? H5Screate(H5S_NULL)
-                   : (op == 3 && rank == 2 ? H5Screate_simple(2, dims.data(), nullptr) : H5Screate_simple(1, &len, nullptr)),
+  H5Id sp(len == 0
+              ? H5Screate(H5S_NULL)
+              : (op == 3 && rank == 2 ? H5Screate_simple(2, dims.data(), nullptr) : H5Screate_simple(1, &len, nullptr)),
           H5Sclose);
   H5Id nd(H5Dcreate2(file, path.c_str(), new_type.get(), sp.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
   if (nd.valid() && len > 0 && H5Tget_class(new_type.get()) != H5T_STRING)
@@ -323,11 +373,28 @@ void edit_tensor(hid_t file, const std::string& path, fuzz::Input& in) {
 }
 
 const std::vector<std::string>& well_known_paths() {
-  static const std::vector<std::string> v = {
-      "/model", "/optim", "/shards", "/index", "/shards/0", "/shards/1", "/shards/2", "/model/a.weight",
-      "/model/extra", "/index/names", "/index/unit", "/index/offset", "/index/numel", "/index/ndim", "/index/dims",
-      "/index/crc32", "/index/unit_padded_numel", "/shards/0/params", "/shards/1/optim/exp_avg",
-      "/optim/a.bias/exp_avg", "/optim/c/exp_avg_sq", "/x"};
+  static const std::vector<std::string> v = {"/model",
+                                             "/optim",
+                                             "/shards",
+                                             "/index",
+                                             "/shards/0",
+                                             "/shards/1",
+                                             "/shards/2",
+                                             "/model/a.weight",
+                                             "/model/extra",
+                                             "/index/names",
+                                             "/index/unit",
+                                             "/index/offset",
+                                             "/index/numel",
+                                             "/index/ndim",
+                                             "/index/dims",
+                                             "/index/crc32",
+                                             "/index/unit_padded_numel",
+                                             "/shards/0/params",
+                                             "/shards/1/optim/exp_avg",
+                                             "/optim/a.bias/exp_avg",
+                                             "/optim/c/exp_avg_sq",
+                                             "/x"};
   return v;
 }
 
@@ -353,16 +420,12 @@ void apply_edit(hid_t file, const std::string& file_path, fuzz::Input& in) {
       }
       break;
     }
-    case 2:
-      H5Ldelete(file, some_path().c_str(), H5P_DEFAULT);
-      break;
-    case 3:
-      replace_dataset(file, some_path(), in);
-      break;
+    case 2: H5Ldelete(file, some_path().c_str(), H5P_DEFAULT); break;
+    case 3: replace_dataset(file, some_path(), in); break;
     case 4: {
-      static const std::vector<std::string> index = {"/index/names", "/index/unit", "/index/offset", "/index/numel",
-                                                     "/index/ndim", "/index/dims", "/index/crc32",
-                                                     "/index/unit_padded_numel"};
+      static const std::vector<std::string> index = {
+          "/index/names", "/index/unit", "/index/offset", "/index/numel",
+          "/index/ndim",  "/index/dims", "/index/crc32",  "/index/unit_padded_numel"};
       edit_index(file, index[in.u8() % index.size()], in);
       break;
     }

@@ -17,11 +17,33 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::Input in(data, size);
   const uint8_t flags = in.u8();
-  const std::vector<int64_t> seq_lens = {1, 2, 3, 4, 7, 8, 16, 31, 64, 256, 0, -1,
-                                         std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(),
-                                         int64_t{1} << 40, std::numeric_limits<int64_t>::max() / 2 + 1};
-  const std::vector<double> fractions = {0.05, 0.5, 0.25, 0.9, 0.999999, 1e-300, 0.0, 1.0, -0.5,
-                                         std::nan(""), std::numeric_limits<double>::infinity(),
+  const std::vector<int64_t> seq_lens = {1,
+                                         2,
+                                         3,
+                                         4,
+                                         7,
+                                         8,
+                                         16,
+                                         31,
+                                         64,
+                                         256,
+                                         0,
+                                         -1,
+                                         std::numeric_limits<int64_t>::max(),
+                                         std::numeric_limits<int64_t>::min(),
+                                         int64_t{1} << 40,
+                                         std::numeric_limits<int64_t>::max() / 2 + 1};
+  const std::vector<double> fractions = {0.05,
+                                         0.5,
+                                         0.25,
+                                         0.9,
+                                         0.999999,
+                                         1e-300,
+                                         0.0,
+                                         1.0,
+                                         -0.5,
+                                         std::nan(""),
+                                         std::numeric_limits<double>::infinity(),
                                          std::numeric_limits<double>::denorm_min()};
   fsdp::TextCorpusOptions options;
   options.seq_len = in.pick(seq_lens);
