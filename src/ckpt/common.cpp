@@ -344,6 +344,12 @@ void write_meta(hid_t file, const CheckpointMeta& meta) {
   for (const MetaField& f : meta_fields()) f.write(file, meta);
 }
 
+std::vector<std::string> meta_attribute_names() {
+  std::vector<std::string> names = {"format_version"};
+  for (const MetaField& f : meta_fields()) names.emplace_back(f.name);
+  return names;
+}
+
 CheckpointMeta read_meta(hid_t file, const std::string& what) {
   CheckpointMeta m;
   if (!has_attr(file, "format_version"))

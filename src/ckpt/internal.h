@@ -90,6 +90,8 @@ std::vector<std::string> read_strings_attr(hid_t obj, const char* name, const st
 // The root attributes, one table for writing and reading.
 void write_meta(hid_t file, const CheckpointMeta& meta);
 CheckpointMeta read_meta(hid_t file, const std::string& what);
+// Their names in file order, format_version first (tools and the structure-aware fuzz target).
+std::vector<std::string> meta_attribute_names();
 
 // Dataset paths of a tensor in each format.
 std::string consolidated_path(const std::string& name, int state, const std::vector<std::string>& state_names);

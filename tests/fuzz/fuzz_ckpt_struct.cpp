@@ -12,37 +12,20 @@
 #include <cmath>
 #include <limits>
 
+#include "ckpt/internal.h"
 #include "ckpt_fixture.h"
 
 namespace {
 
 using fsdp::H5Id;
 
+// Every root attribute the reader knows, and the per-dataset crc32.
 const std::vector<std::string>& attr_names() {
-  static const std::vector<std::string> names = {"format_version",
-                                                 "format",
-                                                 "step",
-                                                 "epoch",
-                                                 "step_in_epoch",
-                                                 "steps_per_epoch",
-                                                 "world_size",
-                                                 "shard_group_size",
-                                                 "global_batch_size",
-                                                 "seed",
-                                                 "strategy",
-                                                 "backend",
-                                                 "wrap_policy",
-                                                 "model_kind",
-                                                 "optimizer",
-                                                 "optimizer_states",
-                                                 "optimizer_step",
-                                                 "scheduler",
-                                                 "lr",
-                                                 "loss_scale",
-                                                 "loss_scale_good_steps",
-                                                 "best_eval_loss",
-                                                 "config_yaml",
-                                                 "crc32"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v = fsdp::ckpt::meta_attribute_names();
+    v.emplace_back("crc32");
+    return v;
+  }();
   return names;
 }
 
