@@ -16,7 +16,7 @@ jobs=${LINT_JOBS:-2}
 
 bash jobs/install-deps.sh || { echo "install-deps failed"; echo "0 passed, 3 failed"; exit 1; }
 if [ ! -f "$build/compile_commands.json" ]; then
-  if [ $# -eq 0 ] && [ ! -e "$build" ]; then
+  if [ ! -e "$build" ]; then
     meson setup "$build" >/dev/null || { echo "meson setup $build failed"; echo "0 passed, 3 failed"; exit 1; }
   else
     echo "$build/compile_commands.json not found (configure it with meson setup)"
