@@ -74,8 +74,9 @@ void drive_mpi() {
 constexpr auto kSpinIdle = std::chrono::milliseconds(50);
 constexpr auto kYieldIdle = std::chrono::seconds(1);
 
+// On expiry sets `timed_out` before throwing: the Work's destructor must then not wait again.
 template <class Step>
-void poll_until(const CollectiveDesc& desc, double timeout_s, bool oversubscribed, Step step) {
+void poll_until(const CollectiveDesc& desc, double timeout_s, bool oversubscribed, bool& timed_out, Step step) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
@@ -89,6 +90,7 @@ void poll_until(const CollectiveDesc& desc, double timeout_s, bool oversubscribe
       continue;
     }
     if (now > deadline) {
+      timed_out = true;
       char secs[32];
       std::snprintf(secs, sizeof secs, "%g", timeout_s);
       throw CommTimeout(desc.text() + " did not complete within comm.timeout_s = " + secs +
@@ -141,15 +143,10 @@ class MpiWork final : public PollingWork {
     // Polls like MPI_Wait even on an oversubscribed node: there Open MPI's progress engine, which
     // MPI_Test runs, yields by itself when idle (mpi_yield_when_idle), and yielding again on top
     // measured 0.37-0.84x MPI_Wait's all_gather rate at np=4 on 2 cores (0.94-0.98x without).
-    try {
-      poll_until(desc_, timeout_s_, /*oversubscribed=*/false, [this] {
-        const bool moved = progress_ && progress_->progress_all();
-        return std::pair<bool, bool>{test(), moved};
-      });
-    } catch (const CommTimeout&) {
-      timed_out_ = true;
-      throw;
-    }
+    poll_until(desc_, timeout_s_, /*oversubscribed=*/false, timed_out_, [this] {
+      const bool moved = progress_ && progress_->progress_all();
+      return std::pair<bool, bool>{test(), moved};
+    });
   }
   MPI_Request* request() { return &request_; }
 
@@ -194,15 +191,10 @@ class ShmWork final : public PollingWork {
     return finished();
   }
   void wait() override {
-    try {
-      poll_until(desc_, timeout_s_, progress_->oversubscribed(), [this] {
-        const bool moved = progress_->progress_all();
-        return std::pair<bool, bool>{finished(), moved};
-      });
-    } catch (const CommTimeout&) {
-      timed_out_ = true;
-      throw;
-    }
+    poll_until(desc_, timeout_s_, progress_->oversubscribed(), timed_out_, [this] {
+      const bool moved = progress_->progress_all();
+      return std::pair<bool, bool>{finished(), moved};
+    });
   }
 
  private:

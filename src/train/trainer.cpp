@@ -96,26 +96,36 @@ Datasets load_data_agreed(const Config& c, Communicator& world) {
   throw Error(first_and_failing[1] < world.size() ? text + " (on rank " + std::to_string(first) + ")" : text);
 }
 
-// TEST HOOK for tests/fault (fault injection), read here and nowhere else:
+// TEST HOOKS for the fault-injection and crash-safety tests, read here and nowhere else (once,
+// at set-up). Unset (always, outside the tests): every field -1, nothing happens.
 //   FSDP_TEST_FAULT=skip_collective:RANK:STEP
-// makes rank RANK leave out the step-loss all_reduce of step STEP (1-based) and go on. The
-// other ranks then wait in it for a peer that never arrives, and the skipping rank waits in its
-// next collective for peers that never get there: each side must end by comm.timeout_s. Unset
-// (always, outside the tests): {-1, -1}, nothing is skipped.
+//     rank RANK leaves out the step-loss all_reduce of step STEP (1-based) and goes on. The other
+//     ranks then wait in it for a peer that never arrives, and the skipping rank waits in its next
+//     collective for peers that never get there: each side must end by comm.timeout_s.
+//   FSDP_TEST_KILL_RANK_DURING_SAVE=RANK[:STEP]
+//     rank RANK dies in the middle of every save, or only of the save after STEP.
 struct TestFault {
-  int rank = -1;
+  int rank = -1;  // skip_collective
   int64_t step = -1;
+  int kill_rank_during_save = -1;
+  int64_t kill_save_step = -1;  // -1: every save
 };
 
 TestFault test_fault_from_env() {
-  const char* text = std::getenv("FSDP_TEST_FAULT");
-  if (!text || !*text) return {};
   TestFault f;
-  long long step = -1;
-  // NOLINTNEXTLINE(cert-err34-c): a test hook's value, written by tests/fault; checked below
-  if (std::sscanf(text, "skip_collective:%d:%lld", &f.rank, &step) != 2 || f.rank < 0 || step < 1)
-    throw Error(std::string("FSDP_TEST_FAULT '") + text + "': expected skip_collective:RANK:STEP (a test hook)");
-  f.step = step;
+  if (const char* text = std::getenv("FSDP_TEST_FAULT"); text && *text) {
+    long long step = -1;
+    // NOLINTNEXTLINE(cert-err34-c): a test hook's value, written by tests/fault; checked below
+    if (std::sscanf(text, "skip_collective:%d:%lld", &f.rank, &step) != 2 || f.rank < 0 || step < 1)
+      throw Error(std::string("FSDP_TEST_FAULT '") + text + "': expected skip_collective:RANK:STEP (a test hook)");
+    f.step = step;
+  }
+  if (const char* kill = std::getenv("FSDP_TEST_KILL_RANK_DURING_SAVE")) {
+    // NOLINTNEXTLINE(cert-err34-c): a test hook's value, written by the crash-safety tests
+    f.kill_rank_during_save = std::atoi(kill);
+    // NOLINTNEXTLINE(cert-err34-c): as above
+    if (const char* colon = std::strchr(kill, ':')) f.kill_save_step = std::atoll(colon + 1);
+  }
   return f;
 }
 
@@ -224,7 +234,7 @@ struct Trainer::State {
   int64_t start_step = 0;
   double best_eval_loss = -1.0;
   std::string resume_note;  // printed by rank 0 when the run starts
-  TestFault fault;          // FSDP_TEST_FAULT (tests only)
+  TestFault fault;          // FSDP_TEST_* hooks (tests only)
   State(const Config& config, int world_size) : c(for_world_size(config, world_size)) {}
 };
 
@@ -340,13 +350,8 @@ CheckpointStats Trainer::save(const std::string& path, int64_t steps_done, doubl
   SaveOptions options;
   options.format = parse_checkpoint_format(s.c.checkpoint.format);
   options.collective = s.c.checkpoint.io == "collective";
-  // Test hook for the crash-safety tests: this rank dies in the middle of a save.
-  // FSDP_TEST_KILL_RANK_DURING_SAVE=RANK: in every save; =RANK:STEP: only in the save after STEP.
-  if (const char* kill = std::getenv("FSDP_TEST_KILL_RANK_DURING_SAVE")) {
-    const char* colon = std::strchr(kill, ':');
-    // NOLINTNEXTLINE(cert-err34-c): a test hook's value, written by the crash-safety tests
-    if (!colon || std::atoll(colon + 1) == steps_done) options.kill_rank = std::atoi(kill);
-  }
+  if (s.fault.kill_save_step < 0 || s.fault.kill_save_step == steps_done)  // FSDP_TEST_KILL_RANK_DURING_SAVE
+    options.kill_rank = s.fault.kill_rank_during_save;
   CheckpointStats stats = save_checkpoint(path, checkpoint_state(*s.engine, *s.optimizer), position(steps_done, lr),
                                           options, s.env.mpi_comm);
   if (s.env.rank == 0) {
