@@ -15,7 +15,9 @@ Every case injects one fault into a running job and checks the end-to-end outcom
                    (FSDP_TEST_KILL_RANK_DURING_SAVE=1:4): ckpt_2 stays good, the .tmp is skipped
   kill_startup     rank 1 SIGKILLed during start-up: once as soon as its process exists (before
                    or inside MPI_Init, i.e. before the communicator exists) and once while it
-                   reads the Fashion-MNIST files (an open file under the dataset folder)
+                   reads the Fashion-MNIST files (an open file under the dataset folder).
+                   Killed before its launch completed, Open MPI prints only its abort banner and
+                   exits 137 (no "noticed" line naming the rank): the early case accepts that form
   skip_collective  rank 1 leaves out the loss all_reduce of step 5 and goes on
                    (FSDP_TEST_FAULT=skip_collective:1:5): the peers wait for it and it waits for
                    them in its next collective; comm.timeout_s ends the job (not earlier: nothing
@@ -349,8 +351,18 @@ def kill_startup_case(when):
     t_fault = time.time()
     rc = L.wait(t_fault)
     check_end(name, L, rc, t_fault, what)
-    check_message(name, L, rf"^mpirun noticed that process rank {FAULT_RANK} with PID \d+ on node \S+ exited on "
-                           r"signal 9 \(Killed\)\.$", "the killed rank and the signal")
+    noticed = rf"^mpirun noticed that process rank {FAULT_RANK} with PID \d+ on node \S+ exited on signal 9 \(Killed\)\.$"
+    if when == "early" and L.line_time(noticed) is None:
+        # Open MPI 4.1 prints no "noticed" line for a process killed before its launch completed
+        # (seen on CI at 52 ms; reproduced with `mpirun -np 3 sleep 5` and an immediate kill): only
+        # the abort banner, and mpirun's exit status carries the signal (128 + 9). Nothing of ours
+        # runs in that window, so what mpirun says is all there is; assert exactly that.
+        hit = L.line_time(r"^a non-zero exit code\. Per user-direction, the job has been aborted\.$")
+        H.check(f"{name}: the output names the signal (Open MPI's pre-launch form: abort banner, mpirun exit 137)",
+                hit is not None and rc == 128 + signal.SIGKILL,
+                f"banner {hit[1]!r}, mpirun exit {rc}" if hit else f"no banner; output tail {L.text()[-600:]!r}")
+    else:
+        check_message(name, L, noticed, "the killed rank and the signal")
     check_no_leftovers(name, L)
 
 
