@@ -101,7 +101,11 @@ int main(int argc, char** argv) {
       if (mpi.rank() == 0) std::fputs(text.c_str(), stdout);
       return 0;
     }
-    world = fsdp::make_communicator(config.comm.backend, MPI_COMM_WORLD, {config.comm.timeout_s});
+    // The world carries host values (losses, agreements, metrics). A device run moves its
+    // parameters and gradients over a communicator of comm.backend on the device the trainer
+    // opens; the world then stays MPI, which every backend bootstraps from anyway.
+    const std::string control = config.train.device == "cpu" ? config.comm.backend : "mpi";
+    world = fsdp::make_communicator(control, MPI_COMM_WORLD, {config.comm.timeout_s});
     trainer = std::make_unique<fsdp::Trainer>(
         config, fsdp::RunEnv{mpi.rank(), mpi.size(), world.get(), mpi.node_color(), mpi.local_rank(), MPI_COMM_WORLD});
   } catch (const std::exception& e) {

@@ -1,6 +1,6 @@
 // fsdp_bench [--backend mpi,ucx,nccl|all] [--op all_gather,reduce_scatter,all_reduce|all]
 //            [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS] [-w WARMUP] [-d DTYPE]
-//            [--csv FILE] [--timeout S]
+//            [--csv FILE] [--timeout S] [--device cpu|cuda]
 // Compares the collective backends with each other and with the MPI library called directly,
 // in nccl-tests' terms: for each op and size, the average time of one collective, the
 // algorithm bandwidth and the bus bandwidth, and the number of wrong elements in the output.
@@ -17,6 +17,12 @@
 // Reductions are sums. Every size is checked: inputs are small integers that depend on the
 // rank and the index, so every sum is exact in every dtype (bf16 holds integers up to 256
 // exactly, and |sum| <= nranks) and each output element has one right value.
+//
+// --device cuda: the backends' buffers are the rank's GPU memory (the device runtime of
+// tensor/device.h, GPU local_rank % count); inputs are uploaded before and outputs copied back
+// for the check after the timed loop. Backends without native device buffers (mpi, ucx) take
+// them through comm/device_comm.h (staged through pinned host memory unless the MPI is
+// CUDA-aware), so their rows include those copies. mpi-raw always runs on host buffers.
 #include <mpi.h>
 #include <unistd.h>
 
@@ -38,8 +44,10 @@
 #include "comm/comm.h"
 #include "comm/mpi_env.h"
 #include "comm/reduce.h"
+#include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
+#include "tensor/memory.h"
 
 namespace {
 
@@ -49,9 +57,10 @@ using fsdp::Error;
 constexpr const char* kUsage =
     "usage: fsdp_bench [--backend mpi,ucx,nccl|all] [--op all_gather,reduce_scatter,all_reduce|all]\n"
     "                  [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
-    "                  [-d f32|bf16|f16|f64|i32|i64|u8] [--csv FILE] [--timeout S]\n"
+    "                  [-d f32|bf16|f16|f64|i32|i64|u8] [--csv FILE] [--timeout S] [--device cpu|cuda]\n"
     "  sizes take K, M, G suffixes (powers of 1024); defaults: -b 1K -e 64M -f 2 -n 20 -w 5 -d f32\n"
-    "  --timeout 60; every built backend; every op. Run under mpirun/srun for more than one rank.\n";
+    "  --timeout 60 --device cpu; every built backend; every op. Run under mpirun/srun for more than\n"
+    "  one rank. --device cuda: the backends' buffers live on the rank's GPU (mpi-raw stays on the host).\n";
 
 // ---- element access: every dtype through double (all values used here are exact in it) ----
 
@@ -224,6 +233,7 @@ struct Args {
   DType dtype = DType::f32;
   std::string csv;
   double timeout_s = 60;
+  fsdp::Device device = fsdp::Device::cpu;
   bool help = false;
 };
 
@@ -293,7 +303,7 @@ Args parse_args(int argc, char** argv) {
         "--backend",  "--op",       "-b",           "-e",      "-f",
         "-n",         "-w",         "-d",           "--csv",   "--timeout",
         "--minbytes", "--maxbytes", "--stepfactor", "--iters", "--warmup_iters",
-        "--datatype"};
+        "--datatype", "--device"};
     if (!kWithValue.contains(opt)) throw Error("unknown option '" + opt + "' (try --help)");
     if (!inline_value) {
       if (i + 1 >= argc) throw Error(opt + " needs a value (try --help)");
@@ -317,6 +327,8 @@ Args parse_args(int argc, char** argv) {
       a.dtype = fsdp::parse_dtype(value);
     else if (opt == "--csv")
       a.csv = value;
+    else if (opt == "--device")
+      a.device = fsdp::parse_device(value);
     else if (opt == "--timeout") {
       char* end = nullptr;
       a.timeout_s = std::strtod(value.c_str(), &end);
@@ -381,21 +393,54 @@ struct Buffer {
   char* ptr;
 };
 
-// One (op, size) on one backend, or on raw MPI when comm is null.
+// A buffer the collective works on: host memory, or device memory of `rt` with a host copy
+// that values are written to and checked in.
+class BenchBuffer {
+ public:
+  BenchBuffer(size_t bytes, fsdp::DeviceRuntime* rt) : host_(bytes), rt_(rt), bytes_(bytes) {
+    if (rt_) device_ = rt_->allocate(bytes_, fsdp::MemCategory::comm, rt_->compute_stream());
+  }
+  ~BenchBuffer() {
+    if (rt_) rt_->deallocate(device_, bytes_, fsdp::MemCategory::comm, rt_->compute_stream());
+  }
+  BenchBuffer(const BenchBuffer&) = delete;
+  BenchBuffer& operator=(const BenchBuffer&) = delete;
+  char* host() const { return host_.ptr; }
+  void* data() const { return rt_ ? device_ : host_.ptr; }  // what the collective gets
+  void upload() { copy(data(), host_.ptr, fsdp::CopyKind::host_to_device); }
+  void download() { copy(host_.ptr, data(), fsdp::CopyKind::device_to_host); }
+
+ private:
+  void copy(void* dst, const void* src, fsdp::CopyKind kind) {
+    if (!rt_) return;
+    rt_->copy_async(dst, src, bytes_, kind, rt_->compute_stream());
+    rt_->synchronize(rt_->compute_stream());
+  }
+  Buffer host_;
+  fsdp::DeviceRuntime* rt_;
+  size_t bytes_;
+  void* device_ = nullptr;
+};
+
+// One (op, size) on one backend, or on raw MPI when comm is null. rt: the device runtime of
+// --device cuda (raw MPI ignores it).
 Row measure(const Collective& c, size_t count, const Args& a, fsdp::Communicator* comm, const RawMpiTypes& raw,
-            MPI_Comm world, int rank, int n) {
+            MPI_Comm world, int rank, int n, fsdp::DeviceRuntime* rt) {
   const DType d = a.dtype;
   const size_t b = fsdp::dtype_bytes(d);
   const size_t in_n = c.in_count(count, n), out_n = c.out_count(count, n);
-  Buffer in(in_n * b), out(out_n * b);
-  c.fill_in(in.ptr, count, d, rank, n);
-  for (size_t j = 0; j < out_n; ++j) store(out.ptr, j, d, sentinel(d));
+  fsdp::DeviceRuntime* const device = comm ? rt : nullptr;
+  BenchBuffer in(in_n * b, device), out(out_n * b, device);
+  c.fill_in(in.host(), count, d, rank, n);
+  for (size_t j = 0; j < out_n; ++j) store(out.host(), j, d, sentinel(d));
+  in.upload();
+  out.upload();
 
   auto once = [&] {
     if (comm)
-      c.issue(*comm, in.ptr, out.ptr, count, d)->wait();
+      c.issue(*comm, in.data(), out.data(), count, d)->wait();
     else
-      c.raw(in.ptr, out.ptr, count, raw, world);
+      c.raw(in.host(), out.host(), count, raw, world);
   };
   for (int i = 0; i < a.warmup; ++i) once();
   MPI_Barrier(world);
@@ -405,9 +450,10 @@ Row measure(const Collective& c, size_t count, const Args& a, fsdp::Communicator
   MPI_Barrier(world);
 
   // Every iteration writes the same output, so the last one's is checked whole.
+  out.download();
   uint64_t wrong = 0;
   for (size_t j = 0; j < out_n; ++j)
-    if (load(out.ptr, j, d) != c.expected(j, count, d, rank, n)) ++wrong;
+    if (load(out.host(), j, d) != c.expected(j, count, d, rank, n)) ++wrong;
 
   double max_s = 0;
   uint64_t wrong_total = 0;
@@ -469,7 +515,13 @@ std::vector<size_t> counts_for(const Collective& c, const Args& a, int n) {
   return counts;
 }
 
-int run(const Args& a, MPI_Comm world, int rank, int n) {
+fsdp::CommOptions comm_options(const Args& a, fsdp::DeviceRuntime* rt) {
+  fsdp::CommOptions o{a.timeout_s};
+  o.runtime = rt;
+  return o;
+}
+
+int run(const Args& a, MPI_Comm world, int rank, int n, fsdp::DeviceRuntime* rt) {
   std::vector<std::string> hosts = host_names(world, rank, n);
   FILE* csv = nullptr;
   int csv_ok = 1;
@@ -491,7 +543,7 @@ int run(const Args& a, MPI_Comm world, int rank, int n) {
     std::unique_ptr<fsdp::Communicator> comm;
     std::string reason;
     try {
-      comm = fsdp::make_communicator(name, world, fsdp::CommOptions{a.timeout_s});
+      comm = fsdp::make_communicator(name, world, comm_options(a, rt));
     } catch (const std::exception& e) {
       reason = e.what();
     }
@@ -525,6 +577,7 @@ int run(const Args& a, MPI_Comm world, int rank, int n) {
     std::printf("# backends: mpi-raw (MPI_Allgather, MPI_Reduce_scatter_block, MPI_Allreduce%s)%s%s\n",
                 a.dtype == DType::bf16 || a.dtype == DType::f16 ? " with an f32 user op for the sum" : "",
                 started.empty() ? "" : ", ", join(started).c_str());
+    if (rt) std::printf("# device: %s (backends on device buffers, mpi-raw on host)\n", rt->describe().c_str());
     std::printf(
         "# size = whole array (bytes); count = elements per call; time = mean of %d, max over ranks;\n"
         "# busbw = algbw*(n-1)/n (all_gather, reduce_scatter), algbw*2(n-1)/n (all_reduce); wrong = bad elements\n",
@@ -540,9 +593,9 @@ int run(const Args& a, MPI_Comm world, int rank, int n) {
       std::vector<size_t> counts = counts_for(*c, a, n);
       for (size_t k = 0; k <= started.size(); ++k) {
         std::unique_ptr<fsdp::Communicator> comm;
-        if (k > 0) comm = fsdp::make_communicator(started[k - 1], world, fsdp::CommOptions{a.timeout_s});
+        if (k > 0) comm = fsdp::make_communicator(started[k - 1], world, comm_options(a, rt));
         for (size_t count : counts) {
-          Row r = measure(*c, count, a, comm.get(), raw, world, rank, n);
+          Row r = measure(*c, count, a, comm.get(), raw, world, rank, n, rt);
           wrong_total += r.wrong;
           if (rank == 0) {
             print_row(r);
@@ -590,12 +643,31 @@ int main(int argc, char** argv) {
     if (rank == 0) std::fputs(kUsage, stdout);
     return 0;
   }
+  // --device cuda: every rank needs its GPU. The lowest rank without one says why, in one line;
+  // every rank exits 1 (no abort needed: they all know).
+  fsdp::MemoryTracker tracker;
+  std::unique_ptr<fsdp::DeviceRuntime> runtime;
+  if (args.device == fsdp::Device::cuda) {
+    std::string why;
+    try {
+      runtime = fsdp::make_runtime(fsdp::Device::cuda, tracker, mpi.local_rank());
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    int mine = runtime ? n : rank, first_failed = n;
+    MPI_Allreduce(&mine, &first_failed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (first_failed != n) {
+      if (rank == 0 && first_failed == 0) std::fprintf(stderr, "fsdp_bench: %s\n", why.c_str());
+      if (rank == first_failed && rank != 0) std::fprintf(stderr, "fsdp_bench: rank %d: %s\n", rank, why.c_str());
+      return 1;
+    }
+  }
   MPI_Comm world = MPI_COMM_NULL;
   MPI_Comm_dup(MPI_COMM_WORLD, &world);  // the bench's own traffic never matches a backend's
   MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);
   int rc = 1;
   try {
-    rc = run(args, world, rank, n);
+    rc = run(args, world, rank, n, runtime.get());
     MPI_Comm_free(&world);
     return rc;
   } catch (const std::bad_alloc&) {

@@ -89,6 +89,7 @@ train:
   dropout: false
   shuffle: false
   threads: 4
+  device: cuda
   optimizer: {kind: sgd, lr: 0.05, momentum: 0.9, dampening: 0, nesterov: true, weight_decay: 1e-4}
   scheduler:
     kind: cosine
@@ -155,6 +156,7 @@ BOOST_AUTO_TEST_CASE(full_file_sets_every_field) {
   BOOST_TEST(!t.dropout);
   BOOST_TEST(!t.shuffle);
   BOOST_TEST(t.threads == 4);
+  BOOST_TEST(t.device == "cuda");
   BOOST_TEST(t.optimizer.kind == "sgd");
   BOOST_TEST(t.optimizer.lr == 0.05);
   BOOST_TEST(t.optimizer.momentum == 0.9);
@@ -416,6 +418,28 @@ BOOST_AUTO_TEST_CASE(checkpoint_keys_that_need_a_folder_or_evaluations) {
   BOOST_TEST(error_of("train: {stop_after_steps: -1}\n").find("train.stop_after_steps") != std::string::npos);
 }
 
+BOOST_AUTO_TEST_CASE(device_keys) {
+  BOOST_TEST(parse_config("", "in.yaml").train.device == "cpu");
+  BOOST_TEST(error_of("train: {device: gpu}\n") == "in.yaml:1: train.device: expected one of [cpu, cuda], got 'gpu'");
+  BOOST_TEST(error_of("fsdp: {cpu_offload: true}\n") ==
+             "in.yaml:1: fsdp.cpu_offload: fsdp.cpu_offload needs train.device: cuda (on cpu the shards already live "
+             "in host memory)");
+  BOOST_TEST(error_of("comm: {backend: nccl}\n") ==
+             "in.yaml:1: comm.backend: comm.backend nccl needs train.device: cuda (NCCL moves device memory)");
+  // The later key of the pair is blamed: here the device line.
+  BOOST_TEST(error_of("comm: {backend: nccl}\ntrain: {device: cpu}\n") ==
+             "in.yaml:2: train.device: comm.backend nccl needs train.device: cuda (NCCL moves device memory)");
+  BOOST_TEST(error_of("train: {device: cuda}\ncheckpoint: {dir: ck}\n") ==
+             "in.yaml:1: train.device: checkpoints from train.device: cuda need fsdp.cpu_offload: true (device "
+             "shards are not staged to HDF5 yet)");
+  BOOST_TEST(error_of("train: {device: cuda}\noutput: {save_weights: w.h5}\n") ==
+             "in.yaml:1: train.device: output.save_weights from train.device: cuda is not supported yet "
+             "(gathered device parameters are not staged to HDF5)");
+  const Config c = parse_config(
+      "train: {device: cuda}\nfsdp: {cpu_offload: true}\ncomm: {backend: nccl}\ncheckpoint: {dir: ck}\n", "in.yaml");
+  BOOST_TEST(c.fsdp.cpu_offload);
+}
+
 BOOST_AUTO_TEST_CASE(malformed_yaml_names_the_line) {
   BOOST_TEST(error_of("train:\n  epochs: 1\n  batch_size: [1, 2\nfsdp: {}\n") ==
              "in.yaml:4: malformed YAML: end of sequence flow not found");  // where yaml-cpp notices
@@ -513,7 +537,8 @@ BOOST_AUTO_TEST_CASE(overrides) {
   BOOST_TEST(c.train.epochs == 6);
   BOOST_TEST(c.checkpoint.dir == "");
   // A whole section as one value, and values in an empty file.
-  const Config s = parse_config("", "in.yaml", {"comm={backend: nccl, timeout_s: 5}", "train.dropout=false"});
+  const Config s =
+      parse_config("", "in.yaml", {"comm={backend: nccl, timeout_s: 5}", "train.dropout=false", "train.device=cuda"});
   BOOST_TEST(s.comm.backend == "nccl");
   BOOST_TEST(s.comm.timeout_s == 5.0);
   BOOST_TEST(!s.train.dropout);

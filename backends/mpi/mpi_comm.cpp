@@ -281,14 +281,6 @@ MpiCommunicator::~MpiCommunicator() {
   }
 }
 
-bool MpiCommunicator::cuda_aware() const {
-#if defined(MPIX_CUDA_AWARE_SUPPORT)
-  return MPIX_Query_cuda_support() == 1;  // run time: the library loaded may differ from the header
-#else
-  return false;
-#endif
-}
-
 CollectiveDesc MpiCommunicator::describe(const char* collective, size_t count, DType dtype) {
   return {"mpi", collective, count, dtype, next_seq()};
 }

@@ -50,9 +50,6 @@ class MpiCommunicator : public Communicator {
   std::unique_ptr<Work> broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) override;
   void barrier() override;
   MPI_Comm comm() const { return comm_.get(); }
-  // Whether the MPI library can take device pointers (Open MPI's MPIX_Query_cuda_support, run
-  // time); false when the library has no such extension. The NCCL-less GPU path asks this.
-  bool cuda_aware() const;
   // Whether reduce_scatter/all_reduce may use the node-local shared-memory pipeline.
   bool shared_memory() const { return shm_ != nullptr; }
 

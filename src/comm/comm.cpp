@@ -5,6 +5,9 @@
 #include <chrono>
 #include <cstdio>
 #include <thread>
+#include <utility>
+
+#include "comm/device_comm.h"
 
 namespace fsdp {
 
@@ -56,8 +59,13 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_
                                                 const CommOptions& options) {
   std::string built;
   for (const BackendEntry& e : backend_table()) {
-    if (backend == e.name) return e.make(bootstrap, options);
-    built += (built.empty() ? "" : ", ") + std::string(e.name);
+    if (backend != e.name) {
+      built += (built.empty() ? "" : ", ") + std::string(e.name);
+      continue;
+    }
+    std::unique_ptr<Communicator> comm = e.make(bootstrap, options);
+    if (!options.runtime || options.runtime->device() != Device::cuda || e.device_native) return comm;
+    return wrap_for_device(std::move(comm), *options.runtime, e.device_aware && e.device_aware());
   }
   throw Error("comm.backend '" + backend + "' is not built in this binary (built: " + built + ")");
 }

@@ -107,6 +107,7 @@ std::vector<Field> schema(Config& c) {
       {"train.dropout", &t.dropout},
       {"train.shuffle", &t.shuffle},
       {"train.threads", &t.threads, at_least(0)},
+      {"train.device", &t.device, {}, {"cpu", "cuda"}},
       {"train.optimizer.kind", &o.kind, {}, {"sgd", "adadelta", "adamw"}},
       {"train.optimizer.lr", &o.lr, above(0)},
       {"train.optimizer.momentum", &o.momentum, at_least(0)},
@@ -513,6 +514,24 @@ void Reader::check_rules(const Config& c) const {
   if (c.train.epochs == 0 && c.train.steps == 0)
     fail(blame("train.epochs", "train.steps"),
          "train.epochs and train.steps are both 0; one of them must bound the run");
+  // Both are about device memory: on cpu the shards are already host memory, and NCCL moves only
+  // device buffers.
+  if (c.fsdp.cpu_offload && c.train.device != "cuda")
+    fail(blame("fsdp.cpu_offload", "train.device"),
+         "fsdp.cpu_offload needs train.device: cuda (on cpu the shards already live in host memory)");
+  if (c.comm.backend == "nccl" && c.train.device != "cuda")
+    fail(blame("comm.backend", "train.device"),
+         "comm.backend nccl needs train.device: cuda (NCCL moves device memory)");
+  // Checkpoints are written from the shards; on a device run they are host memory only under
+  // cpu_offload (device shards are not staged to HDF5 yet). save_weights reads gathered
+  // parameters, which are device memory on any device run.
+  if (c.train.device == "cuda" && !c.checkpoint.dir.empty() && !c.fsdp.cpu_offload)
+    fail(blame("checkpoint.dir", "train.device"),
+         "checkpoints from train.device: cuda need fsdp.cpu_offload: true (device shards are not staged to HDF5 yet)");
+  if (c.train.device == "cuda" && !c.output.save_weights.empty())
+    fail(blame("output.save_weights", "train.device"),
+         "output.save_weights from train.device: cuda is not supported yet (gathered device parameters are not "
+         "staged to HDF5)");
   if (c.fsdp.wrap_policy == "manual" && c.fsdp.wrap_modules.empty())
     fail("fsdp.auto_wrap.policy", "manual requires a non-empty fsdp.auto_wrap.modules list");
   const CheckpointConfig& k = c.checkpoint;

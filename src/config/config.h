@@ -75,6 +75,7 @@ struct TrainConfig {
   bool dropout = true;
   bool shuffle = true;
   int64_t threads = 0;  // 0 = leave OpenBLAS/OpenMP defaults
+  std::string device = "cpu";  // cpu | cuda: where tensors live and kernels run
 };
 
 struct MixedPrecisionConfig {

@@ -5,6 +5,7 @@
 #include "ckpt/h5.h"
 #include "fsdp/fsdp.h"
 #include "tensor/error.h"
+#include "tensor/kernels.h"
 
 namespace fsdp {
 
@@ -18,11 +19,24 @@ void bind_grad(const FlatLayout& layout, float* grad) {
   for (size_t i = 0; i < layout.params.size(); ++i) layout.params[i]->grad = grad ? grad + layout.offsets[i] : nullptr;
 }
 
+CopyKind copy_kind(const DeviceRuntime& to, const DeviceRuntime& from) {
+  const bool dev_to = to.device() != Device::cpu, dev_from = from.device() != Device::cpu;
+  if (dev_to && dev_from) return CopyKind::device_to_device;
+  if (dev_to) return CopyKind::host_to_device;
+  return dev_from ? CopyKind::device_to_host : CopyKind::host_to_host;
+}
+
 }  // namespace
 
 FsdpEngine::FsdpEngine(Model& model, Communicator& world, ProcessMesh mesh, const FsdpOptions& options,
-                       MemoryTracker& mem)
+                       MemoryTracker& mem, DeviceRuntime* runtime)
     : model_(model), world_(world), mesh_(std::move(mesh)), options_(options), mem_(mem) {
+  if (!runtime) own_rt_ = make_runtime(Device::cpu, mem, 0);
+  rt_ = runtime ? runtime : own_rt_.get();
+  // Offloading means something only when compute is on a device: there the shards and the
+  // optimizer state move to host memory (charged to the same tracker).
+  if (options.cpu_offload && rt_->device() != Device::cpu) host_rt_ = make_runtime(Device::cpu, mem, 0);
+  shard_rt_ = host_rt_ ? host_rt_.get() : rt_;
   for (DType d : {options.param_dtype, options.reduce_dtype})
     if (d != DType::f32 && d != DType::bf16 && d != DType::f16)
       throw Error("fsdp.mixed_precision: " + std::string(dtype_name(d)) + " is not f32, bf16 or f16");
@@ -51,8 +65,22 @@ FsdpEngine::FsdpEngine(Model& model, Communicator& world, ProcessMesh mesh, cons
   // Activation checkpointing per unit: every wrapped (non-root) unit's layers recompute.
   for (size_t ui = 1; ui < units_.size(); ++ui)
     for (Layer* l : units_[ui]->spec.layers) model.set_checkpointed(*l, options.activation_checkpointing);
-  shards_ = Tensor::zeros({total}, DType::f32, MemCategory::params, &mem_);
-  grad_shards_ = Tensor::zeros({total}, DType::f32, MemCategory::grads, &mem_);
+  shards_ = Tensor::zeros(*shard_rt_, {total}, DType::f32, MemCategory::params);
+  grad_shards_ = Tensor::zeros(*shard_rt_, {total}, DType::f32, MemCategory::grads);
+}
+
+void FsdpEngine::comm_waits_for_compute() {
+  if (rt_->device() == Device::cpu) return;  // one host thread: already in order
+  rt_->wait(rt_->comm_stream(), *rt_->record(rt_->compute_stream()));
+}
+
+bool FsdpEngine::offloaded() const { return shard_rt_ != rt_; }
+
+void FsdpEngine::write_shard(int64_t offset, const float* host, int64_t count) {
+  Stream s = shard_rt_->compute_stream();
+  shard_rt_->copy_async(shards_.f32() + offset, host, static_cast<size_t>(count) * sizeof(float),
+                        shard_rt_->device() == Device::cpu ? CopyKind::host_to_host : CopyKind::host_to_device, s);
+  shard_rt_->synchronize(s);  // `host` may be reused as soon as this returns
 }
 
 FsdpEngine::~FsdpEngine() {
@@ -70,9 +98,18 @@ FsdpEngine::~FsdpEngine() {
 
 void FsdpEngine::init_shards(uint64_t seed) {
   const int64_t r = mesh_.shard->rank();
+  // Initial values are drawn on the host (the counter RNG of nn/module.h), then copied over.
+  const bool host = shard_rt_->device() == Device::cpu;
+  std::vector<float> staging;
   for (auto& u : units_) {
     int64_t begin = r * u->shard_numel;
-    init_flat_range(u->layout, shards_.f32() + u->shard_offset, begin, begin + u->shard_numel, seed);
+    if (host) {
+      init_flat_range(u->layout, shards_.f32() + u->shard_offset, begin, begin + u->shard_numel, seed);
+      continue;
+    }
+    staging.assign(static_cast<size_t>(u->shard_numel), 0.0f);
+    init_flat_range(u->layout, staging.data(), begin, begin + u->shard_numel, seed);
+    write_shard(u->shard_offset, staging.data(), u->shard_numel);
   }
 }
 
@@ -104,7 +141,7 @@ void FsdpEngine::load_full_weights(const std::string& path) {
       bind_data(u->layout, nullptr);
     }
     world_.broadcast(full.f32(), static_cast<size_t>(u->padded_numel), DType::f32, 0)->wait();
-    std::memcpy(shards_.f32() + u->shard_offset, full.f32() + r * u->shard_numel, u->shard_numel * sizeof(float));
+    write_shard(u->shard_offset, full.f32() + r * u->shard_numel, u->shard_numel);
   }
 }
 
@@ -132,24 +169,37 @@ void FsdpEngine::unshard(Unit& u) {
   if (u.state != UnitState::sharded) return;
   const int64_t n = mesh_.shard->size(), r = mesh_.shard->rank();
   const float* mine = shards_.f32() + u.shard_offset;
-  if (n == 1 && options_.param_dtype == DType::f32) {
+  if (n == 1 && options_.param_dtype == DType::f32 && !offloaded()) {
     bind_data(u.layout, shards_.f32() + u.shard_offset);  // NO_SHARD: the shard is the whole unit
     u.state = UnitState::gathered;
     return;
   }
-  ensure(u.gathered, {u.padded_numel}, DType::f32, MemCategory::gathered, &mem_);
+  // Streams: the gathered buffer may be a block compute used last (the caching allocator reuses
+  // in compute-stream order), and a low-precision slot is written by a compute kernel; so the
+  // comm stream first waits for compute's work so far. Compute waits for the all_gather in
+  // wait_for_unshard. A prefetch issued here still overlaps the kernels enqueued after it.
+  const Stream comm = rt_->comm_stream();
+  ensure(u.gathered, {u.padded_numel}, DType::f32, MemCategory::gathered, *rt_);
   const size_t count = static_cast<size_t>(u.shard_numel);
   if (options_.param_dtype == DType::f32) {
-    std::memcpy(u.gathered.f32() + r * u.shard_numel, mine, count * sizeof(float));
-    u.pending_gather =
-        mesh_.shard->all_gather(u.gathered.f32() + r * u.shard_numel, u.gathered.f32(), count, DType::f32);
+    float* slot = u.gathered.f32() + r * u.shard_numel;
+    comm_waits_for_compute();
+    rt_->copy_async(slot, mine, count * sizeof(float), copy_kind(*rt_, *shard_rt_), comm);
+    u.pending_gather = mesh_.shard->all_gather(slot, u.gathered.f32(), count, DType::f32, comm);
   } else {
     // Gathering in bf16/f16 moves half the bytes; the f32 compute copy holds the rounded values.
-    ensure(u.gathered_lowp, {u.padded_numel}, options_.param_dtype, MemCategory::gathered, &mem_);
+    ensure(u.gathered_lowp, {u.padded_numel}, options_.param_dtype, MemCategory::gathered, *rt_);
     char* base = static_cast<char*>(u.gathered_lowp.raw());
     char* slot = base + r * u.shard_numel * dtype_bytes(options_.param_dtype);
-    convert(mine, DType::f32, slot, options_.param_dtype, count);
-    u.pending_gather = mesh_.shard->all_gather(slot, base, count, options_.param_dtype);
+    if (offloaded()) {  // the cast kernel reads device memory: bring the host shard over first
+      u.staged_shard = Tensor::empty(*rt_, {u.shard_numel}, DType::f32, MemCategory::comm);
+      rt_->copy_async(u.staged_shard.raw(), mine, count * sizeof(float), CopyKind::host_to_device,
+                      rt_->compute_stream());
+      mine = u.staged_shard.f32();
+    }
+    rt_->kernels().cast(slot, options_.param_dtype, mine, DType::f32, static_cast<int64_t>(count));
+    comm_waits_for_compute();
+    u.pending_gather = mesh_.shard->all_gather(slot, base, count, options_.param_dtype, comm);
   }
   u.state = UnitState::gathering;
 }
@@ -157,11 +207,13 @@ void FsdpEngine::unshard(Unit& u) {
 void FsdpEngine::wait_for_unshard(Unit& u) {
   if (u.state == UnitState::sharded) unshard(u);
   if (u.state == UnitState::gathering) {
-    u.pending_gather->wait();
+    // The compute stream waits for the all_gather (an event on device backends); host backends
+    // complete it here, within comm.timeout_s.
+    u.pending_gather->wait_on(rt_->compute_stream());
     u.pending_gather.reset();
+    u.staged_shard = Tensor();
     if (options_.param_dtype != DType::f32) {
-      convert(u.gathered_lowp.raw(), options_.param_dtype, u.gathered.f32(), DType::f32,
-              static_cast<size_t>(u.padded_numel));
+      rt_->kernels().cast(u.gathered.f32(), DType::f32, u.gathered_lowp.raw(), options_.param_dtype, u.padded_numel);
       u.gathered_lowp = Tensor();
     }
     bind_data(u.layout, u.gathered.f32());
@@ -171,7 +223,7 @@ void FsdpEngine::wait_for_unshard(Unit& u) {
 
 void FsdpEngine::reshard(Unit& u) {
   if (u.state == UnitState::gathering) wait_for_unshard(u);
-  if (mesh_.shard->size() == 1 && options_.param_dtype == DType::f32) return;  // nothing was gathered
+  if (mesh_.shard->size() == 1 && options_.param_dtype == DType::f32 && !offloaded()) return;  // nothing was gathered
   bind_data(u.layout, nullptr);
   u.gathered = Tensor();
   u.state = UnitState::sharded;
@@ -219,11 +271,11 @@ void FsdpEngine::pre_backward(Module& layer) {
   if (u.backward_layers_left == 0) {
     u.backward_layers_left = static_cast<int>(u.spec.layers.size());
     wait_for_unshard(u);
-    if (mesh_.shard->size() == 1 && options_.reduce_dtype == DType::f32) {
+    if (direct_grads()) {
       bind_grad(u.layout, grad_shards_.f32() + u.shard_offset);  // NO_SHARD: accumulate in place
     } else if (!u.full_grad.defined()) {
       // Kept across micro-batches under no_sync; zeroed only when a step's first backward needs it.
-      u.full_grad = Tensor::zeros({u.padded_numel}, DType::f32, MemCategory::grads, &mem_);
+      u.full_grad = Tensor::zeros(*rt_, {u.padded_numel}, DType::f32, MemCategory::grads);
       bind_grad(u.layout, u.full_grad.f32());
     } else {
       bind_grad(u.layout, u.full_grad.f32());
@@ -239,52 +291,95 @@ void FsdpEngine::post_backward(Module& layer) {
   post_backward(u);
 }
 
+bool FsdpEngine::direct_grads() const {
+  return mesh_.shard->size() == 1 && options_.reduce_dtype == DType::f32 && !offloaded();
+}
+
 void FsdpEngine::post_backward(Unit& u) {
   bind_grad(u.layout, nullptr);
-  const int64_t n = mesh_.shard->size();
-  const bool direct = n == 1 && options_.reduce_dtype == DType::f32;
-  if (sync_grads_ && !direct) {
+  if (sync_grads_ && !direct_grads()) {
     // At most one reduction in flight besides this one: bounds the full gradients kept alive.
     while (pending_reductions_.size() > 1) {
-      pending_reductions_.front().work->wait();
+      complete(pending_reductions_.front());
       pending_reductions_.erase(pending_reductions_.begin());
     }
-    float* dst = grad_shards_.f32() + u.shard_offset;
+    const Stream comm = rt_->comm_stream();
     const size_t count = static_cast<size_t>(u.shard_numel);
-    if (options_.reduce_dtype == DType::f32) {
-      auto work = mesh_.shard->reduce_scatter(u.full_grad.f32(), dst, count, DType::f32, ReduceOp::sum);
-      pending_reductions_.push_back({std::move(work), std::move(u.full_grad)});
+    if (options_.reduce_dtype == DType::f32 && !offloaded()) {
+      // Straight into the grad shard (overwritten: under no_sync the full gradient accumulated).
+      comm_waits_for_compute();  // the full gradient is compute's output
+      auto work = mesh_.shard->reduce_scatter(u.full_grad.f32(), grad_shards_.f32() + u.shard_offset, count, DType::f32,
+                                              ReduceOp::sum, comm);
+      pending_reductions_.push_back({std::move(work), std::move(u.full_grad), Tensor(), u.shard_offset});
     } else {
-      // Reduce in bf16/f16 (half the bytes), accumulate the result into the f32 grad shard.
-      Tensor low = Tensor::empty({u.padded_numel}, options_.reduce_dtype, MemCategory::comm, &mem_);
-      convert(u.full_grad.f32(), DType::f32, low.raw(), options_.reduce_dtype, static_cast<size_t>(u.padded_numel));
-      u.full_grad = Tensor();
-      Tensor out = Tensor::empty({u.shard_numel}, options_.reduce_dtype, MemCategory::comm, &mem_);
-      mesh_.shard->reduce_scatter(low.raw(), out.raw(), count, options_.reduce_dtype, ReduceOp::sum)->wait();
-      const auto* half = static_cast<const uint16_t*>(out.raw());
-      if (options_.reduce_dtype == DType::bf16) {
-        for (size_t i = 0; i < count; ++i) dst[i] += bf16_to_f32(half[i]);
-      } else {
-        for (size_t i = 0; i < count; ++i) dst[i] += f16_to_f32(half[i]);
+      // Reduce in reduce_dtype (bf16/f16: half the bytes) into a shard-size buffer, then add it
+      // into the f32 grad shard. Completed at once: the staging buffers' lifetimes are what the
+      // memory plan (plan.cpp) models.
+      Tensor in = std::move(u.full_grad);
+      if (options_.reduce_dtype != DType::f32) {
+        Tensor low = Tensor::empty(*rt_, {u.padded_numel}, options_.reduce_dtype, MemCategory::comm);
+        rt_->kernels().cast(low.raw(), options_.reduce_dtype, in.raw(), DType::f32, u.padded_numel);
+        in = std::move(low);
       }
+      Tensor out = Tensor::empty(*rt_, {u.shard_numel}, options_.reduce_dtype, MemCategory::comm);
+      comm_waits_for_compute();
+      PendingReduction p{
+          mesh_.shard->reduce_scatter(in.raw(), out.raw(), count, options_.reduce_dtype, ReduceOp::sum, comm),
+          std::move(in), std::move(out), u.shard_offset};
+      complete(p);
     }
     u.full_grad = Tensor();
   }
   reshard(u);  // every strategy frees a unit's parameters once its backward is done
 }
 
+void FsdpEngine::complete(PendingReduction& p) {
+  const Stream compute = rt_->compute_stream();
+  p.work->wait_on(compute);
+  if (!p.output.defined()) return;  // reduced straight into the grad shard
+  const int64_t count = p.output.numel();
+  float* dst = grad_shards_.f32() + p.shard_offset;
+  if (rt_->device() == Device::cpu) {
+    // Host: add the widened values in place (no f32 copy of the result).
+    const auto* half = static_cast<const uint16_t*>(p.output.raw());
+    const float* full = p.output.dtype() == DType::f32 ? p.output.f32() : nullptr;
+    if (full) {
+      for (int64_t i = 0; i < count; ++i) dst[i] += full[i];
+    } else if (p.output.dtype() == DType::bf16) {
+      for (int64_t i = 0; i < count; ++i) dst[i] += bf16_to_f32(half[i]);
+    } else {
+      for (int64_t i = 0; i < count; ++i) dst[i] += f16_to_f32(half[i]);
+    }
+    return;
+  }
+  // Device: widen on the compute stream; then add there, or (cpu_offload) copy to the host and
+  // add on the host, where the optimizer steps.
+  Tensor wide = p.output;
+  if (p.output.dtype() != DType::f32) {
+    wide = Tensor::empty(*rt_, {count}, DType::f32, MemCategory::comm);
+    rt_->kernels().cast(wide.raw(), DType::f32, p.output.raw(), p.output.dtype(), count);
+  }
+  if (!offloaded()) {
+    rt_->kernels().add_inplace(dst, wide.f32(), count);
+    return;
+  }
+  Tensor host = to_host(*rt_, wide, MemCategory::comm, &mem_);
+  shard_rt_->kernels().add_inplace(dst, host.f32(), count);
+}
+
 void FsdpEngine::begin_step() { grad_shards_.zero(); }
 
 void FsdpEngine::finish_backward() {
-  for (auto& p : pending_reductions_) p.work->wait();
+  for (auto& p : pending_reductions_) complete(p);
   pending_reductions_.clear();
   if (sync_grads_ && mesh_.replicate->size() > 1 && !options_.skip_replicate_reduce) {
     // HYBRID and NO_SHARD: replicas of the same shard sum their gradients — one all_reduce over
-    // every unit's shard at once.
+    // every unit's shard at once, ordered on the stream that owns the shards.
+    const Stream s = shard_rt_->compute_stream();
     mesh_.replicate
         ->all_reduce(grad_shards_.raw(), grad_shards_.raw(), static_cast<size_t>(grad_shards_.numel()), DType::f32,
-                     ReduceOp::sum)
-        ->wait();
+                     ReduceOp::sum, s)
+        ->wait_on(s);
   }
 }
 
@@ -303,31 +398,35 @@ void FsdpEngine::end_forward_only() {
   }
 }
 
+// The next three return or use host values: the kernels wait for the shard stream there.
 bool FsdpEngine::grads_finite() {
-  int32_t bad = 0;
-  const float* g = grad_shards_.f32();
-  for (int64_t i = 0; i < grad_shards_.numel() && !bad; ++i) bad = !std::isfinite(g[i]);
+  int32_t bad = shard_rt_->kernels().all_finite(grad_shards_.f32(), grad_shards_.numel()) ? 0 : 1;
   world_.all_reduce(&bad, &bad, 1, DType::i32, ReduceOp::max)->wait();
   return bad == 0;
 }
 
 void FsdpEngine::scale_grads(float factor) {
-  float* g = grad_shards_.f32();
-  for (int64_t i = 0; i < grad_shards_.numel(); ++i) g[i] *= factor;
+  shard_rt_->kernels().scale(grad_shards_.f32(), factor, grad_shards_.numel());
 }
 
 double FsdpEngine::clip_grad_norm(double max_norm) {
-  double local = 0.0;
-  const float* g = grad_shards_.f32();
-  for (int64_t i = 0; i < grad_shards_.numel(); ++i) local += static_cast<double>(g[i]) * g[i];
+  double local = shard_rt_->kernels().sum_squares(grad_shards_.f32(), grad_shards_.numel());
   double total = local;
   // Shards of one replica partition the gradient: their squares add up over the shard group.
-  mesh_.shard->all_reduce(&local, &total, 1, DType::f64, ReduceOp::sum)->wait();
+  if (rt_->device() == Device::cpu) {
+    mesh_.shard->all_reduce(&local, &total, 1, DType::f64, ReduceOp::sum)->wait();
+  } else {  // the shard group's communicator may move device memory only (NCCL)
+    Tensor host = Tensor::empty({1}, DType::f64, MemCategory::comm, &mem_);
+    *static_cast<double*>(host.raw()) = local;
+    Tensor dev = to_device(*rt_, host, MemCategory::comm);
+    mesh_.shard->all_reduce(dev.raw(), dev.raw(), 1, DType::f64, ReduceOp::sum, rt_->compute_stream())
+        ->wait_on(rt_->compute_stream());
+    total = *static_cast<const double*>(to_host(*rt_, dev).raw());
+  }
   double norm = std::sqrt(total);
   if (max_norm > 0.0) {
     float coef = static_cast<float>(std::min(1.0, max_norm / (norm + 1e-6)));
-    float* gw = grad_shards_.f32();
-    for (int64_t i = 0; i < grad_shards_.numel(); ++i) gw[i] *= coef;
+    shard_rt_->kernels().scale(grad_shards_.f32(), coef, grad_shards_.numel());
   }
   return norm;
 }

@@ -16,6 +16,7 @@
 #include "comm/comm.h"
 #include "models/model.h"
 #include "nn/flat.h"
+#include "tensor/device.h"
 #include "tensor/tensor.h"
 
 namespace fsdp {
@@ -39,6 +40,9 @@ struct FsdpOptions {
   bool limit_all_gathers = true;  // at most two units' gathered buffers alive
   bool activation_checkpointing = false;
   int shard_group_size = 0;  // hybrid: ranks per shard group, 0 = ranks per node
+  // Parameter and optimizer shards in host memory, stepped on the host; only gathered
+  // parameters and gradients live on the device (fsdp.cpu_offload, device runs only).
+  bool cpu_offload = false;
   // Tests only: drop the replicate-group all_reduce (the HYBRID bug the tests must catch).
   bool skip_replicate_reduce = false;
 };
@@ -73,13 +77,20 @@ struct Unit {
   Tensor gathered_lowp;  // (padded_numel) param_dtype when it is not f32
   Tensor full_grad;      // (padded_numel) f32 gradients during backward
   std::unique_ptr<Work> pending_gather;
+  Tensor staged_shard;  // cpu_offload: this rank's shard copied to the device for the all_gather
   int forward_layers_left = 0;
   int backward_layers_left = 0;
 };
 
 class FsdpEngine : public ModuleHooks {
  public:
-  FsdpEngine(Model& model, Communicator& world, ProcessMesh mesh, const FsdpOptions& options, MemoryTracker& mem);
+  // runtime: where gathered parameters, gradients and (without cpu_offload) the shards live,
+  // and whose streams order the collectives: compute on compute_stream(), all_gather and
+  // reduce_scatter on comm_stream(), joined by events — the host never waits for the device
+  // inside a step except where a host value is asked for (norms, finiteness, the loss).
+  // Null: host memory through a HostRuntime of the engine's own (every wait is immediate).
+  FsdpEngine(Model& model, Communicator& world, ProcessMesh mesh, const FsdpOptions& options, MemoryTracker& mem,
+             DeviceRuntime* runtime = nullptr);
   ~FsdpEngine() override;
   FsdpEngine(const FsdpEngine&) = delete;  // owns the shards and the collectives in flight on them
   FsdpEngine& operator=(const FsdpEngine&) = delete;
@@ -110,8 +121,12 @@ class FsdpEngine : public ModuleHooks {
   bool grads_finite();
   // grad shards *= factor (undoes the loss scale).
   void scale_grads(float factor);
+  // In shard_runtime()'s memory (the device, or the host under cpu_offload).
   std::span<float> param_shards() { return {shards_.f32(), static_cast<size_t>(shards_.numel())}; }
   std::span<float> grad_shards() { return {grad_shards_.f32(), static_cast<size_t>(grad_shards_.numel())}; }
+  DeviceRuntime& runtime() { return *rt_; }
+  // Where the shards (and so the optimizer) live: the runtime, or the host under cpu_offload.
+  DeviceRuntime& shard_runtime() { return *shard_rt_; }
 
   const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
   const ProcessMesh& mesh() const { return mesh_; }
@@ -140,6 +155,18 @@ class FsdpEngine : public ModuleHooks {
   ProcessMesh mesh_;
   FsdpOptions options_;
   MemoryTracker& mem_;
+  std::unique_ptr<DeviceRuntime> own_rt_;  // when none was given
+  DeviceRuntime* rt_;
+  std::unique_ptr<DeviceRuntime> host_rt_;  // cpu_offload: the shards' host memory
+  DeviceRuntime* shard_rt_;
+  // Makes the comm stream wait for the compute stream's work so far: before a collective reads
+  // what compute wrote, or writes memory compute used last (freed blocks are reused on the
+  // compute stream's order).
+  void comm_waits_for_compute();
+  bool offloaded() const;     // shards in host memory, compute on the device
+  bool direct_grads() const;  // one rank, f32, no offload: gradients accumulate in the grad shard
+  // Host values into the shard buffer at `offset` (init, init_from), synchronously.
+  void write_shard(int64_t offset, const float* host, int64_t count);
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<int> unit_of_layer_;  // by position in model.layers()
   std::vector<int> forward_order_;  // unit indices in order of first forward use
@@ -148,8 +175,13 @@ class FsdpEngine : public ModuleHooks {
   bool sync_grads_ = true;
   struct PendingReduction {
     std::unique_ptr<Work> work;
-    Tensor input;  // the unit's full gradient, alive until the reduce_scatter is done
+    Tensor input;   // the unit's full gradient, alive until the reduce_scatter is done
+    Tensor output;  // low precision or cpu_offload: the reduced shard before it is added in
+    int64_t shard_offset = 0;
   };
+  // The compute stream waits for the reduction, then adds a low-precision or offloaded result
+  // into the f32 grad shard.
+  void complete(PendingReduction& p);
   std::vector<PendingReduction> pending_reductions_;
 };
 

@@ -42,6 +42,7 @@ FsdpOptions fsdp_options(const FsdpConfig& c) {
   o.forward_prefetch = c.forward_prefetch;
   o.limit_all_gathers = c.limit_all_gathers;
   o.activation_checkpointing = c.activation_checkpointing;
+  o.cpu_offload = c.cpu_offload;
   o.shard_group_size = static_cast<int>(c.shard_group_size);
   o.skip_replicate_reduce = c.debug_skip_replicate_reduce;
   return o;

@@ -1,71 +1,52 @@
-#include <cstring>
-
 #include "nn/layers.h"
 #include "tensor/error.h"
-#include "tensor/ops.h"
 #include "tensor/rng.h"
 
 namespace fsdp {
 
 const Tensor& ReLU::forward(RunCtx& ctx, const Tensor& x) {
-  ensure(y_, x.shape(), DType::f32, MemCategory::activations, ctx.mem);
-  ops::relu_forward(y_.f32(), x.f32(), x.numel());
+  ctx.ensure(y_, x.shape(), DType::f32);
+  ctx.kernels().relu_forward(y_.f32(), x.f32(), x.numel());
   return y_;
 }
 
 const Tensor& ReLU::backward(RunCtx& ctx, const Tensor& dy) {
-  ensure(dx_, y_.shape(), DType::f32, MemCategory::activations, ctx.mem);
-  ops::relu_backward(dx_.f32(), dy.f32(), y_.f32(), dy.numel());
+  ctx.ensure(dx_, y_.shape(), DType::f32);
+  ctx.kernels().relu_backward(dx_.f32(), dy.f32(), y_.f32(), dy.numel());
   return dx_;
 }
 
 const Tensor& GELU::forward(RunCtx& ctx, const Tensor& x) {
   x_ = x;
-  ensure(y_, x.shape(), DType::f32, MemCategory::activations, ctx.mem);
-  ops::gelu_forward(y_.f32(), x.f32(), x.numel());
+  ctx.ensure(y_, x.shape(), DType::f32);
+  ctx.kernels().gelu_forward(y_.f32(), x.f32(), x.numel());
   return y_;
 }
 
 const Tensor& GELU::backward(RunCtx& ctx, const Tensor& dy) {
-  ensure(dx_, x_.shape(), DType::f32, MemCategory::activations, ctx.mem);
-  ops::gelu_backward(dx_.f32(), dy.f32(), x_.f32(), dy.numel());
+  ctx.ensure(dx_, x_.shape(), DType::f32);
+  ctx.kernels().gelu_backward(dx_.f32(), dy.f32(), x_.f32(), dy.numel());
   return dx_;
 }
 
 const Tensor& Dropout::forward(RunCtx& ctx, const Tensor& x) {
   active_ = ctx.training && ctx.dropout && p_ > 0.0f;
   if (!active_) return x;
-  ensure(mask_, x.shape(), DType::f32, MemCategory::activations, ctx.mem);
-  ensure(y_, x.shape(), DType::f32, MemCategory::activations, ctx.mem);
+  ctx.ensure(mask_, x.shape(), DType::f32);
+  ctx.ensure(y_, x.shape(), DType::f32);
   // Key by (seed, step) and stream by this layer's name: sample n's mask is the same on any rank.
-  CounterRng rng(ctx.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(ctx.step), hash_name(name()));
+  const uint64_t key = ctx.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(ctx.step);
   // Per-sample size from the trailing dims: a rank's share of a short last batch may be empty.
   int64_t B = x.dim(0), per_sample = shape_numel(Shape(x.shape().begin() + 1, x.shape().end()));
-  float scale = 1.0f / (1.0f - p_);
-  float* m = mask_.f32();
-  float* y = y_.f32();
-  const float* xs = x.f32();
-#pragma omp parallel for
-  for (int64_t n = 0; n < B; ++n) {
-    uint64_t base = static_cast<uint64_t>(ctx.sample_offset + n) * static_cast<uint64_t>(per_sample);
-    for (int64_t j = 0; j < per_sample; ++j) {
-      int64_t i = n * per_sample + j;
-      m[i] = rng.uniform(base + j) >= p_ ? scale : 0.0f;
-      y[i] = xs[i] * m[i];
-    }
-  }
+  ctx.kernels().dropout_forward(y_.f32(), mask_.f32(), x.f32(), B, per_sample, p_, key, hash_name(name()),
+                                ctx.sample_offset);
   return y_;
 }
 
 const Tensor& Dropout::backward(RunCtx& ctx, const Tensor& dy) {
   if (!active_) return dy;
-  ensure(dx_, dy.shape(), DType::f32, MemCategory::activations, ctx.mem);
-  const float* m = mask_.f32();
-  const float* g = dy.f32();
-  float* dx = dx_.f32();
-  int64_t n = dy.numel();
-#pragma omp parallel for simd
-  for (int64_t i = 0; i < n; ++i) dx[i] = g[i] * m[i];
+  ctx.ensure(dx_, dy.shape(), DType::f32);
+  ctx.kernels().mul(dx_.f32(), dy.f32(), mask_.f32(), dy.numel());
   return dx_;
 }
 
@@ -73,15 +54,16 @@ const Tensor& MaxPool2d::forward(RunCtx& ctx, const Tensor& x) {
   if (x.ndim() != 4) throw Error(name() + ": input " + shape_str(x.shape()) + " is not (B, C, H, W)");
   x_shape_ = x.shape();
   Shape ys = {x.dim(0), x.dim(1), x.dim(2) / 2, x.dim(3) / 2};
-  ensure(y_, ys, DType::f32, MemCategory::activations, ctx.mem);
-  ensure(argmax_, ys, DType::i32, MemCategory::activations, ctx.mem);
-  ops::maxpool2_forward(y_.f32(), argmax_.i32(), x.f32(), x.dim(0) * x.dim(1), x.dim(2), x.dim(3));
+  ctx.ensure(y_, ys, DType::f32);
+  ctx.ensure(argmax_, ys, DType::i32);
+  ctx.kernels().maxpool2_forward(y_.f32(), argmax_.i32(), x.f32(), x.dim(0) * x.dim(1), x.dim(2), x.dim(3));
   return y_;
 }
 
 const Tensor& MaxPool2d::backward(RunCtx& ctx, const Tensor& dy) {
-  ensure(dx_, x_shape_, DType::f32, MemCategory::activations, ctx.mem);
-  ops::maxpool2_backward(dx_.f32(), dy.f32(), argmax_.i32(), x_shape_[0] * x_shape_[1], x_shape_[2], x_shape_[3]);
+  ctx.ensure(dx_, x_shape_, DType::f32);
+  ctx.kernels().maxpool2_backward(dx_.f32(), dy.f32(), argmax_.i32(), x_shape_[0] * x_shape_[1], x_shape_[2],
+                                  x_shape_[3]);
   return dx_;
 }
 
@@ -97,16 +79,16 @@ const Tensor& Flatten::backward(RunCtx&, const Tensor& dy) {
 }
 
 const Tensor& LogSoftmax::forward(RunCtx& ctx, const Tensor& x) {
-  ensure(y_, x.shape(), DType::f32, MemCategory::activations, ctx.mem);
+  ctx.ensure(y_, x.shape(), DType::f32);
   int64_t C = x.shape().back();
-  ops::log_softmax_forward(y_.f32(), x.f32(), x.numel() / C, C);
+  ctx.kernels().log_softmax_forward(y_.f32(), x.f32(), x.numel() / C, C);
   return y_;
 }
 
 const Tensor& LogSoftmax::backward(RunCtx& ctx, const Tensor& dy) {
-  ensure(dx_, y_.shape(), DType::f32, MemCategory::activations, ctx.mem);
+  ctx.ensure(dx_, y_.shape(), DType::f32);
   int64_t C = y_.shape().back();
-  ops::log_softmax_backward(dx_.f32(), dy.f32(), y_.f32(), y_.numel() / C, C);
+  ctx.kernels().log_softmax_backward(dx_.f32(), dy.f32(), y_.f32(), y_.numel() / C, C);
   return dx_;
 }
 
@@ -122,17 +104,17 @@ const Tensor& LayerNorm::forward(RunCtx& ctx, const Tensor& x) {
     throw Error(name() + ": input " + shape_str(x.shape()) + " does not end in " + std::to_string(C_));
   x_ = x;
   int64_t rows = x.numel() / C_;
-  ensure(y_, x.shape(), DType::f32, MemCategory::activations, ctx.mem);
-  ensure(mean_, {rows}, DType::f32, MemCategory::activations, ctx.mem);
-  ensure(rstd_, {rows}, DType::f32, MemCategory::activations, ctx.mem);
-  ops::layernorm_forward(y_.f32(), mean_.f32(), rstd_.f32(), x.f32(), weight.data, bias.data, rows, C_, eps_);
+  ctx.ensure(y_, x.shape(), DType::f32);
+  ctx.ensure(mean_, {rows}, DType::f32);
+  ctx.ensure(rstd_, {rows}, DType::f32);
+  ctx.kernels().layernorm_forward(y_.f32(), mean_.f32(), rstd_.f32(), x.f32(), weight.data, bias.data, rows, C_, eps_);
   return y_;
 }
 
 const Tensor& LayerNorm::backward(RunCtx& ctx, const Tensor& dy) {
-  ensure(dx_, x_.shape(), DType::f32, MemCategory::activations, ctx.mem);
-  ops::layernorm_backward(dx_.f32(), weight.grad, bias.grad, dy.f32(), x_.f32(), weight.data, mean_.f32(), rstd_.f32(),
-                          x_.numel() / C_, C_);
+  ctx.ensure(dx_, x_.shape(), DType::f32);
+  ctx.kernels().layernorm_backward(dx_.f32(), weight.grad, bias.grad, dy.f32(), x_.f32(), weight.data, mean_.f32(),
+                                   rstd_.f32(), x_.numel() / C_, C_);
   return dx_;
 }
 
@@ -153,39 +135,22 @@ const Tensor& Embeddings::forward(RunCtx& ctx, const Tensor& tokens) {
                 ")");
   tokens_ = tokens;
   int64_t B = tokens.dim(0), T = tokens.dim(1);
-  ensure(y_, {B, T, C_}, DType::f32, MemCategory::activations, ctx.mem);
-  const int32_t* idx = tokens.i32();
-  float* y = y_.f32();
-  for (int64_t i = 0; i < B * T; ++i) {
-    if (idx[i] < 0 || idx[i] >= vocab_)
-      throw Error("embeddings: token " + std::to_string(idx[i]) + " outside vocab " + std::to_string(vocab_));
+  ctx.ensure(y_, {B, T, C_}, DType::f32);
+  // Range check on the host only: for device tokens the trainer checks the batch before upload.
+  if (tokens.device() == Device::cpu) {
+    const int32_t* idx = tokens.i32();
+    for (int64_t i = 0; i < B * T; ++i) {
+      if (idx[i] < 0 || idx[i] >= vocab_)
+        throw Error("embeddings: token " + std::to_string(idx[i]) + " outside vocab " + std::to_string(vocab_));
+    }
   }
-#pragma omp parallel for
-  for (int64_t i = 0; i < B * T; ++i) {
-    const float* te = tok.weight.data + static_cast<int64_t>(idx[i]) * C_;
-    const float* pe = pos.weight.data + (i % T) * C_;
-    float* yr = y + i * C_;
-#pragma omp simd
-    for (int64_t c = 0; c < C_; ++c) yr[c] = te[c] + pe[c];
-  }
+  ctx.kernels().embedding_forward(y_.f32(), tokens.i32(), tok.weight.data, pos.weight.data, B, T, C_);
   return y_;
 }
 
-const Tensor& Embeddings::backward(RunCtx&, const Tensor& dy) {
-  int64_t B = tokens_.dim(0), T = tokens_.dim(1);
-  const int32_t* idx = tokens_.i32();
-  const float* g = dy.f32();
-  // Serial: several positions may hit the same token row, and a fixed order keeps sums exact.
-  for (int64_t i = 0; i < B * T; ++i) {
-    float* tg = tok.weight.grad + static_cast<int64_t>(idx[i]) * C_;
-    float* pg = pos.weight.grad + (i % T) * C_;
-    const float* gr = g + i * C_;
-#pragma omp simd
-    for (int64_t c = 0; c < C_; ++c) {
-      tg[c] += gr[c];
-      pg[c] += gr[c];
-    }
-  }
+const Tensor& Embeddings::backward(RunCtx& ctx, const Tensor& dy) {
+  ctx.kernels().embedding_backward(tok.weight.grad, pos.weight.grad, dy.f32(), tokens_.i32(), tokens_.dim(0),
+                                   tokens_.dim(1), C_);
   return none_;  // token ids have no gradient
 }
 

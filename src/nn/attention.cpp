@@ -1,10 +1,7 @@
-#include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include "nn/layers.h"
 #include "tensor/error.h"
-#include "tensor/ops.h"
 
 namespace fsdp {
 
@@ -27,39 +24,29 @@ MultiheadAttention::MultiheadAttention(const std::string& name, int64_t C, int64
 const Tensor& MultiheadAttention::forward(RunCtx& ctx, const Tensor& x) {
   x_ = x;
   int64_t B = x.dim(0), T = x.dim(1), C = C_, hd = C_ / H_;
-  ensure(qkv_, {B, T, 3 * C}, DType::f32, MemCategory::activations, ctx.mem);
-  ensure(att_, {B, H_, T, T}, DType::f32, MemCategory::activations, ctx.mem);
-  ensure(y_, {B, T, C}, DType::f32, MemCategory::activations, ctx.mem);
-  ops::linear_forward(qkv_.f32(), x.f32(), in_proj_weight.data, in_proj_bias.data, B * T, C, 3 * C);
+  ctx.ensure(qkv_, {B, T, 3 * C}, DType::f32);
+  ctx.ensure(att_, {B, H_, T, T}, DType::f32);
+  ctx.ensure(y_, {B, T, C}, DType::f32);
+  Kernels& kernels = ctx.kernels();
+  kernels.linear_forward(qkv_.f32(), x.f32(), in_proj_weight.data, in_proj_bias.data, B * T, C, 3 * C);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   float* qkv = qkv_.f32();
   float* att = att_.f32();
   float* y = y_.f32();
+  // Per sample, one batched GEMM over the H heads: head h's q, k, v are columns h*hd of the
+  // sample's (T, 3C) rows (stride hd), its scores the plane h of att (stride T*T).
   for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H_; ++h) {
-      const float* q = qkv + b * T * 3 * C + h * hd;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* P = att + (b * H_ + h) * T * T;
-      // S (T, T) = scale * q k^T; only j <= i is used (causal).
-      ops::gemm(false, true, T, T, hd, scale, q, 3 * C, k, 3 * C, 0.0f, P, T);
-#pragma omp parallel for if (T * T > (1 << 14))
-      for (int64_t i = 0; i < T; ++i) {
-        float* row = P + i * T;
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
-        float sum = 0.0f;
-        for (int64_t j = 0; j <= i; ++j) {
-          row[j] = std::exp(row[j] - mx);
-          sum += row[j];
-        }
-        float inv = 1.0f / sum;
-        for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
-        for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
-      }
-      // y_h (T, hd) = P (T, T) @ v (T, hd), written into y's head columns.
-      ops::gemm(false, false, T, hd, T, 1.0f, P, T, v, 3 * C, 0.0f, y + b * T * C + h * hd, C);
-    }
+    const float* q = qkv + b * T * 3 * C;
+    // S (T, T) = scale * q k^T; only j <= i is used (causal).
+    kernels.gemm_strided_batched(false, true, T, T, hd, scale, q, 3 * C, hd, q + C, 3 * C, hd, 0.0f,
+                                 att + b * H_ * T * T, T, T * T, H_);
+  }
+  kernels.causal_softmax_forward(att, B * H_, T);
+  for (int64_t b = 0; b < B; ++b) {
+    const float* v = qkv + b * T * 3 * C + 2 * C;
+    // y_h (T, hd) = P (T, T) @ v (T, hd), written into y's head columns.
+    kernels.gemm_strided_batched(false, false, T, hd, T, 1.0f, att + b * H_ * T * T, T, T * T, v, 3 * C, hd, 0.0f,
+                                 y + b * T * C, C, hd, H_);
   }
   return out_proj.forward(ctx, y_);
 }
@@ -67,49 +54,42 @@ const Tensor& MultiheadAttention::forward(RunCtx& ctx, const Tensor& x) {
 const Tensor& MultiheadAttention::backward(RunCtx& ctx, const Tensor& dy) {
   int64_t B = x_.dim(0), T = x_.dim(1), C = C_, hd = C_ / H_;
   const Tensor& dyh = out_proj.backward(ctx, dy);  // (B, T, C), heads side by side
-  ensure(dqkv_, {B, T, 3 * C}, DType::f32, MemCategory::activations, ctx.mem);
-  ensure(dp_, {T, T}, DType::f32, MemCategory::activations, ctx.mem);
+  ctx.ensure(dqkv_, {B, T, 3 * C}, DType::f32);
+  // dP (H, T, T): one sample's score gradients, all heads at once.
+  ctx.ensure(dp_, {H_, T, T}, DType::f32);
+  Kernels& kernels = ctx.kernels();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float* qkv = qkv_.f32();
   const float* att = att_.f32();
   const float* g = dyh.f32();
   float* dqkv = dqkv_.f32();
   float* dP = dp_.f32();
+  const int64_t TT = T * T;
   for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H_; ++h) {
-      const float* q = qkv + b * T * 3 * C + h * hd;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* dq = dqkv + b * T * 3 * C + h * hd;
-      float* dk = dq + C;
-      float* dv = dq + 2 * C;
-      const float* P = att + (b * H_ + h) * T * T;
-      const float* gy = g + b * T * C + h * hd;
-      // dv (T, hd) = P^T @ gy ; dP (T, T) = gy @ v^T
-      ops::gemm(true, false, T, hd, T, 1.0f, P, T, gy, C, 0.0f, dv, 3 * C);
-      ops::gemm(false, true, T, T, hd, 1.0f, gy, C, v, 3 * C, 0.0f, dP, T);
-      // Softmax backward, folded with the scale: dS = scale * P * (dP - sum_j P dP).
-#pragma omp parallel for if (T * T > (1 << 14))
-      for (int64_t i = 0; i < T; ++i) {
-        const float* pr = P + i * T;
-        float* dr = dP + i * T;
-        float dot = 0.0f;
-        for (int64_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
-        for (int64_t j = 0; j <= i; ++j) dr[j] = scale * pr[j] * (dr[j] - dot);
-        for (int64_t j = i + 1; j < T; ++j) dr[j] = 0.0f;
-      }
-      // dq = dS @ k ; dk = dS^T @ q
-      ops::gemm(false, false, T, hd, T, 1.0f, dP, T, k, 3 * C, 0.0f, dq, 3 * C);
-      ops::gemm(true, false, T, hd, T, 1.0f, dP, T, q, 3 * C, 0.0f, dk, 3 * C);
-    }
+    const float* q = qkv + b * T * 3 * C;  // head h at column h*hd of each (3C) row
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* dq = dqkv + b * T * 3 * C;
+    float* dk = dq + C;
+    float* dv = dq + 2 * C;
+    const float* P = att + b * H_ * TT;  // (H, T, T)
+    const float* gy = g + b * T * C;     // (T, C), head h at column h*hd
+    // dv (T, hd) = P^T @ gy ; dP (T, T) = gy @ v^T
+    kernels.gemm_strided_batched(true, false, T, hd, T, 1.0f, P, T, TT, gy, C, hd, 0.0f, dv, 3 * C, hd, H_);
+    kernels.gemm_strided_batched(false, true, T, T, hd, 1.0f, gy, C, hd, v, 3 * C, hd, 0.0f, dP, T, TT, H_);
+    // Softmax backward, folded with the scale: dS = scale * P * (dP - sum_j P dP).
+    kernels.causal_softmax_backward(dP, P, H_, T, scale);
+    // dq = dS @ k ; dk = dS^T @ q
+    kernels.gemm_strided_batched(false, false, T, hd, T, 1.0f, dP, T, TT, k, 3 * C, hd, 0.0f, dq, 3 * C, hd, H_);
+    kernels.gemm_strided_batched(true, false, T, hd, T, 1.0f, dP, T, TT, q, 3 * C, hd, 0.0f, dk, 3 * C, hd, H_);
   }
   float* dx = nullptr;
   if (need_input_grad) {
-    ensure(dx_, x_.shape(), DType::f32, MemCategory::activations, ctx.mem);
+    ctx.ensure(dx_, x_.shape(), DType::f32);
     dx = dx_.f32();
   }
-  ops::linear_backward(dx, in_proj_weight.grad, in_proj_bias.grad, dqkv, x_.f32(), in_proj_weight.data, B * T, C,
-                       3 * C);
+  kernels.linear_backward(dx, in_proj_weight.grad, in_proj_bias.grad, dqkv, x_.f32(), in_proj_weight.data, B * T, C,
+                          3 * C);
   return dx_;
 }
 
@@ -123,21 +103,22 @@ TransformerBlock::TransformerBlock(const std::string& name, int64_t C, int64_t h
       fc2(add_child<Linear>(child_name("fc2"), d_ff, C)) {}
 
 const Tensor& TransformerBlock::forward(RunCtx& ctx, const Tensor& x) {
-  ensure(a_, x.shape(), DType::f32, MemCategory::activations, ctx.mem);
-  ensure(y_, x.shape(), DType::f32, MemCategory::activations, ctx.mem);
+  ctx.ensure(a_, x.shape(), DType::f32);
+  ctx.ensure(y_, x.shape(), DType::f32);
   int64_t n = x.numel();
-  ops::add(a_.f32(), x.f32(), attn.forward(ctx, ln1.forward(ctx, x)).f32(), n);
-  ops::add(y_.f32(), a_.f32(), fc2.forward(ctx, act.forward(ctx, fc1.forward(ctx, ln2.forward(ctx, a_)))).f32(), n);
+  ctx.kernels().add(a_.f32(), x.f32(), attn.forward(ctx, ln1.forward(ctx, x)).f32(), n);
+  ctx.kernels().add(y_.f32(), a_.f32(),
+                    fc2.forward(ctx, act.forward(ctx, fc1.forward(ctx, ln2.forward(ctx, a_)))).f32(), n);
   return y_;
 }
 
 const Tensor& TransformerBlock::backward(RunCtx& ctx, const Tensor& dy) {
-  ensure(da_, dy.shape(), DType::f32, MemCategory::activations, ctx.mem);
-  ensure(dx_, dy.shape(), DType::f32, MemCategory::activations, ctx.mem);
+  ctx.ensure(da_, dy.shape(), DType::f32);
+  ctx.ensure(dx_, dy.shape(), DType::f32);
   int64_t n = dy.numel();
-  ops::add(da_.f32(), dy.f32(), ln2.backward(ctx, fc1.backward(ctx, act.backward(ctx, fc2.backward(ctx, dy)))).f32(),
-           n);
-  ops::add(dx_.f32(), da_.f32(), ln1.backward(ctx, attn.backward(ctx, da_)).f32(), n);
+  ctx.kernels().add(da_.f32(), dy.f32(),
+                    ln2.backward(ctx, fc1.backward(ctx, act.backward(ctx, fc2.backward(ctx, dy)))).f32(), n);
+  ctx.kernels().add(dx_.f32(), da_.f32(), ln1.backward(ctx, attn.backward(ctx, da_)).f32(), n);
   return dx_;
 }
 
@@ -161,7 +142,7 @@ PlanTensor MultiheadAttention::plan_backward(ActivationPlan& p, const RunCtx& ct
   int64_t B = xs.at(0), T = xs.at(1);
   out_proj.plan_backward(p, ctx, dy);
   p.ensure(this, &dqkv_, {B, T, 3 * C_}, DType::f32);
-  p.ensure(this, &dp_, {T, T}, DType::f32);
+  p.ensure(this, &dp_, {H_, T, T}, DType::f32);
   if (need_input_grad) p.ensure(this, &dx_, xs, DType::f32);
   return p.get(&dx_);
 }

@@ -1,9 +1,7 @@
-#include <algorithm>
 #include <cmath>
 
 #include "nn/layers.h"
 #include "tensor/error.h"
-#include "tensor/ops.h"
 
 namespace fsdp {
 
@@ -26,19 +24,19 @@ const Tensor& Linear::forward(RunCtx& ctx, const Tensor& x) {
   x_ = x;
   Shape ys = x.shape();
   ys.back() = out_;
-  ensure(y_, ys, DType::f32, MemCategory::activations, ctx.mem);
-  ops::linear_forward(y_.f32(), x.f32(), weight.data, bias ? bias->data : nullptr, x.numel() / in_, in_, out_);
+  ctx.ensure(y_, ys, DType::f32);
+  ctx.kernels().linear_forward(y_.f32(), x.f32(), weight.data, bias ? bias->data : nullptr, x.numel() / in_, in_, out_);
   return y_;
 }
 
 const Tensor& Linear::backward(RunCtx& ctx, const Tensor& dy) {
   float* dx = nullptr;
   if (need_input_grad) {
-    ensure(dx_, x_.shape(), DType::f32, MemCategory::activations, ctx.mem);
+    ctx.ensure(dx_, x_.shape(), DType::f32);
     dx = dx_.f32();
   }
-  ops::linear_backward(dx, weight.grad, bias ? bias->grad : nullptr, dy.f32(), x_.f32(), weight.data, x_.numel() / in_,
-                       in_, out_);
+  ctx.kernels().linear_backward(dx, weight.grad, bias ? bias->grad : nullptr, dy.f32(), x_.f32(), weight.data,
+                                x_.numel() / in_, in_, out_);
   return dx_;
 }
 
@@ -58,28 +56,14 @@ const Tensor& Conv2d::forward(RunCtx& ctx, const Tensor& x) {
   int64_t B = x.dim(0), H = x.dim(2), W = x.dim(3);
   int64_t OH = H + 2 * pad_ - k_ + 1, OW = W + 2 * pad_ - k_ + 1, P = OH * OW;
   int64_t K = in_ * k_ * k_;
-  ensure(col_, {K, B * P}, DType::f32, MemCategory::activations, ctx.mem);
-  ensure(ybuf_, {out_, B * P}, DType::f32, MemCategory::activations, ctx.mem);
-  ensure(y_, {B, out_, OH, OW}, DType::f32, MemCategory::activations, ctx.mem);
-  const float* xs = x.f32();
-  float* col = col_.f32();
-#pragma omp parallel for
-  for (int64_t b = 0; b < B; ++b)
-    ops::im2col(xs + b * in_ * H * W, col + b * P, in_, H, W, k_, k_, pad_, OH, OW, B * P);
+  ctx.ensure(col_, {K, B * P}, DType::f32);
+  ctx.ensure(ybuf_, {out_, B * P}, DType::f32);
+  ctx.ensure(y_, {B, out_, OH, OW}, DType::f32);
+  Kernels& kernels = ctx.kernels();
+  kernels.im2col(x.f32(), col_.f32(), B, in_, H, W, k_, pad_, OH, OW);
   // ybuf (out, B*P) = W (out, K) @ col (K, B*P): the whole batch in one GEMM.
-  ops::gemm(false, false, out_, B * P, K, 1.0f, weight.data, K, col, B * P, 0.0f, ybuf_.f32(), B * P);
-  const float* yb = ybuf_.f32();
-  float* y = y_.f32();
-  const float* bs = bias.data;
-#pragma omp parallel for collapse(2)
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t o = 0; o < out_; ++o) {
-      const float* src = yb + o * B * P + b * P;
-      float* dst = y + (b * out_ + o) * P;
-      float bo = bs[o];
-#pragma omp simd
-      for (int64_t p = 0; p < P; ++p) dst[p] = src[p] + bo;
-    }
+  kernels.gemm(false, false, out_, B * P, K, 1.0f, weight.data, K, col_.f32(), B * P, 0.0f, ybuf_.f32(), B * P);
+  kernels.conv_bias_permute(y_.f32(), ybuf_.f32(), bias.data, B, out_, P);
   return y_;
 }
 
@@ -87,31 +71,17 @@ const Tensor& Conv2d::backward(RunCtx& ctx, const Tensor& dy) {
   int64_t B = x_.dim(0), H = x_.dim(2), W = x_.dim(3);
   int64_t OH = dy.dim(2), OW = dy.dim(3), P = OH * OW, K = in_ * k_ * k_;
   // dyt (out, B*P): channel-major so both gradients are single GEMMs.
-  ensure(dyt_, {out_, B * P}, DType::f32, MemCategory::activations, ctx.mem);
-  const float* g = dy.f32();
-  float* dyt = dyt_.f32();
-#pragma omp parallel for collapse(2)
-  for (int64_t o = 0; o < out_; ++o)
-    for (int64_t b = 0; b < B; ++b) std::copy_n(g + (b * out_ + o) * P, P, dyt + o * B * P + b * P);
-  for (int64_t o = 0; o < out_; ++o) {
-    float s = 0.0f;
-    const float* row = dyt + o * B * P;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < B * P; ++i) s += row[i];
-    bias.grad[o] += s;
-  }
+  ctx.ensure(dyt_, {out_, B * P}, DType::f32);
+  Kernels& kernels = ctx.kernels();
+  kernels.conv_grad_permute(dyt_.f32(), bias.grad, dy.f32(), B, out_, P);
   // dW (out, K) += dyt (out, B*P) @ col^T (B*P, K)
-  ops::gemm(false, true, out_, K, B * P, 1.0f, dyt, B * P, col_.f32(), B * P, 1.0f, weight.grad, K);
+  kernels.gemm(false, true, out_, K, B * P, 1.0f, dyt_.f32(), B * P, col_.f32(), B * P, 1.0f, weight.grad, K);
   if (!need_input_grad) return dx_;
-  ensure(dcol_, {K, B * P}, DType::f32, MemCategory::activations, ctx.mem);
-  ops::gemm(true, false, K, B * P, out_, 1.0f, weight.data, K, dyt, B * P, 0.0f, dcol_.f32(), B * P);
-  ensure(dx_, x_.shape(), DType::f32, MemCategory::activations, ctx.mem);
-  dx_.zero();
-  float* dx = dx_.f32();
-  const float* dcol = dcol_.f32();
-#pragma omp parallel for
-  for (int64_t b = 0; b < B; ++b)
-    ops::col2im(dcol + b * P, dx + b * in_ * H * W, in_, H, W, k_, k_, pad_, OH, OW, B * P);
+  ctx.ensure(dcol_, {K, B * P}, DType::f32);
+  // dcol (K, B*P) = W^T (K, out) @ dyt (out, B*P)
+  kernels.gemm(true, false, K, B * P, out_, 1.0f, weight.data, K, dyt_.f32(), B * P, 0.0f, dcol_.f32(), B * P);
+  ctx.ensure(dx_, x_.shape(), DType::f32);
+  kernels.col2im(dcol_.f32(), dx_.f32(), B, in_, H, W, k_, pad_, OH, OW);  // zeroes dx first
   return dx_;
 }
 

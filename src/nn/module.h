@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "tensor/device.h"
+#include "tensor/kernels.h"
 #include "tensor/memory.h"
 #include "tensor/tensor.h"
 
@@ -59,6 +61,18 @@ struct RunCtx {
   double loss_normalizer = 1.0;  // samples (or tokens) in the global batch: loss = sum / this
   double loss_scale = 1.0;       // f16 dynamic loss scaling: gradients come out multiplied by this
   ModuleHooks* hooks = nullptr;
+  // Where activations live and kernels run. Null: host memory charged to `mem`, host kernels
+  // (the tests' and tools' default); the trainer always sets it.
+  DeviceRuntime* runtime = nullptr;
+
+  Kernels& kernels() const { return runtime ? runtime->kernels() : cpu_kernels(); }
+  // ensure() in this pass's memory: layers allocate activations through this.
+  void ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category = MemCategory::activations) const {
+    if (runtime)
+      fsdp::ensure(t, shape, dtype, category, *runtime);
+    else
+      fsdp::ensure(t, shape, dtype, category, mem);
+  }
 };
 
 class Module {

@@ -1,7 +1,8 @@
 #pragma once
 // Optimizers on flat f32 spans — FSDP hands them shards, a single rank hands them the whole
-// flat parameter buffer. PyTorch's exact update formulas (torch.optim, foreach=False, 1.13/2.x),
-// state kept per element in the same flat layout so it shards with the parameters.
+// flat parameter buffer — in host or device memory (each update is one Kernels call).
+// PyTorch's exact update formulas (torch.optim, foreach=False, 1.13/2.x), state kept per
+// element in the same flat layout so it shards with the parameters.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -15,6 +16,7 @@ namespace fsdp {
 
 struct OptimizerConfig;
 struct SchedulerConfig;
+class DeviceRuntime;
 
 class Optimizer {
  public:
@@ -32,8 +34,13 @@ class Optimizer {
 };
 
 // `numel` = size of the flat spans this optimizer will see; state is allocated now (zeros) and
-// charged to MemCategory::optim.
+// charged to MemCategory::optim. This one keeps the state in host memory charged to `tracker`
+// and steps with the host kernels: step() takes host spans.
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, int64_t numel, MemoryTracker* tracker);
+// State in the runtime's memory (charged to its tracker), stepped by its kernels: step() takes
+// spans of that memory (device pointers on CUDA) and returns once the update is enqueued on
+// the runtime's compute stream.
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, int64_t numel, DeviceRuntime& runtime);
 
 // Learning-rate schedule: lr for a given optimizer step and epoch (both 0-based).
 // step: StepLR over epochs, lr * gamma^(epoch / step_size) (the seed steps it per epoch).

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <new>
 
+#include "tensor/device.h"
 #include "tensor/error.h"
 
 namespace fsdp {
@@ -34,7 +35,16 @@ Buffer::Buffer(size_t bytes, MemCategory category, MemoryTracker* tracker)
   if (tracker_) tracker_->on_alloc(category_, bytes_);
 }
 
+Buffer::Buffer(size_t bytes, MemCategory category, DeviceRuntime& runtime)
+    : bytes_(bytes), category_(category), runtime_(&runtime) {
+  data_ = runtime.allocate(bytes, category, runtime.compute_stream());
+}
+
 Buffer::~Buffer() {
+  if (runtime_) {
+    runtime_->deallocate(data_, bytes_, category_, runtime_->compute_stream());
+    return;
+  }
   if (tracker_) tracker_->on_free(category_, bytes_);
   std::free(data_);
 }
@@ -45,6 +55,23 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, MemCategory category, Memo
   t.numel_ = shape_numel(shape);
   t.dtype_ = dtype;
   t.buffer_ = std::make_shared<Buffer>(t.bytes(), category, tracker);
+  return t;
+}
+
+Tensor Tensor::empty(DeviceRuntime& runtime, const Shape& shape, DType dtype, MemCategory category) {
+  Tensor t;
+  t.shape_ = shape;
+  t.numel_ = shape_numel(shape);
+  t.dtype_ = dtype;
+  t.device_ = runtime.device();
+  t.runtime_ = &runtime;
+  t.buffer_ = std::make_shared<Buffer>(t.bytes(), category, runtime);
+  return t;
+}
+
+Tensor Tensor::zeros(DeviceRuntime& runtime, const Shape& shape, DType dtype, MemCategory category) {
+  Tensor t = empty(runtime, shape, dtype, category);
+  t.zero();
   return t;
 }
 
@@ -72,17 +99,33 @@ Tensor Tensor::view(const Shape& shape) const {
 }
 
 Tensor Tensor::clone(MemCategory category, MemoryTracker* tracker) const {
+  if (runtime_) {  // same runtime, same device; the copy is stream-ordered like any kernel
+    Tensor t = empty(*runtime_, shape_, dtype_, category);
+    if (bytes())
+      runtime_->copy_async(t.raw(), raw(), bytes(),
+                           device_ == Device::cpu ? CopyKind::host_to_host : CopyKind::device_to_device,
+                           runtime_->compute_stream());
+    return t;
+  }
   Tensor t = empty(shape_, dtype_, category, tracker);
   if (bytes()) std::memcpy(t.raw(), raw(), bytes());
   return t;
 }
 
 void Tensor::zero() {
-  if (bytes()) std::memset(raw(), 0, bytes());
+  if (!bytes()) return;
+  if (runtime_)
+    runtime_->memset_async(raw(), 0, bytes(), runtime_->compute_stream());
+  else
+    std::memset(raw(), 0, bytes());
 }
 
 void ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category, MemoryTracker* tracker) {
   if (!t.matches(shape, dtype)) t = Tensor::empty(shape, dtype, category, tracker);
+}
+
+void ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category, DeviceRuntime& runtime) {
+  if (!t.matches(shape, dtype) || t.runtime() != &runtime) t = Tensor::empty(runtime, shape, dtype, category);
 }
 
 }  // namespace fsdp

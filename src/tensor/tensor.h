@@ -19,10 +19,15 @@ using Shape = std::vector<int64_t>;
 int64_t shape_numel(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "[64, 1, 28, 28]"
 
-// Owns one aligned allocation and reports it to the tracker for its whole lifetime.
+class DeviceRuntime;
+
+// Owns one allocation and reports it to the tracker for its whole lifetime: 64-byte aligned host
+// memory, or memory of a DeviceRuntime (device.h), which charges its own tracker and returns the
+// block to its caching allocator on the runtime's compute stream.
 class Buffer {
  public:
   Buffer(size_t bytes, MemCategory category, MemoryTracker* tracker);
+  Buffer(size_t bytes, MemCategory category, DeviceRuntime& runtime);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -33,7 +38,8 @@ class Buffer {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   MemCategory category_;
-  MemoryTracker* tracker_;
+  MemoryTracker* tracker_ = nullptr;
+  DeviceRuntime* runtime_ = nullptr;
 };
 
 class Tensor {
@@ -43,6 +49,11 @@ class Tensor {
                       MemoryTracker* tracker = nullptr);
   static Tensor zeros(const Shape& shape, DType dtype, MemCategory category = MemCategory::other,
                       MemoryTracker* tracker = nullptr);
+  // In the runtime's memory (device.h): host for the cpu runtime, the GPU for cuda. zero() and
+  // clone() of such a tensor go through the runtime too.
+  static Tensor empty(DeviceRuntime& runtime, const Shape& shape, DType dtype, MemCategory category);
+  static Tensor zeros(DeviceRuntime& runtime, const Shape& shape, DType dtype, MemCategory category);
+  DeviceRuntime* runtime() const { return runtime_; }  // null: plain host memory
 
   const Shape& shape() const { return shape_; }
   int64_t dim(size_t i) const { return shape_.at(i); }
@@ -70,10 +81,12 @@ class Tensor {
   int64_t numel_ = 0;
   DType dtype_ = DType::f32;
   Device device_ = Device::cpu;
+  DeviceRuntime* runtime_ = nullptr;
 };
 
 // Reallocates `t` only when its shape/dtype differ (batch size changes): the llm.c pattern of
 // allocating activations once and reusing them every step.
 void ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category, MemoryTracker* tracker);
+void ensure(Tensor& t, const Shape& shape, DType dtype, MemCategory category, DeviceRuntime& runtime);
 
 }  // namespace fsdp

@@ -145,6 +145,20 @@ void load_batch(const Dataset& data, std::span<const int64_t> indices, BatchBuff
   data.fill(indices, b.inputs, b.targets);
 }
 
+// A device run reads its batch from device buffers: the host batch (read and checked there)
+// is copied over, on the compute stream, once per micro-batch. Host runs use it as it is.
+const BatchBuffers& upload_batch(DeviceRuntime& rt, const BatchBuffers& host, BatchBuffers& dev) {
+  if (rt.device() == Device::cpu) return host;
+  ensure(dev.inputs, host.inputs.shape(), host.inputs.dtype(), MemCategory::activations, rt);
+  ensure(dev.targets, host.targets.shape(), host.targets.dtype(), MemCategory::activations, rt);
+  // Pageable host memory: the copies are synchronous for the host, so `host` may be refilled next.
+  rt.copy_async(dev.inputs.raw(), host.inputs.raw(), host.inputs.bytes(), CopyKind::host_to_device,
+                rt.compute_stream());
+  rt.copy_async(dev.targets.raw(), host.targets.raw(), host.targets.bytes(), CopyKind::host_to_device,
+                rt.compute_stream());
+  return dev;
+}
+
 struct EvalResult {
   double loss = 0.0, accuracy = 0.0;
 };
@@ -159,13 +173,15 @@ EvalResult evaluate(Model& model, FsdpEngine& engine, const Dataset& data, const
   ctx.mem = &mem;
   ctx.training = false;
   ctx.hooks = &engine;
-  BatchBuffers b;
+  ctx.runtime = &engine.runtime();
+  BatchBuffers b, dev;
   double sums[2] = {0.0, 0.0};  // loss, correct
   for (int64_t s = 0; s < sampler.steps_per_epoch(); ++s) {
     std::vector<int64_t> idx = sampler.global_batch(0, s);
     auto [offset, count] = Sampler::rank_slice(static_cast<int64_t>(idx.size()), env.rank, env.world_size);
     load_batch(data, std::span<const int64_t>(idx.data() + offset, count), b, &mem);
-    model.forward(ctx, b.inputs, b.targets);
+    const BatchBuffers& in = upload_batch(engine.runtime(), b, dev);
+    model.forward(ctx, in.inputs, in.targets);
     engine.end_forward_only();
     sums[0] += model.loss().last_sum();
     sums[1] += static_cast<double>(model.loss().last_correct());
@@ -219,7 +235,11 @@ struct Trainer::State {
   const Config c;  // a copy: the caller's Config may be gone before run()
   RunEnv env;
   MemoryTracker mem;
+  std::unique_ptr<DeviceRuntime> runtime;     // train.device: where tensors live, kernels run
   std::unique_ptr<Communicator> local_world;  // when env.world is null
+  // A device run: comm.backend over the world's ranks, taking device buffers (NCCL natively,
+  // MPI/UCX through staging or CUDA-aware MPI). FSDP's shard and replicate groups split from it.
+  std::unique_ptr<Communicator> device_world;
   Datasets data;
   std::unique_ptr<Model> model;
   std::unique_ptr<FsdpEngine> engine;
@@ -251,6 +271,8 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
     omp_set_num_threads(static_cast<int>(c.train.threads));
   }
   s.fault = test_fault_from_env();
+  // The device before the data: "no CUDA device" should not wait for a dataset to load.
+  s.runtime = make_runtime(parse_device(c.train.device), s.mem, s.env.local_rank);
   // Data first: a missing dataset should fail before minutes of model set-up.
   s.data = load_data_agreed(c, *s.env.world);
   s.model = make_model(c.model);
@@ -259,12 +281,21 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
 
   // Units, shards and the mesh; each rank materialises only its own slices.
   FsdpOptions fo = fsdp_options(c.fsdp);
-  ProcessMesh mesh = make_mesh(*s.env.world, fo.strategy, fo.shard_group_size, s.env.node_color, s.env.local_rank);
-  s.engine = std::make_unique<FsdpEngine>(*s.model, *s.env.world, std::move(mesh), fo, s.mem);
+  Communicator* data_world = s.env.world;
+  if (s.runtime->device() != Device::cpu && s.env.mpi_comm != MPI_COMM_NULL) {
+    CommOptions co{c.comm.timeout_s};
+    co.runtime = s.runtime.get();
+    s.device_world = make_communicator(c.comm.backend, s.env.mpi_comm, co);
+    data_world = s.device_world.get();
+  }
+  ProcessMesh mesh = make_mesh(*data_world, fo.strategy, fo.shard_group_size, s.env.node_color, s.env.local_rank);
+  s.engine = std::make_unique<FsdpEngine>(*s.model, *s.env.world, std::move(mesh), fo, s.mem, s.runtime.get());
   s.engine->init_shards(c.train.seed);
   s.scaler.enabled = fo.param_dtype == DType::f16 || fo.reduce_dtype == DType::f16;
   s.scaler.scale = c.fsdp.mixed_precision.init_loss_scale;
-  s.optimizer = make_optimizer(c.train.optimizer, static_cast<int64_t>(s.engine->param_shards().size()), &s.mem);
+  // The optimizer steps where the shards are: the device, or the host under cpu_offload.
+  s.optimizer = make_optimizer(c.train.optimizer, static_cast<int64_t>(s.engine->param_shards().size()),
+                               s.engine->shard_runtime());
 
   // The schedule of global batches: the same for any world size.
   s.micro_global = c.train.batch_size * s.env.world_size;
@@ -446,8 +477,9 @@ TrainSummary Trainer::run() {
   ctx.seed = c.train.seed;
   ctx.dropout = c.train.dropout;
   ctx.hooks = &engine;
+  ctx.runtime = &engine.runtime();
   ctx.loss_normalizer = static_cast<double>(global_batch) * elems_per_sample;
-  BatchBuffers batch;
+  BatchBuffers batch, dev_batch;
   double timed_s = 0.0;
   int64_t timed_samples = 0;
   int64_t last_eval_step = -1;
@@ -492,8 +524,9 @@ TrainSummary Trainer::run() {
       std::span<const int64_t> mine(global.data() + m * s.micro_global + offset, count);
       ctx.sample_offset = step * global_batch + m * s.micro_global + offset;
       load_batch(*s.data.train, mine, batch, &mem);
+      const BatchBuffers& in = upload_batch(engine.runtime(), batch, dev_batch);
       engine.set_sync_grads(m + 1 == c.train.grad_accum);
-      loss += model.forward(ctx, batch.inputs, batch.targets);
+      loss += model.forward(ctx, in.inputs, in.targets);
       model.backward(ctx);
     }
     engine.finish_backward();

@@ -1,0 +1,409 @@
+// The host implementation of Kernels (kernels.h): OpenBLAS for the GEMMs, ops.h for the layer
+// kernels, and here the loops that used to live inline in the layers, losses and optimizers.
+// Each loop is the one that ran before, OpenMP split included, so host results are bitwise what
+// they were (the PyTorch reference and the bitwise-resume tests depend on that).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "tensor/kernels.h"
+#include "tensor/ops.h"
+#include "tensor/rng.h"
+
+namespace fsdp {
+namespace {
+
+// Elementwise loops below this many elements stay on one thread: waking the team costs more.
+constexpr int64_t kParallelMin = 1 << 15;
+// Below this many elements the OpenMP fork/join costs more than an optimizer update.
+constexpr int64_t kOptimParallelMin = 1 << 16;
+// Softmax rows of one (T, T) plane go parallel above this many scores, as attention did.
+constexpr int64_t kSoftmaxParallelMin = 1 << 14;
+
+// torch's AVX2 kernels evaluate `self + alpha * other` (add_ with alpha, addcmul_) as one
+// fused multiply-add, vector body and scalar tail alike. Fuse exactly there when FMA is an
+// instruction (-march=native builds): bit-identical to torch. Elsewhere a libm fmaf call would
+// cost far more than the one-rounding difference it removes. An explicit fmaf also keeps the
+// compiler from contracting the *other* products into adds, which torch rounds separately.
+inline float madd(float a, float b, float c) {
+#ifdef FP_FAST_FMAF
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+// Each element's math is independent of the others and of the thread split, so threading never
+// changes results. f is a by-value lambda of pointers and scalars: each thread's private copy
+// keeps them in registers rather than reloaded through a shared reference every element.
+// (std::sqrt loops only vectorize under -fno-math-errno; sqrt is exact either way, so that
+// flag changes speed, not values.)
+template <class F>
+void parallel_for(int64_t n, F f) {
+#pragma omp parallel for simd if (n >= kOptimParallelMin) firstprivate(f)
+  for (int64_t i = 0; i < n; ++i) f(i);
+}
+
+// Calls f with one std::bool_constant per flag, so per-step options become `if constexpr`
+// and the element loops stay branch-free.
+template <class F>
+void dispatch(F&& f) {
+  f();
+}
+template <class F, class... Flags>
+void dispatch(F&& f, bool flag, Flags... rest) {
+  if (flag)
+    dispatch([&](auto... c) { f(std::true_type{}, c...); }, rest...);
+  else
+    dispatch([&](auto... c) { f(std::false_type{}, c...); }, rest...);
+}
+
+class CpuKernels final : public Kernels {
+ public:
+  Device device() const override { return Device::cpu; }
+
+  // ---- GEMM ----
+
+  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+            const float* B, int64_t ldb, float beta, float* C, int64_t ldc) override {
+    ops::gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+
+  // One sgemm per operand: the same calls the per-head loops made, so the same results.
+  void gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                            int64_t lda, int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b, float beta,
+                            float* C, int64_t ldc, int64_t stride_c, int64_t batch) override {
+    for (int64_t i = 0; i < batch; ++i)
+      ops::gemm(trans_a, trans_b, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta, C + i * stride_c,
+                ldc);
+  }
+
+  void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                 int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) override {
+    ops::gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+
+  // ---- Linear ----
+
+  void linear_forward(float* Y, const float* X, const float* W, const float* b, int64_t rows, int64_t in,
+                      int64_t out) override {
+    ops::linear_forward(Y, X, W, b, rows, in, out);
+  }
+  void linear_backward(float* dX, float* dW, float* db, const float* dY, const float* X, const float* W, int64_t rows,
+                       int64_t in, int64_t out) override {
+    ops::linear_backward(dX, dW, db, dY, X, W, rows, in, out);
+  }
+
+  // ---- Conv2d ----
+
+  // Image b's columns sit at column offset b * OH*OW of col (C*K*K, B*OH*OW).
+  void im2col(const float* x, float* col, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t pad,
+              int64_t OH, int64_t OW) override {
+    const int64_t P = OH * OW;
+#pragma omp parallel for
+    for (int64_t b = 0; b < B; ++b) ops::im2col(x + b * C * H * W, col + b * P, C, H, W, K, K, pad, OH, OW, B * P);
+  }
+
+  void col2im(const float* dcol, float* dx, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t pad,
+              int64_t OH, int64_t OW) override {
+    const int64_t P = OH * OW;
+    std::memset(dx, 0, static_cast<size_t>(B * C * H * W) * sizeof(float));
+#pragma omp parallel for
+    for (int64_t b = 0; b < B; ++b) ops::col2im(dcol + b * P, dx + b * C * H * W, C, H, W, K, K, pad, OH, OW, B * P);
+  }
+
+  void conv_bias_permute(float* y, const float* ybuf, const float* bias, int64_t B, int64_t out, int64_t P) override {
+#pragma omp parallel for collapse(2)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t o = 0; o < out; ++o) {
+        const float* src = ybuf + o * B * P + b * P;
+        float* dst = y + (b * out + o) * P;
+        const float bo = bias[o];
+#pragma omp simd
+        for (int64_t p = 0; p < P; ++p) dst[p] = src[p] + bo;
+      }
+  }
+
+  void conv_grad_permute(float* dyt, float* db, const float* dy, int64_t B, int64_t out, int64_t P) override {
+#pragma omp parallel for collapse(2)
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t b = 0; b < B; ++b) std::copy_n(dy + (b * out + o) * P, P, dyt + o * B * P + b * P);
+    for (int64_t o = 0; o < out; ++o) {
+      float s = 0.0f;
+      const float* row = dyt + o * B * P;
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = 0; i < B * P; ++i) s += row[i];
+      db[o] += s;
+    }
+  }
+
+  // ---- Elementwise ----
+
+  void relu_forward(float* y, const float* x, int64_t n) override { ops::relu_forward(y, x, n); }
+  void relu_backward(float* dx, const float* dy, const float* y, int64_t n) override {
+    ops::relu_backward(dx, dy, y, n);
+  }
+  void gelu_forward(float* y, const float* x, int64_t n) override { ops::gelu_forward(y, x, n); }
+  void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) override {
+    ops::gelu_backward(dx, dy, x, n);
+  }
+  void add(float* y, const float* a, const float* b, int64_t n) override { ops::add(y, a, b, n); }
+  void add_inplace(float* y, const float* x, int64_t n) override { ops::add_inplace(y, x, n); }
+
+  void mul(float* y, const float* a, const float* b, int64_t n) override {
+#pragma omp parallel for simd if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) y[i] = a[i] * b[i];
+  }
+
+  void scale(float* x, float factor, int64_t n) override {
+#pragma omp parallel for simd if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) x[i] *= factor;
+  }
+
+  void fill(float* x, float value, int64_t n) override { std::fill_n(x, n, value); }
+
+  // ---- Dropout ----
+
+  void dropout_forward(float* y, float* mask, const float* x, int64_t B, int64_t per_sample, float p, uint64_t key,
+                       uint64_t stream, int64_t sample_offset) override {
+    const CounterRng rng(key, stream);
+    const float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for
+    for (int64_t n = 0; n < B; ++n) {
+      const uint64_t base = static_cast<uint64_t>(sample_offset + n) * static_cast<uint64_t>(per_sample);
+      for (int64_t j = 0; j < per_sample; ++j) {
+        const int64_t i = n * per_sample + j;
+        mask[i] = rng.uniform(base + j) >= p ? scale : 0.0f;
+        y[i] = x[i] * mask[i];
+      }
+    }
+  }
+
+  // ---- Normalisation and softmax ----
+
+  void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                         int64_t rows, int64_t C, float eps) override {
+    ops::layernorm_forward(y, mean, rstd, x, w, b, rows, C, eps);
+  }
+  void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                          const float* mean, const float* rstd, int64_t rows, int64_t C) override {
+    ops::layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, rows, C);
+  }
+  void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C) override {
+    ops::log_softmax_forward(y, x, rows, C);
+  }
+  void log_softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t C) override {
+    ops::log_softmax_backward(dx, dy, y, rows, C);
+  }
+
+  // Rows of every plane are independent and each is computed serially, so splitting the
+  // planes * T rows across threads (rather than one plane's T rows at a time) changes nothing.
+  void causal_softmax_forward(float* P, int64_t planes, int64_t T) override {
+#pragma omp parallel for if (planes * T * T > kSoftmaxParallelMin)
+    for (int64_t r = 0; r < planes * T; ++r) {
+      const int64_t i = r % T;
+      float* row = P + r * T;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+      float sum = 0.0f;
+      for (int64_t j = 0; j <= i; ++j) {
+        row[j] = std::exp(row[j] - mx);
+        sum += row[j];
+      }
+      const float inv = 1.0f / sum;
+      for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+      for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
+    }
+  }
+
+  void causal_softmax_backward(float* dP, const float* P, int64_t planes, int64_t T, float scale) override {
+#pragma omp parallel for if (planes * T * T > kSoftmaxParallelMin)
+    for (int64_t r = 0; r < planes * T; ++r) {
+      const int64_t i = r % T;
+      const float* pr = P + r * T;
+      float* dr = dP + r * T;
+      float dot = 0.0f;
+      for (int64_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
+      for (int64_t j = 0; j <= i; ++j) dr[j] = scale * pr[j] * (dr[j] - dot);
+      for (int64_t j = i + 1; j < T; ++j) dr[j] = 0.0f;
+    }
+  }
+
+  // ---- Pooling ----
+
+  void maxpool2_forward(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W) override {
+    ops::maxpool2_forward(y, argmax, x, planes, H, W);
+  }
+  void maxpool2_backward(float* dx, const float* dy, const int32_t* argmax, int64_t planes, int64_t H,
+                         int64_t W) override {
+    ops::maxpool2_backward(dx, dy, argmax, planes, H, W);
+  }
+
+  // ---- Embeddings ----
+
+  void embedding_forward(float* y, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
+                         int64_t C) override {
+#pragma omp parallel for
+    for (int64_t i = 0; i < B * T; ++i) {
+      const float* te = wte + static_cast<int64_t>(tokens[i]) * C;
+      const float* pe = wpe + (i % T) * C;
+      float* yr = y + i * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) yr[c] = te[c] + pe[c];
+    }
+  }
+
+  void embedding_backward(float* dwte, float* dwpe, const float* dy, const int32_t* tokens, int64_t B, int64_t T,
+                          int64_t C) override {
+    // Serial: several positions may hit the same token row, and a fixed order keeps sums exact.
+    for (int64_t i = 0; i < B * T; ++i) {
+      float* tg = dwte + static_cast<int64_t>(tokens[i]) * C;
+      float* pg = dwpe + (i % T) * C;
+      const float* gr = dy + i * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) {
+        tg[c] += gr[c];
+        pg[c] += gr[c];
+      }
+    }
+  }
+
+  // ---- Losses ----
+
+  // In double so the sum is independent of how the batch is split across ranks.
+  void nll_sum(const float* logp, const int32_t* targets, int64_t rows, int64_t C, double* sum,
+               int64_t* correct) override {
+    double s = 0.0;
+    int64_t hits = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = logp + r * C;
+      s -= row[targets[r]];
+      int64_t best = 0;
+      for (int64_t c = 1; c < C; ++c)
+        if (row[c] > row[best]) best = c;
+      hits += best == targets[r];
+    }
+    *sum = s;
+    *correct = hits;
+  }
+
+  void nll_backward(float* d, const int32_t* targets, int64_t rows, int64_t C, float g) override {
+    std::memset(d, 0, static_cast<size_t>(rows * C) * sizeof(float));
+    for (int64_t r = 0; r < rows; ++r) d[r * C + targets[r]] = g;
+  }
+
+  void cross_entropy_backward(float* d, const float* logp, const int32_t* targets, int64_t rows, int64_t C,
+                              float inv_n) override {
+#pragma omp parallel for
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < C; ++c) d[r * C + c] = std::exp(logp[r * C + c]) * inv_n;
+      d[r * C + targets[r]] -= inv_n;
+    }
+  }
+
+  // ---- Optimizers: torch 1.13's _single_tensor_* updates, one fused pass ----
+  // Every tensor op there rounds to f32 and every Python-float scalar is cast to f32 when it
+  // meets a tensor, so each element follows the same sequence of f32 roundings.
+
+  void adamw_step(float* p, const float* g, float* exp_avg, float* exp_avg_sq, int64_t n, const AdamWArgs& a) override {
+    float* m = exp_avg;
+    float* v = exp_avg_sq;
+    const float decay = a.decay, fb1 = a.beta1, one_m_b1 = a.one_minus_beta1;
+    const float fb2 = a.beta2, one_m_b2 = a.one_minus_beta2;
+    const float bc2_sqrt = a.bias_correction2_sqrt, eps = a.eps, neg_step_size = a.neg_step_size;
+    dispatch(
+        [&](auto has_wd) {
+          parallel_for(n, [=](int64_t i) {
+            float pi = p[i];
+            if constexpr (has_wd) pi = pi * decay;  // param.mul_(1 - lr*wd)
+            const float gi = g[i];
+            const float mi = madd(one_m_b1, gi, m[i] * fb1);       // mul_(b1).add_(g, alpha=1-b1)
+            const float vi = madd(one_m_b2 * gi, gi, v[i] * fb2);  // mul_(b2).addcmul_(g, g, 1-b2)
+            m[i] = mi;
+            v[i] = vi;
+            const float denom = std::sqrt(vi) / bc2_sqrt + eps;  // (sq.sqrt() / bc2_sqrt).add_(eps)
+            // addcdiv_(m, denom, value=-step_size) is an unfused add; madd(x, 1, pi) rounds the
+            // same while stopping the compiler from fusing the decay product into it.
+            p[i] = madd(neg_step_size * mi / denom, 1.0f, pi);
+          });
+        },
+        a.has_weight_decay);
+  }
+
+  void sgd_step(float* p, const float* g, float* momentum_buffer, int64_t n, const SgdArgs& a) override {
+    float* buf = momentum_buffer;
+    const float wd = a.weight_decay, mom = a.momentum, keep = a.keep, neg_lr = a.neg_lr;
+    dispatch(
+        [&](auto has_wd, auto has_mom, auto is_first, auto nesterov) {
+          parallel_for(n, [=](int64_t i) {
+            float d = g[i];
+            if constexpr (has_wd) d = madd(wd, p[i], d);  // d_p.add(param, alpha=wd)
+            if constexpr (has_mom) {
+              float b = d;                                               // the first step clones d_p into the buffer
+              if constexpr (!is_first) b = madd(keep, d, buf[i] * mom);  // buf.mul_(momentum).add_(d_p, alpha=1-damp)
+              buf[i] = b;
+              if constexpr (nesterov)
+                d = madd(mom, b, d);  // d_p.add(buf, alpha=momentum)
+              else
+                d = b;
+            }
+            p[i] = madd(neg_lr, d, p[i]);  // param.add_(d_p, alpha=-lr)
+          });
+        },
+        a.has_weight_decay, a.has_momentum && buf != nullptr, a.first_step, a.nesterov);
+  }
+
+  void adadelta_step(float* p, const float* g, float* square_avg, float* acc_delta, int64_t n,
+                     const AdadeltaArgs& a) override {
+    float* sq = square_avg;
+    float* acc = acc_delta;
+    const float wd = a.weight_decay, rho = a.rho, one_m_rho = a.one_minus_rho, eps = a.eps, neg_lr = a.neg_lr;
+    dispatch(
+        [&](auto has_wd) {
+          parallel_for(n, [=](int64_t i) {
+            float gi = g[i];
+            if constexpr (has_wd) gi = madd(wd, p[i], gi);  // grad.add(param, alpha=wd)
+            // square_avg.mul_(rho).addcmul_(grad, grad, value=1-rho)
+            const float s = madd(one_m_rho * gi, gi, sq[i] * rho);
+            sq[i] = s;
+            // std = square_avg.add(eps).sqrt_()
+            // delta = acc_delta.add(eps).sqrt_().div_(std).mul_(grad)
+            const float delta = std::sqrt(acc[i] + eps) / std::sqrt(s + eps) * gi;
+            // acc_delta.mul_(rho).addcmul_(delta, delta, value=1-rho)
+            acc[i] = madd(one_m_rho * delta, delta, acc[i] * rho);
+            p[i] = madd(neg_lr, delta, p[i]);  // param.add_(delta, alpha=-lr)
+          });
+        },
+        a.has_weight_decay);
+  }
+
+  // ---- FSDP ----
+
+  void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n) override {
+    convert(src, src_dtype, dst, dst_dtype, static_cast<size_t>(n));
+  }
+
+  // Serial, in index order: the partial sum is the same whatever the thread count.
+  double sum_squares(const float* x, int64_t n) override {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+    return s;
+  }
+
+  bool all_finite(const float* x, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(x[i])) return false;
+    return true;
+  }
+};
+
+}  // namespace
+
+Kernels& cpu_kernels() {
+  static CpuKernels kernels;  // stateless: one instance serves every thread and runtime
+  return kernels;
+}
+
+}  // namespace fsdp

@@ -1,0 +1,257 @@
+#include "tensor/cuda/cuda_kernels.h"
+
+#include <climits>
+#include <cstring>
+#include <string>
+
+#include "tensor/cuda/launch.h"
+#include "tensor/error.h"
+
+namespace fsdp::cuda {
+
+namespace {
+
+constexpr size_t kResultBytes = 16;  // double sum + int64 hits
+constexpr size_t kScratchBytes = kResultBytes + launch::kReduceBlocks * (sizeof(double) + sizeof(long long));
+
+int to_int(int64_t v, const char* what) {
+  if (v < 0 || v > INT_MAX)
+    throw Error(std::string("cuda: cuBLAS: ") + what + " = " + std::to_string(v) + " does not fit cuBLAS's 32-bit int");
+  return static_cast<int>(v);
+}
+
+cublasOperation_t op(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+std::string shape(int64_t M, int64_t N, int64_t K) {
+  return "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
+}
+
+}  // namespace
+
+void check_cublas(cublasStatus_t rc, const char* call, const std::string& context) {
+  if (rc == CUBLAS_STATUS_SUCCESS) return;
+  throw Error(std::string("cuda: ") + call + ": " + cublasGetStatusString(rc) + " (" + context + ")");
+}
+
+CublasHandle::CublasHandle(cudaStream_t stream) {
+  check_cublas(cublasCreate(&handle_), "cublasCreate", "handle");
+  try {
+    check_cublas(cublasSetStream(handle_, stream), "cublasSetStream", "compute stream");
+    // No TF32: f32 GEMMs round as the CPU's do (to summation order).
+    check_cublas(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode", "default math");
+  } catch (...) {
+    cublasDestroy(handle_);
+    throw;
+  }
+}
+
+CublasHandle::~CublasHandle() {
+  if (handle_) cublasDestroy(handle_);
+}
+
+CudaKernels::CudaKernels(cudaStream_t stream)
+    : stream_(stream), cublas_(stream), scratch_(kScratchBytes), host_(kResultBytes) {}
+
+void CudaKernels::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                       int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  // Row-major C (M,N) is column-major C^T (N,M) = op(B)^T op(A)^T: swap the operands.
+  check_cublas(cublasSgemm(cublas_.get(), op(trans_b), op(trans_a), to_int(N, "N"), to_int(M, "M"), to_int(K, "K"),
+                           &alpha, B, to_int(ldb, "ldb"), A, to_int(lda, "lda"), &beta, C, to_int(ldc, "ldc")),
+               "cublasSgemm", shape(M, N, K));
+}
+
+void CudaKernels::gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                                       const float* A, int64_t lda, int64_t stride_a, const float* B, int64_t ldb,
+                                       int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c,
+                                       int64_t batch) {
+  if (M == 0 || N == 0 || batch == 0) return;
+  check_cublas(cublasSgemmStridedBatched(cublas_.get(), op(trans_b), op(trans_a), to_int(N, "N"), to_int(M, "M"),
+                                         to_int(K, "K"), &alpha, B, to_int(ldb, "ldb"), stride_b, A, to_int(lda, "lda"),
+                                         stride_a, &beta, C, to_int(ldc, "ldc"), stride_c, to_int(batch, "batch")),
+               "cublasSgemmStridedBatched", shape(M, N, K) + " batch=" + std::to_string(batch));
+}
+
+void CudaKernels::gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                            int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  check_cublas(cublasGemmEx(cublas_.get(), op(trans_b), op(trans_a), to_int(N, "N"), to_int(M, "M"), to_int(K, "K"),
+                            &alpha, B, CUDA_R_16BF, to_int(ldb, "ldb"), A, CUDA_R_16BF, to_int(lda, "lda"), &beta, C,
+                            CUDA_R_32F, to_int(ldc, "ldc"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx", "bf16 " + shape(M, N, K));
+}
+
+void CudaKernels::linear_forward(float* Y, const float* X, const float* W, const float* b, int64_t rows, int64_t in,
+                                 int64_t out) {
+  if (b) launch::bias_rows(Y, b, rows, out, stream_);  // seed Y with the bias, then beta = 1 (as the CPU)
+  gemm(false, true, rows, out, in, 1.0f, X, in, W, in, b ? 1.0f : 0.0f, Y, out);
+}
+
+void CudaKernels::linear_backward(float* dX, float* dW, float* db, const float* dY, const float* X, const float* W,
+                                  int64_t rows, int64_t in, int64_t out) {
+  gemm(true, false, out, in, rows, 1.0f, dY, out, X, in, 1.0f, dW, in);
+  if (db) launch::col_sum_add(db, dY, rows, out, stream_);
+  if (dX) gemm(false, false, rows, in, out, 1.0f, dY, out, W, in, 0.0f, dX, in);
+}
+
+void CudaKernels::im2col(const float* x, float* col, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t pad,
+                         int64_t OH, int64_t OW) {
+  launch::im2col(x, col, B, C, H, W, K, pad, OH, OW, stream_);
+}
+void CudaKernels::col2im(const float* dcol, float* dx, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K,
+                         int64_t pad, int64_t OH, int64_t OW) {
+  launch::col2im(dcol, dx, B, C, H, W, K, pad, OH, OW, stream_);
+}
+void CudaKernels::conv_bias_permute(float* y, const float* ybuf, const float* bias, int64_t B, int64_t out, int64_t P) {
+  launch::conv_bias_permute(y, ybuf, bias, B, out, P, stream_);
+}
+void CudaKernels::conv_grad_permute(float* dyt, float* db, const float* dy, int64_t B, int64_t out, int64_t P) {
+  launch::conv_grad_permute(dyt, db, dy, B, out, P, stream_);
+}
+
+void CudaKernels::relu_forward(float* y, const float* x, int64_t n) {
+  launch::elementwise(launch::Unary::relu_forward, y, x, nullptr, n, stream_);
+}
+void CudaKernels::relu_backward(float* dx, const float* dy, const float* y, int64_t n) {
+  launch::elementwise(launch::Unary::relu_backward, dx, dy, y, n, stream_);
+}
+void CudaKernels::gelu_forward(float* y, const float* x, int64_t n) {
+  launch::elementwise(launch::Unary::gelu_forward, y, x, nullptr, n, stream_);
+}
+void CudaKernels::gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
+  launch::elementwise(launch::Unary::gelu_backward, dx, dy, x, n, stream_);
+}
+void CudaKernels::add(float* y, const float* a, const float* b, int64_t n) {
+  launch::elementwise(launch::Unary::add, y, a, b, n, stream_);
+}
+void CudaKernels::add_inplace(float* y, const float* x, int64_t n) {
+  launch::elementwise(launch::Unary::add_inplace, y, x, nullptr, n, stream_);
+}
+void CudaKernels::mul(float* y, const float* a, const float* b, int64_t n) {
+  launch::elementwise(launch::Unary::mul, y, a, b, n, stream_);
+}
+void CudaKernels::scale(float* x, float factor, int64_t n) { launch::scale(x, factor, n, stream_); }
+void CudaKernels::fill(float* x, float value, int64_t n) { launch::fill(x, value, n, stream_); }
+
+void CudaKernels::dropout_forward(float* y, float* mask, const float* x, int64_t B, int64_t per_sample, float p,
+                                  uint64_t key, uint64_t stream, int64_t sample_offset) {
+  launch::dropout_forward(y, mask, x, B, per_sample, p, key, stream, sample_offset, stream_);
+}
+
+void CudaKernels::layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                                    int64_t rows, int64_t C, float eps) {
+  launch::layernorm_forward(y, mean, rstd, x, w, b, rows, C, eps, stream_);
+}
+void CudaKernels::layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                                     const float* mean, const float* rstd, int64_t rows, int64_t C) {
+  launch::layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, rows, C, stream_);
+}
+void CudaKernels::log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C) {
+  launch::log_softmax_forward(y, x, rows, C, stream_);
+}
+void CudaKernels::log_softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t C) {
+  launch::log_softmax_backward(dx, dy, y, rows, C, stream_);
+}
+void CudaKernels::causal_softmax_forward(float* P, int64_t planes, int64_t T) {
+  launch::causal_softmax_forward(P, planes, T, stream_);
+}
+void CudaKernels::causal_softmax_backward(float* dP, const float* P, int64_t planes, int64_t T, float scale) {
+  launch::causal_softmax_backward(dP, P, planes, T, scale, stream_);
+}
+void CudaKernels::maxpool2_forward(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W) {
+  launch::maxpool2_forward(y, argmax, x, planes, H, W, stream_);
+}
+void CudaKernels::maxpool2_backward(float* dx, const float* dy, const int32_t* argmax, int64_t planes, int64_t H,
+                                    int64_t W) {
+  launch::maxpool2_backward(dx, dy, argmax, planes, H, W, stream_);
+}
+void CudaKernels::embedding_forward(float* y, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
+                                    int64_t T, int64_t C) {
+  launch::embedding_forward(y, tokens, wte, wpe, B, T, C, stream_);
+}
+void CudaKernels::embedding_backward(float* dwte, float* dwpe, const float* dy, const int32_t* tokens, int64_t B,
+                                     int64_t T, int64_t C) {
+  launch::embedding_backward(dwte, dwpe, dy, tokens, B, T, C, stream_);
+}
+
+void CudaKernels::fetch_results() {
+  check_cuda(cudaMemcpyAsync(host_.get(), scratch_.get(), kResultBytes, cudaMemcpyDeviceToHost, stream_),
+             "cudaMemcpyAsync", "reduction result to the host");
+  check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", "compute stream, for a reduction result");
+}
+
+namespace {
+struct Scratch {
+  double* result;
+  long long* hits;
+  double* partials;
+  long long* partial_hits;
+};
+Scratch layout(void* base) {
+  auto* bytes = static_cast<char*>(base);
+  auto* partials = reinterpret_cast<double*>(bytes + kResultBytes);
+  return {reinterpret_cast<double*>(bytes), reinterpret_cast<long long*>(bytes + sizeof(double)), partials,
+          reinterpret_cast<long long*>(partials + launch::kReduceBlocks)};
+}
+struct HostResult {
+  double sum;
+  long long hits;
+};
+HostResult read(const void* pinned) {
+  const auto* bytes = static_cast<const char*>(pinned);
+  HostResult r{};
+  std::memcpy(&r.sum, bytes, sizeof r.sum);
+  std::memcpy(&r.hits, bytes + sizeof(double), sizeof r.hits);
+  return r;
+}
+}  // namespace
+
+void CudaKernels::nll_sum(const float* logp, const int32_t* targets, int64_t rows, int64_t C, double* sum,
+                          int64_t* correct) {
+  Scratch s = layout(scratch_.get());
+  launch::nll_sum(logp, targets, rows, C, s.partials, s.partial_hits, s.result, s.hits, stream_);
+  fetch_results();
+  HostResult r = read(host_.get());
+  *sum = r.sum;
+  *correct = r.hits;
+}
+
+void CudaKernels::nll_backward(float* d, const int32_t* targets, int64_t rows, int64_t C, float g) {
+  launch::nll_backward(d, targets, rows, C, g, stream_);
+}
+void CudaKernels::cross_entropy_backward(float* d, const float* logp, const int32_t* targets, int64_t rows, int64_t C,
+                                         float inv_n) {
+  launch::cross_entropy_backward(d, logp, targets, rows, C, inv_n, stream_);
+}
+
+void CudaKernels::adamw_step(float* p, const float* g, float* exp_avg, float* exp_avg_sq, int64_t n,
+                             const AdamWArgs& a) {
+  launch::adamw_step(p, g, exp_avg, exp_avg_sq, n, a, stream_);
+}
+void CudaKernels::sgd_step(float* p, const float* g, float* momentum_buffer, int64_t n, const SgdArgs& a) {
+  launch::sgd_step(p, g, momentum_buffer, n, a, stream_);
+}
+void CudaKernels::adadelta_step(float* p, const float* g, float* square_avg, float* acc_delta, int64_t n,
+                                const AdadeltaArgs& a) {
+  launch::adadelta_step(p, g, square_avg, acc_delta, n, a, stream_);
+}
+
+void CudaKernels::cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n) {
+  launch::cast(dst, dst_dtype, src, src_dtype, n, stream_);
+}
+
+double CudaKernels::sum_squares(const float* x, int64_t n) {
+  Scratch s = layout(scratch_.get());
+  launch::sum_squares(x, n, s.partials, s.result, stream_);
+  fetch_results();
+  return read(host_.get()).sum;
+}
+
+bool CudaKernels::all_finite(const float* x, int64_t n) {
+  Scratch s = layout(scratch_.get());
+  launch::count_nonfinite(x, n, s.partial_hits, s.hits, stream_);
+  fetch_results();
+  return read(host_.get()).hits == 0;
+}
+
+}  // namespace fsdp::cuda

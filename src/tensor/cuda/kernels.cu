@@ -1,0 +1,611 @@
+// The CUDA kernels of CudaKernels (launch.h). Elementwise work uses grid-stride loops; row-wise
+// work (layernorm, softmaxes) one block per row; column sums (bias and layernorm weight grads)
+// one thread per column looping over rows in order, so they are deterministic (no atomics) and
+// add in the CPU's order. Reductions to a host value are two deterministic passes (per-block
+// partials, then one block over the partials). The per-element math shared with the host
+// (GELU, dropout's Philox, bf16/f16 rounding, optimizer updates) is tensor/kernel_math.h.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+
+#include "tensor/cuda/launch.h"
+#include "tensor/error.h"
+#include "tensor/kernel_math.h"
+
+namespace fsdp::cuda::launch {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 4096;
+
+int blocks_for(int64_t n) {
+  int64_t b = (n + kThreads - 1) / kThreads;
+  if (b < 1) b = 1;
+  return static_cast<int>(b < kMaxBlocks ? b : kMaxBlocks);
+}
+
+void check_launch(const char* kernel) {
+  cudaError_t rc = cudaGetLastError();
+  if (rc != cudaSuccess)
+    throw Error(std::string("cuda: ") + kernel + " launch: " + cudaGetErrorString(rc) + " (kernels.cu)");
+}
+
+__device__ inline int64_t gtid() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ inline int64_t gstride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+// Block-wide reductions (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+template <class T, class Op>
+__device__ T block_reduce(T v, Op op) {
+  __shared__ T warp_vals[32];
+  __shared__ T result;
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, o));
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_vals[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    int nwarps = (blockDim.x + 31) >> 5;
+    v = lane < nwarps ? warp_vals[lane] : warp_vals[0];
+    if (lane >= nwarps) v = T{};
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, o));
+    if (lane == 0) result = v;
+  }
+  __syncthreads();
+  T r = result;
+  __syncthreads();  // result and warp_vals may be reused by the next call
+  return r;
+}
+struct Sum {
+  template <class T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+__device__ float block_max(float v) {
+  // block_reduce's zero padding would be wrong for max: pad with -inf instead.
+  __shared__ float warp_vals[32];
+  __shared__ float result;
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_vals[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    int nwarps = (blockDim.x + 31) >> 5;
+    v = lane < nwarps ? warp_vals[lane] : -INFINITY;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
+    if (lane == 0) result = v;
+  }
+  __syncthreads();
+  float r = result;
+  __syncthreads();
+  return r;
+}
+
+// ---- Linear / conv helpers.
+__global__ void bias_rows_k(float* Y, const float* b, int64_t rows, int64_t out) {
+  for (int64_t i = gtid(); i < rows * out; i += gstride()) Y[i] = b[i % out];
+}
+// db[c] += sum over r of dY[r, c], rows in order (the CPU's order).
+__global__ void col_sum_add_k(float* db, const float* dY, int64_t rows, int64_t out) {
+  for (int64_t c = gtid(); c < out; c += gstride()) {
+    float acc = db[c];
+    for (int64_t r = 0; r < rows; ++r) acc += dY[r * out + c];
+    db[c] = acc;
+  }
+}
+__global__ void im2col_k(const float* x, float* col, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t pad,
+                         int64_t OH, int64_t OW) {
+  const int64_t P = OH * OW, ld = B * P, total = C * K * K * ld;
+  for (int64_t i = gtid(); i < total; i += gstride()) {
+    int64_t row = i / ld, colj = i % ld;
+    int64_t b = colj / P, p = colj % P, oh = p / OW, ow = p % OW;
+    int64_t kw = row % K, kh = (row / K) % K, c = row / (K * K);
+    int64_t ih = oh + kh - pad, iw = ow + kw - pad;
+    col[i] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((b * C + c) * H + ih) * W + iw] : 0.0f;
+  }
+}
+// Gather form of col2im: each dx element sums its column entries (no atomics; overwrites dx).
+__global__ void col2im_k(const float* dcol, float* dx, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K,
+                         int64_t pad, int64_t OH, int64_t OW) {
+  const int64_t P = OH * OW, ld = B * P, total = B * C * H * W;
+  for (int64_t i = gtid(); i < total; i += gstride()) {
+    int64_t iw = i % W, ih = (i / W) % H, c = (i / (W * H)) % C, b = i / (W * H * C);
+    float acc = 0.0f;
+    for (int64_t kh = 0; kh < K; ++kh) {
+      int64_t oh = ih - kh + pad;
+      if (oh < 0 || oh >= OH) continue;
+      for (int64_t kw = 0; kw < K; ++kw) {
+        int64_t ow = iw - kw + pad;
+        if (ow < 0 || ow >= OW) continue;
+        acc += dcol[((c * K + kh) * K + kw) * ld + b * P + oh * OW + ow];
+      }
+    }
+    dx[i] = acc;
+  }
+}
+__global__ void conv_bias_permute_k(float* y, const float* ybuf, const float* bias, int64_t B, int64_t out, int64_t P) {
+  for (int64_t i = gtid(); i < B * out * P; i += gstride()) {
+    int64_t p = i % P, o = (i / P) % out, b = i / (P * out);
+    y[i] = ybuf[o * B * P + b * P + p] + bias[o];
+  }
+}
+__global__ void conv_permute_k(float* dyt, const float* dy, int64_t B, int64_t out, int64_t P) {
+  for (int64_t i = gtid(); i < B * out * P; i += gstride()) {
+    int64_t p = i % P, o = (i / P) % out, b = i / (P * out);
+    dyt[o * B * P + b * P + p] = dy[i];
+  }
+}
+// db[o] += sum of row o of dyt (out, B*P): one block per o.
+__global__ void row_sum_add_k(float* db, const float* dyt, int64_t cols) {
+  const float* row = dyt + static_cast<int64_t>(blockIdx.x) * cols;
+  float acc = 0.0f;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) acc += row[j];
+  acc = block_reduce(acc, Sum{});
+  if (threadIdx.x == 0) db[blockIdx.x] += acc;
+}
+
+// ---- Elementwise.
+__global__ void elementwise_k(Unary op, float* y, const float* a, const float* b, int64_t n) {
+  for (int64_t i = gtid(); i < n; i += gstride()) {
+    switch (op) {
+      case Unary::relu_forward: y[i] = a[i] > 0.0f ? a[i] : 0.0f; break;
+      case Unary::relu_backward: y[i] = b[i] > 0.0f ? a[i] : 0.0f; break;
+      case Unary::gelu_forward: y[i] = kmath::gelu_forward(a[i]); break;
+      case Unary::gelu_backward: y[i] = kmath::gelu_backward(a[i], b[i]); break;
+      case Unary::add: y[i] = a[i] + b[i]; break;
+      case Unary::add_inplace: y[i] += a[i]; break;
+      case Unary::mul: y[i] = a[i] * b[i]; break;
+    }
+  }
+}
+__global__ void scale_k(float* x, float f, int64_t n) {
+  for (int64_t i = gtid(); i < n; i += gstride()) x[i] *= f;
+}
+__global__ void fill_k(float* x, float v, int64_t n) {
+  for (int64_t i = gtid(); i < n; i += gstride()) x[i] = v;
+}
+__global__ void dropout_k(float* y, float* mask, const float* x, int64_t B, int64_t per_sample, float p, float scale,
+                          uint64_t key, uint64_t stream, int64_t sample_offset) {
+  for (int64_t i = gtid(); i < B * per_sample; i += gstride()) {
+    int64_t n = i / per_sample, j = i % per_sample;
+    float u = kmath::philox_uniform(key, stream, kmath::dropout_counter(sample_offset, n, per_sample, j));
+    float m = kmath::dropout_mask(u, p, scale);
+    mask[i] = m;
+    y[i] = x[i] * m;
+  }
+}
+
+// ---- Normalisation and softmax (one block per row).
+__global__ void layernorm_forward_k(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                                    int64_t C, float eps) {
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * C;
+  float* yr = y + r * C;
+  float s = 0.0f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += xr[c];
+  const float m = block_reduce(s, Sum{}) / static_cast<float>(C);
+  float v = 0.0f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) v += (xr[c] - m) * (xr[c] - m);
+  const float var = block_reduce(v, Sum{}) / static_cast<float>(C);
+  const float rs = 1.0f / sqrtf(var + eps);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) yr[c] = (xr[c] - m) * rs * w[c] + b[c];
+  if (threadIdx.x == 0) {
+    mean[r] = m;
+    rstd[r] = rs;
+  }
+}
+__global__ void layernorm_dx_k(float* dx, const float* dy, const float* x, const float* w, const float* mean,
+                               const float* rstd, int64_t C) {
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * C;
+  const float* dyr = dy + r * C;
+  float* dxr = dx + r * C;
+  const float m = mean[r], s = rstd[r];
+  float sg = 0.0f, sgx = 0.0f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float g = dyr[c] * w[c];
+    sg += g;
+    sgx += g * (xr[c] - m) * s;
+  }
+  const float sum_g = block_reduce(sg, Sum{});
+  const float sum_gx = block_reduce(sgx, Sum{});
+  const float inv_c = 1.0f / static_cast<float>(C);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float xhat = (xr[c] - m) * s;
+    dxr[c] = s * (dyr[c] * w[c] - inv_c * sum_g - xhat * inv_c * sum_gx);
+  }
+}
+// dw[c] += sum_r (x - mean) * rstd * dy, db[c] += sum_r dy: one thread per column, rows in order.
+__global__ void layernorm_dwdb_k(float* dw, float* db, const float* dy, const float* x, const float* mean,
+                                 const float* rstd, int64_t rows, int64_t C) {
+  for (int64_t c = gtid(); c < C; c += gstride()) {
+    float aw = dw[c], ab = db[c];
+    for (int64_t r = 0; r < rows; ++r) {
+      aw += (x[r * C + c] - mean[r]) * rstd[r] * dy[r * C + c];
+      ab += dy[r * C + c];
+    }
+    dw[c] = aw;
+    db[c] = ab;
+  }
+}
+__global__ void log_softmax_forward_k(float* y, const float* x, int64_t C) {
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * C;
+  float* yr = y + static_cast<int64_t>(blockIdx.x) * C;
+  float mx = -INFINITY;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) mx = fmaxf(mx, xr[c]);
+  mx = block_max(mx);
+  float s = 0.0f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += expf(xr[c] - mx);
+  const float lse = mx + logf(block_reduce(s, Sum{}));
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) yr[c] = xr[c] - lse;
+}
+__global__ void log_softmax_backward_k(float* dx, const float* dy, const float* y, int64_t C) {
+  const int64_t off = static_cast<int64_t>(blockIdx.x) * C;
+  float s = 0.0f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += dy[off + c];
+  const float sum = block_reduce(s, Sum{});
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dx[off + c] = dy[off + c] - expf(y[off + c]) * sum;
+}
+// One block per (plane, row i): row i keeps j <= i.
+__global__ void causal_softmax_forward_k(float* P, int64_t T) {
+  const int64_t row = blockIdx.x, i = row % T;
+  float* pr = P + row * T;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) mx = fmaxf(mx, pr[j]);
+  mx = block_max(mx);
+  float s = 0.0f;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
+    float e = expf(pr[j] - mx);
+    pr[j] = e;
+    s += e;
+  }
+  const float inv = 1.0f / block_reduce(s, Sum{});
+  for (int64_t j = threadIdx.x; j < T; j += blockDim.x) pr[j] = j <= i ? pr[j] * inv : 0.0f;
+}
+__global__ void causal_softmax_backward_k(float* dP, const float* P, int64_t T, float scale) {
+  const int64_t row = blockIdx.x, i = row % T;
+  const float* pr = P + row * T;
+  float* dr = dP + row * T;
+  float d = 0.0f;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) d += pr[j] * dr[j];
+  const float dot = block_reduce(d, Sum{});
+  for (int64_t j = threadIdx.x; j < T; j += blockDim.x) dr[j] = j <= i ? scale * pr[j] * (dr[j] - dot) : 0.0f;
+}
+
+// ---- Pooling and embeddings.
+__global__ void maxpool2_forward_k(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W) {
+  const int64_t OH = H / 2, OW = W / 2;
+  for (int64_t i = gtid(); i < planes * OH * OW; i += gstride()) {
+    int64_t ow = i % OW, oh = (i / OW) % OH, p = i / (OW * OH);
+    const float* xp = x + p * H * W;
+    int64_t best = (2 * oh) * W + 2 * ow;
+    const int64_t cand[3] = {best + 1, best + W, best + W + 1};
+    for (int64_t k : cand) {
+      if (xp[k] > xp[best] || isnan(xp[k])) best = k;
+    }
+    y[i] = xp[best];
+    argmax[i] = static_cast<int32_t>(best);
+  }
+}
+// Windows do not overlap: each dx element gets at most one dy, so a scatter after a zero fill.
+__global__ void maxpool2_backward_k(float* dx, const float* dy, const int32_t* argmax, int64_t planes, int64_t H,
+                                    int64_t W) {
+  const int64_t OH = H / 2, OW = W / 2;
+  for (int64_t i = gtid(); i < planes * OH * OW; i += gstride()) {
+    int64_t p = i / (OH * OW);
+    dx[p * H * W + argmax[i]] += dy[i];
+  }
+}
+__global__ void embedding_forward_k(float* y, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
+                                    int64_t T, int64_t C) {
+  for (int64_t i = gtid(); i < B * T * C; i += gstride()) {
+    int64_t c = i % C, bt = i / C, t = bt % T;
+    y[i] = wte[static_cast<int64_t>(tokens[bt]) * C + c] + wpe[t * C + c];
+  }
+}
+__global__ void embedding_backward_k(float* dwte, float* dwpe, const float* dy, const int32_t* tokens, int64_t B,
+                                     int64_t T, int64_t C) {
+  for (int64_t i = gtid(); i < B * T * C; i += gstride()) {
+    int64_t c = i % C, bt = i / C, t = bt % T;
+    atomicAdd(&dwte[static_cast<int64_t>(tokens[bt]) * C + c], dy[i]);
+    atomicAdd(&dwpe[t * C + c], dy[i]);
+  }
+}
+
+// ---- Losses and reductions (grid of kReduceBlocks, then one block over the partials).
+__global__ void nll_partial_k(const float* logp, const int32_t* targets, int64_t rows, int64_t C, double* partials,
+                              long long* partial_hits) {
+  double s = 0.0;
+  long long hits = 0;
+  for (int64_t r = gtid(); r < rows; r += gstride()) {
+    const float* row = logp + r * C;
+    s -= static_cast<double>(row[targets[r]]);
+    int64_t best = 0;
+    for (int64_t c = 1; c < C; ++c)
+      if (row[c] > row[best]) best = c;  // the first maximum, as the CPU
+    hits += best == targets[r];
+  }
+  s = block_reduce(s, Sum{});
+  hits = block_reduce(hits, Sum{});
+  if (threadIdx.x == 0) {
+    partials[blockIdx.x] = s;
+    partial_hits[blockIdx.x] = hits;
+  }
+}
+__global__ void sum_squares_partial_k(const float* x, int64_t n, double* partials) {
+  double s = 0.0;
+  for (int64_t i = gtid(); i < n; i += gstride()) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  s = block_reduce(s, Sum{});
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+__global__ void nonfinite_partial_k(const float* x, int64_t n, long long* partial_hits) {
+  long long k = 0;
+  for (int64_t i = gtid(); i < n; i += gstride()) k += isfinite(x[i]) ? 0 : 1;
+  k = block_reduce(k, Sum{});
+  if (threadIdx.x == 0) partial_hits[blockIdx.x] = k;
+}
+// One block: result = sum of partials (null pointers skipped).
+__global__ void finish_k(const double* partials, double* result, const long long* partial_hits, long long* hits) {
+  double s = 0.0;
+  long long h = 0;
+  for (int i = threadIdx.x; i < kReduceBlocks; i += blockDim.x) {
+    if (partials) s += partials[i];
+    if (partial_hits) h += partial_hits[i];
+  }
+  s = block_reduce(s, Sum{});
+  h = block_reduce(h, Sum{});
+  if (threadIdx.x == 0) {
+    if (result) *result = s;
+    if (hits) *hits = h;
+  }
+}
+__global__ void nll_backward_k(float* d, const int32_t* targets, int64_t rows, int64_t C, float g) {
+  for (int64_t i = gtid(); i < rows * C; i += gstride()) d[i] = (i % C) == targets[i / C] ? g : 0.0f;
+}
+// As the CPU: d = exp(logp) * inv_n, then d[t] -= inv_n (two roundings: __fmul_rn/__fsub_rn).
+__global__ void cross_entropy_backward_k(float* d, const float* logp, const int32_t* targets, int64_t rows, int64_t C,
+                                         float inv_n) {
+  for (int64_t i = gtid(); i < rows * C; i += gstride()) {
+    float v = __fmul_rn(expf(logp[i]), inv_n);
+    if ((i % C) == targets[i / C]) v = __fsub_rn(v, inv_n);
+    d[i] = v;
+  }
+}
+
+// ---- Optimizers and casts.
+__global__ void adamw_k(float* p, const float* g, float* m, float* v, int64_t n, AdamWArgs a) {
+  for (int64_t i = gtid(); i < n; i += gstride()) {
+    float pi = p[i], mi = m[i], vi = v[i];
+    kmath::adamw_element(pi, g[i], mi, vi, a);
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+__global__ void sgd_k(float* p, const float* g, float* buf, int64_t n, SgdArgs a) {
+  for (int64_t i = gtid(); i < n; i += gstride()) {
+    float pi = p[i];
+    kmath::sgd_element(pi, g[i], a.has_momentum ? buf + i : nullptr, a);
+    p[i] = pi;
+  }
+}
+__global__ void adadelta_k(float* p, const float* g, float* sq, float* acc, int64_t n, AdadeltaArgs a) {
+  for (int64_t i = gtid(); i < n; i += gstride()) {
+    float pi = p[i], si = sq[i], ai = acc[i];
+    kmath::adadelta_element(pi, g[i], si, ai, a);
+    p[i] = pi;
+    sq[i] = si;
+    acc[i] = ai;
+  }
+}
+__device__ inline float load_as_f32(const void* src, DType t, int64_t i) {
+  if (t == DType::f32) return static_cast<const float*>(src)[i];
+  uint16_t h = static_cast<const uint16_t*>(src)[i];
+  return t == DType::bf16 ? kmath::bf16_to_f32(h) : kmath::f16_to_f32(h);
+}
+__global__ void cast_k(void* dst, DType dt, const void* src, DType st, int64_t n) {
+  for (int64_t i = gtid(); i < n; i += gstride()) {
+    float f = load_as_f32(src, st, i);  // every bf16/f16 value is exact in f32
+    if (dt == DType::f32)
+      static_cast<float*>(dst)[i] = f;
+    else
+      static_cast<uint16_t*>(dst)[i] = dt == DType::bf16 ? kmath::f32_to_bf16(f) : kmath::f32_to_f16(f);
+  }
+}
+
+int rows_grid(int64_t rows, const char* what) {
+  if (rows > 0x7fffffff) throw Error(std::string("cuda: ") + what + ": too many rows for one grid");
+  return static_cast<int>(rows);
+}
+
+}  // namespace
+
+void bias_rows(float* Y, const float* b, int64_t rows, int64_t out, cudaStream_t s) {
+  if (rows * out == 0) return;
+  bias_rows_k<<<blocks_for(rows * out), kThreads, 0, s>>>(Y, b, rows, out);
+  check_launch("bias_rows");
+}
+void col_sum_add(float* db, const float* dY, int64_t rows, int64_t out, cudaStream_t s) {
+  if (out == 0) return;
+  col_sum_add_k<<<blocks_for(out), kThreads, 0, s>>>(db, dY, rows, out);
+  check_launch("col_sum_add");
+}
+void im2col(const float* x, float* col, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t pad, int64_t OH,
+            int64_t OW, cudaStream_t s) {
+  int64_t n = C * K * K * B * OH * OW;
+  if (n == 0) return;
+  im2col_k<<<blocks_for(n), kThreads, 0, s>>>(x, col, B, C, H, W, K, pad, OH, OW);
+  check_launch("im2col");
+}
+void col2im(const float* dcol, float* dx, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t pad,
+            int64_t OH, int64_t OW, cudaStream_t s) {
+  int64_t n = B * C * H * W;
+  if (n == 0) return;
+  col2im_k<<<blocks_for(n), kThreads, 0, s>>>(dcol, dx, B, C, H, W, K, pad, OH, OW);
+  check_launch("col2im");
+}
+void conv_bias_permute(float* y, const float* ybuf, const float* bias, int64_t B, int64_t out, int64_t P,
+                       cudaStream_t s) {
+  if (B * out * P == 0) return;
+  conv_bias_permute_k<<<blocks_for(B * out * P), kThreads, 0, s>>>(y, ybuf, bias, B, out, P);
+  check_launch("conv_bias_permute");
+}
+void conv_grad_permute(float* dyt, float* db, const float* dy, int64_t B, int64_t out, int64_t P, cudaStream_t s) {
+  if (B * out * P == 0) return;
+  conv_permute_k<<<blocks_for(B * out * P), kThreads, 0, s>>>(dyt, dy, B, out, P);
+  check_launch("conv_grad_permute");
+  row_sum_add_k<<<rows_grid(out, "conv_grad_permute"), kThreads, 0, s>>>(db, dyt, B * P);
+  check_launch("conv_grad_permute (bias sums)");
+}
+
+void elementwise(Unary op, float* y, const float* a, const float* b, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  elementwise_k<<<blocks_for(n), kThreads, 0, s>>>(op, y, a, b, n);
+  check_launch("elementwise");
+}
+void scale(float* x, float factor, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  scale_k<<<blocks_for(n), kThreads, 0, s>>>(x, factor, n);
+  check_launch("scale");
+}
+void fill(float* x, float value, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  fill_k<<<blocks_for(n), kThreads, 0, s>>>(x, value, n);
+  check_launch("fill");
+}
+void dropout_forward(float* y, float* mask, const float* x, int64_t B, int64_t per_sample, float p, uint64_t key,
+                     uint64_t stream, int64_t sample_offset, cudaStream_t s) {
+  if (B * per_sample == 0) return;
+  const float scale = 1.0f / (1.0f - p);  // as nn/activation.cpp
+  dropout_k<<<blocks_for(B * per_sample), kThreads, 0, s>>>(y, mask, x, B, per_sample, p, scale, key, stream,
+                                                            sample_offset);
+  check_launch("dropout_forward");
+}
+
+void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int64_t rows,
+                       int64_t C, float eps, cudaStream_t s) {
+  if (rows == 0) return;
+  layernorm_forward_k<<<rows_grid(rows, "layernorm_forward"), kThreads, 0, s>>>(y, mean, rstd, x, w, b, C, eps);
+  check_launch("layernorm_forward");
+}
+void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                        const float* mean, const float* rstd, int64_t rows, int64_t C, cudaStream_t s) {
+  if (rows == 0) return;
+  layernorm_dwdb_k<<<blocks_for(C), kThreads, 0, s>>>(dw, db, dy, x, mean, rstd, rows, C);
+  check_launch("layernorm_backward (dw, db)");
+  layernorm_dx_k<<<rows_grid(rows, "layernorm_backward"), kThreads, 0, s>>>(dx, dy, x, w, mean, rstd, C);
+  check_launch("layernorm_backward (dx)");
+}
+void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C, cudaStream_t s) {
+  if (rows == 0) return;
+  log_softmax_forward_k<<<rows_grid(rows, "log_softmax_forward"), kThreads, 0, s>>>(y, x, C);
+  check_launch("log_softmax_forward");
+}
+void log_softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t C, cudaStream_t s) {
+  if (rows == 0) return;
+  log_softmax_backward_k<<<rows_grid(rows, "log_softmax_backward"), kThreads, 0, s>>>(dx, dy, y, C);
+  check_launch("log_softmax_backward");
+}
+void causal_softmax_forward(float* P, int64_t planes, int64_t T, cudaStream_t s) {
+  if (planes * T == 0) return;
+  causal_softmax_forward_k<<<rows_grid(planes * T, "causal_softmax_forward"), kThreads, 0, s>>>(P, T);
+  check_launch("causal_softmax_forward");
+}
+void causal_softmax_backward(float* dP, const float* P, int64_t planes, int64_t T, float scale, cudaStream_t s) {
+  if (planes * T == 0) return;
+  causal_softmax_backward_k<<<rows_grid(planes * T, "causal_softmax_backward"), kThreads, 0, s>>>(dP, P, T, scale);
+  check_launch("causal_softmax_backward");
+}
+void maxpool2_forward(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W, cudaStream_t s) {
+  int64_t n = planes * (H / 2) * (W / 2);
+  if (n == 0) return;
+  maxpool2_forward_k<<<blocks_for(n), kThreads, 0, s>>>(y, argmax, x, planes, H, W);
+  check_launch("maxpool2_forward");
+}
+void maxpool2_backward(float* dx, const float* dy, const int32_t* argmax, int64_t planes, int64_t H, int64_t W,
+                       cudaStream_t s) {
+  if (planes * H * W == 0) return;
+  fill(dx, 0.0f, planes * H * W, s);
+  int64_t n = planes * (H / 2) * (W / 2);
+  if (n == 0) return;
+  maxpool2_backward_k<<<blocks_for(n), kThreads, 0, s>>>(dx, dy, argmax, planes, H, W);
+  check_launch("maxpool2_backward");
+}
+void embedding_forward(float* y, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
+                       int64_t C, cudaStream_t s) {
+  if (B * T * C == 0) return;
+  embedding_forward_k<<<blocks_for(B * T * C), kThreads, 0, s>>>(y, tokens, wte, wpe, B, T, C);
+  check_launch("embedding_forward");
+}
+void embedding_backward(float* dwte, float* dwpe, const float* dy, const int32_t* tokens, int64_t B, int64_t T,
+                        int64_t C, cudaStream_t s) {
+  if (B * T * C == 0) return;
+  embedding_backward_k<<<blocks_for(B * T * C), kThreads, 0, s>>>(dwte, dwpe, dy, tokens, B, T, C);
+  check_launch("embedding_backward");
+}
+
+void nll_sum(const float* logp, const int32_t* targets, int64_t rows, int64_t C, double* partials,
+             long long* partial_hits, double* result, long long* hits, cudaStream_t s) {
+  nll_partial_k<<<kReduceBlocks, kThreads, 0, s>>>(logp, targets, rows, C, partials, partial_hits);
+  check_launch("nll_sum");
+  finish_k<<<1, kThreads, 0, s>>>(partials, result, partial_hits, hits);
+  check_launch("nll_sum (finish)");
+}
+void sum_squares(const float* x, int64_t n, double* partials, double* result, cudaStream_t s) {
+  sum_squares_partial_k<<<kReduceBlocks, kThreads, 0, s>>>(x, n, partials);
+  check_launch("sum_squares");
+  finish_k<<<1, kThreads, 0, s>>>(partials, result, nullptr, nullptr);
+  check_launch("sum_squares (finish)");
+}
+void count_nonfinite(const float* x, int64_t n, long long* partial_hits, long long* hits, cudaStream_t s) {
+  nonfinite_partial_k<<<kReduceBlocks, kThreads, 0, s>>>(x, n, partial_hits);
+  check_launch("all_finite");
+  finish_k<<<1, kThreads, 0, s>>>(nullptr, nullptr, partial_hits, hits);
+  check_launch("all_finite (finish)");
+}
+void nll_backward(float* d, const int32_t* targets, int64_t rows, int64_t C, float g, cudaStream_t s) {
+  if (rows * C == 0) return;
+  nll_backward_k<<<blocks_for(rows * C), kThreads, 0, s>>>(d, targets, rows, C, g);
+  check_launch("nll_backward");
+}
+void cross_entropy_backward(float* d, const float* logp, const int32_t* targets, int64_t rows, int64_t C, float inv_n,
+                            cudaStream_t s) {
+  if (rows * C == 0) return;
+  cross_entropy_backward_k<<<blocks_for(rows * C), kThreads, 0, s>>>(d, logp, targets, rows, C, inv_n);
+  check_launch("cross_entropy_backward");
+}
+
+void adamw_step(float* p, const float* g, float* exp_avg, float* exp_avg_sq, int64_t n, const AdamWArgs& a,
+                cudaStream_t s) {
+  if (n == 0) return;
+  adamw_k<<<blocks_for(n), kThreads, 0, s>>>(p, g, exp_avg, exp_avg_sq, n, a);
+  check_launch("adamw_step");
+}
+void sgd_step(float* p, const float* g, float* momentum_buffer, int64_t n, const SgdArgs& a, cudaStream_t s) {
+  if (n == 0) return;
+  sgd_k<<<blocks_for(n), kThreads, 0, s>>>(p, g, momentum_buffer, n, a);
+  check_launch("sgd_step");
+}
+void adadelta_step(float* p, const float* g, float* square_avg, float* acc_delta, int64_t n, const AdadeltaArgs& a,
+                   cudaStream_t s) {
+  if (n == 0) return;
+  adadelta_k<<<blocks_for(n), kThreads, 0, s>>>(p, g, square_avg, acc_delta, n, a);
+  check_launch("adadelta_step");
+}
+void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  for (DType t : {dst_dtype, src_dtype}) {
+    if (t != DType::f32 && t != DType::bf16 && t != DType::f16)
+      throw Error("cuda: cast: " + std::string(dtype_name(t)) + " is not f32, bf16 or f16");
+  }
+  if (dst_dtype == src_dtype) {
+    cudaError_t rc =
+        cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * dtype_bytes(src_dtype), cudaMemcpyDeviceToDevice, s);
+    if (rc != cudaSuccess) throw Error(std::string("cuda: cudaMemcpyAsync: ") + cudaGetErrorString(rc) + " (cast)");
+    return;
+  }
+  cast_k<<<blocks_for(n), kThreads, 0, s>>>(dst, dst_dtype, src, src_dtype, n);
+  check_launch("cast");
+}
+
+}  // namespace fsdp::cuda::launch

@@ -1,0 +1,65 @@
+#pragma once
+// The launchers of kernels.cu (compiled by nvcc), called by cuda_kernels.cpp (the C++ compiler):
+// each enqueues its kernel(s) on `s` and checks the launch with cudaGetLastError.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "tensor/kernels.h"
+
+namespace fsdp::cuda::launch {
+
+void bias_rows(float* Y, const float* b, int64_t rows, int64_t out, cudaStream_t s);      // Y[r, :] = b
+void col_sum_add(float* db, const float* dY, int64_t rows, int64_t out, cudaStream_t s);  // db += colsum(dY)
+void im2col(const float* x, float* col, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t pad, int64_t OH,
+            int64_t OW, cudaStream_t s);
+void col2im(const float* dcol, float* dx, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t pad,
+            int64_t OH, int64_t OW, cudaStream_t s);
+void conv_bias_permute(float* y, const float* ybuf, const float* bias, int64_t B, int64_t out, int64_t P,
+                       cudaStream_t s);
+void conv_grad_permute(float* dyt, float* db, const float* dy, int64_t B, int64_t out, int64_t P, cudaStream_t s);
+
+enum class Unary : uint8_t { relu_forward, relu_backward, gelu_forward, gelu_backward, add, add_inplace, mul };
+// y = f(a, b) elementwise (b unused by the one-input ops).
+void elementwise(Unary op, float* y, const float* a, const float* b, int64_t n, cudaStream_t s);
+void scale(float* x, float factor, int64_t n, cudaStream_t s);
+void fill(float* x, float value, int64_t n, cudaStream_t s);
+void dropout_forward(float* y, float* mask, const float* x, int64_t B, int64_t per_sample, float p, uint64_t key,
+                     uint64_t stream, int64_t sample_offset, cudaStream_t s);
+
+void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int64_t rows,
+                       int64_t C, float eps, cudaStream_t s);
+void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                        const float* mean, const float* rstd, int64_t rows, int64_t C, cudaStream_t s);
+void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C, cudaStream_t s);
+void log_softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t C, cudaStream_t s);
+void causal_softmax_forward(float* P, int64_t planes, int64_t T, cudaStream_t s);
+void causal_softmax_backward(float* dP, const float* P, int64_t planes, int64_t T, float scale, cudaStream_t s);
+void maxpool2_forward(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W, cudaStream_t s);
+void maxpool2_backward(float* dx, const float* dy, const int32_t* argmax, int64_t planes, int64_t H, int64_t W,
+                       cudaStream_t s);
+void embedding_forward(float* y, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
+                       int64_t C, cudaStream_t s);
+void embedding_backward(float* dwte, float* dwpe, const float* dy, const int32_t* tokens, int64_t B, int64_t T,
+                        int64_t C, cudaStream_t s);
+
+// Reductions into device scratch: `partials` holds kReduceBlocks doubles (+ as many int64 for
+// nll's hit counts); the final value lands in result[0] (and hits[0]).
+constexpr int kReduceBlocks = 256;
+void nll_sum(const float* logp, const int32_t* targets, int64_t rows, int64_t C, double* partials,
+             long long* partial_hits, double* result, long long* hits, cudaStream_t s);
+void sum_squares(const float* x, int64_t n, double* partials, double* result, cudaStream_t s);
+void count_nonfinite(const float* x, int64_t n, long long* partial_hits, long long* hits, cudaStream_t s);
+void nll_backward(float* d, const int32_t* targets, int64_t rows, int64_t C, float g, cudaStream_t s);
+void cross_entropy_backward(float* d, const float* logp, const int32_t* targets, int64_t rows, int64_t C, float inv_n,
+                            cudaStream_t s);
+
+void adamw_step(float* p, const float* g, float* exp_avg, float* exp_avg_sq, int64_t n, const AdamWArgs& a,
+                cudaStream_t s);
+void sgd_step(float* p, const float* g, float* momentum_buffer, int64_t n, const SgdArgs& a, cudaStream_t s);
+void adadelta_step(float* p, const float* g, float* square_avg, float* acc_delta, int64_t n, const AdadeltaArgs& a,
+                   cudaStream_t s);
+// f32 <-> bf16 <-> f16 (any pair of the three; same type: a copy).
+void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n, cudaStream_t s);
+
+}  // namespace fsdp::cuda::launch

@@ -1,0 +1,50 @@
+#include "tensor/device.h"
+
+#include "tensor/error.h"
+#include "tensor/host_runtime.h"
+#include "tensor/runtime_factory.h"
+
+namespace fsdp {
+
+std::unique_ptr<DeviceRuntime> make_runtime(Device device, MemoryTracker& tracker, int local_rank) {
+  if (device == Device::cpu) return std::make_unique<HostRuntime>(tracker);
+  return make_cuda_runtime(tracker, local_rank);
+}
+
+bool cuda_built() { return cuda_built_impl(); }
+
+int cuda_device_count(std::string* why_none) { return cuda_device_count_impl(why_none); }
+
+Device parse_device(const std::string& name) {
+  if (name == "cpu") return Device::cpu;
+  if (name == "cuda") return Device::cuda;
+  throw Error("unknown device '" + name + "' (cpu or cuda)");
+}
+
+std::string_view device_name(Device device) { return device == Device::cpu ? "cpu" : "cuda"; }
+
+Tensor to_device(DeviceRuntime& rt, const Tensor& host, MemCategory category) {
+  if (host.device() != Device::cpu) throw Error("to_device: the source tensor is not in host memory");
+  Tensor t = Tensor::empty(rt, host.shape(), host.dtype(), category);
+  if (t.bytes()) {
+    Stream s = rt.compute_stream();
+    rt.copy_async(t.raw(), host.raw(), t.bytes(),
+                  rt.device() == Device::cpu ? CopyKind::host_to_host : CopyKind::host_to_device, s);
+    // Pageable source: the caller may reuse it as soon as this returns.
+    rt.synchronize(s);
+  }
+  return t;
+}
+
+Tensor to_host(DeviceRuntime& rt, const Tensor& dev, MemCategory category, MemoryTracker* tracker) {
+  Tensor t = Tensor::empty(dev.shape(), dev.dtype(), category, tracker);
+  if (t.bytes()) {
+    Stream s = rt.compute_stream();
+    rt.copy_async(t.raw(), dev.raw(), t.bytes(),
+                  dev.device() == Device::cpu ? CopyKind::host_to_host : CopyKind::device_to_host, s);
+    rt.synchronize(s);
+  }
+  return t;
+}
+
+}  // namespace fsdp

@@ -1,0 +1,141 @@
+#pragma once
+// Every compute kernel the models, the losses, the optimizers and FSDP run, behind one interface
+// with a host and a device implementation:
+//   CpuKernels  (tensor/cpu_kernels.cpp): OpenBLAS and the OpenMP loops of ops.h.
+//   CudaKernels (tensor/cuda/):           cuBLAS/cuBLASLt and our .cu kernels, enqueued on the
+//                                         runtime's compute stream (they return at once).
+// Pointers are in the implementation's memory. Shapes in the comments; row-major throughout.
+// The per-element math both share (GELU, the optimizer updates, dropout's counter RNG, bf16
+// rounding) lives in FSDP_HD functions (tensor/kernel_math.h), so host and device compute the
+// same formulas from one source.
+// Functions that return a host value (loss sums, norms, finiteness) synchronise with the
+// compute stream: they are the step's only host waits, and each says so.
+#include <cstddef>
+#include <cstdint>
+
+#include "tensor/dtype.h"
+#include "tensor/tensor.h"
+
+namespace fsdp {
+
+struct AdamWArgs {  // scalars of one AdamW step (optim/optimizer.cpp computes them in f64)
+  float decay;      // 1 - lr * weight_decay (1 when there is no decay)
+  float beta1, one_minus_beta1, beta2, one_minus_beta2;
+  float bias_correction2_sqrt, eps, neg_step_size;  // -(lr / bias_correction1)
+  bool has_weight_decay;
+};
+struct SgdArgs {
+  float weight_decay, momentum, keep;  // keep = 1 - dampening
+  float neg_lr;
+  bool has_weight_decay, has_momentum, first_step, nesterov;
+};
+struct AdadeltaArgs {
+  float weight_decay, rho, one_minus_rho, eps, neg_lr;
+  bool has_weight_decay;
+};
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+  virtual Device device() const = 0;
+
+  // --- GEMM: C (M,N) = alpha * op(A) (M,K) @ op(B) (K,N) + beta * C, f32 accumulate.
+  virtual void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                    int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) = 0;
+  // `batch` independent GEMMs, operand i at base + i * stride (attention's B*H heads).
+  virtual void gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                                    const float* A, int64_t lda, int64_t stride_a, const float* B, int64_t ldb,
+                                    int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c,
+                                    int64_t batch) = 0;
+  // bf16 operands (raw bits), f32 accumulate and output (cuBLAS: CUBLAS_COMPUTE_32F).
+  virtual void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                         int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) = 0;
+
+  // --- Linear (torch.nn.Linear): Y (rows,out) = X (rows,in) @ W^T + b; dW += dY^T X,
+  // db += colsum(dY), dX = dY W (dX null: skipped).
+  virtual void linear_forward(float* Y, const float* X, const float* W, const float* b, int64_t rows, int64_t in,
+                              int64_t out) = 0;
+  virtual void linear_backward(float* dX, float* dW, float* db, const float* dY, const float* X, const float* W,
+                               int64_t rows, int64_t in, int64_t out) = 0;
+
+  // --- Conv2d (stride 1) via im2col over the whole batch: col (C*K*K, B*OH*OW).
+  virtual void im2col(const float* x, float* col, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t pad,
+                      int64_t OH, int64_t OW) = 0;
+  // dx (B,C,H,W) = col2im(dcol); dx is overwritten (zeroed first by the kernel).
+  virtual void col2im(const float* dcol, float* dx, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t pad,
+                      int64_t OH, int64_t OW) = 0;
+  // y (B,out,P) = ybuf (out, B*P) permuted, + bias (out).
+  virtual void conv_bias_permute(float* y, const float* ybuf, const float* bias, int64_t B, int64_t out, int64_t P) = 0;
+  // dyt (out, B*P) = dy (B,out,P) permuted; db (out) += its row sums.
+  virtual void conv_grad_permute(float* dyt, float* db, const float* dy, int64_t B, int64_t out, int64_t P) = 0;
+
+  // --- Elementwise (n elements).
+  virtual void relu_forward(float* y, const float* x, int64_t n) = 0;
+  virtual void relu_backward(float* dx, const float* dy, const float* y, int64_t n) = 0;
+  virtual void gelu_forward(float* y, const float* x, int64_t n) = 0;  // exact (erf)
+  virtual void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) = 0;
+  virtual void add(float* y, const float* a, const float* b, int64_t n) = 0;
+  virtual void add_inplace(float* y, const float* x, int64_t n) = 0;
+  virtual void mul(float* y, const float* a, const float* b, int64_t n) = 0;
+  virtual void scale(float* x, float factor, int64_t n) = 0;
+  virtual void fill(float* x, float value, int64_t n) = 0;
+
+  // --- Dropout: mask[i] = scale or 0 from CounterRng(key, stream).uniform(counter of element i),
+  // the counter being (sample_offset + n) * per_sample + j for element j of local sample n;
+  // y = x * mask. Bitwise the same on host and device (kernel_math.h's Philox).
+  virtual void dropout_forward(float* y, float* mask, const float* x, int64_t B, int64_t per_sample, float p,
+                               uint64_t key, uint64_t stream, int64_t sample_offset) = 0;
+
+  // --- Normalisation and softmax.
+  virtual void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                                 int64_t rows, int64_t C, float eps) = 0;
+  virtual void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                                  const float* mean, const float* rstd, int64_t rows, int64_t C) = 0;
+  virtual void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C) = 0;
+  virtual void log_softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t C) = 0;
+  // Causal softmax in place on `planes` (T,T) score matrices: row i keeps j <= i, zeros above.
+  virtual void causal_softmax_forward(float* P, int64_t planes, int64_t T) = 0;
+  // dS = scale * P * (dP - rowsum(P * dP)) in place of dP, zeros above the diagonal.
+  virtual void causal_softmax_backward(float* dP, const float* P, int64_t planes, int64_t T, float scale) = 0;
+
+  // --- Pooling: 2x2 max-pool, stride 2, on (planes, H, W); argmax = flat index in the plane.
+  virtual void maxpool2_forward(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W) = 0;
+  virtual void maxpool2_backward(float* dx, const float* dy, const int32_t* argmax, int64_t planes, int64_t H,
+                                 int64_t W) = 0;
+
+  // --- Embeddings: y (B*T, C) = wte[tokens] + wpe[t]; tokens already checked in [0, V) on the host.
+  virtual void embedding_forward(float* y, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
+                                 int64_t T, int64_t C) = 0;
+  // dwte[tokens] += dy, dwpe[t] += dy (atomics on device: duplicates add up).
+  virtual void embedding_backward(float* dwte, float* dwpe, const float* dy, const int32_t* tokens, int64_t B,
+                                  int64_t T, int64_t C) = 0;
+
+  // --- Losses over rows of (rows, C) log-probabilities and i32 targets. Host values: waits.
+  // Sum over rows of -logp[r, t[r]] and the count of rows whose argmax (first max) is t[r].
+  virtual void nll_sum(const float* logp, const int32_t* targets, int64_t rows, int64_t C, double* sum,
+                       int64_t* correct) = 0;
+  // d (rows, C) = 0 except d[r, t[r]] = g.
+  virtual void nll_backward(float* d, const int32_t* targets, int64_t rows, int64_t C, float g) = 0;
+  // d = (exp(logp) - onehot(t)) * inv_n.
+  virtual void cross_entropy_backward(float* d, const float* logp, const int32_t* targets, int64_t rows, int64_t C,
+                                      float inv_n) = 0;
+
+  // --- Optimizers on flat shards (n elements), kernel_math.h's update per element.
+  virtual void adamw_step(float* p, const float* g, float* exp_avg, float* exp_avg_sq, int64_t n,
+                          const AdamWArgs& a) = 0;
+  virtual void sgd_step(float* p, const float* g, float* momentum_buffer, int64_t n, const SgdArgs& a) = 0;
+  virtual void adadelta_step(float* p, const float* g, float* square_avg, float* acc_delta, int64_t n,
+                             const AdadeltaArgs& a) = 0;
+
+  // --- FSDP: precision casts (round to nearest even, as torch's .to()) and reductions.
+  virtual void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n) = 0;
+  // Sum of squares in f64 (clip_grad_norm's partial sum). Host value: waits.
+  virtual double sum_squares(const float* x, int64_t n) = 0;
+  // True when every element is finite. Host value: waits.
+  virtual bool all_finite(const float* x, int64_t n) = 0;
+};
+
+// The host implementation (tensor/cpu_kernels.cpp).
+Kernels& cpu_kernels();
+
+}  // namespace fsdp
