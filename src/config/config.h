@@ -74,7 +74,7 @@ struct TrainConfig {
   int64_t eval_batch_size = 1000;
   bool dropout = true;
   bool shuffle = true;
-  int64_t threads = 0;  // 0 = leave OpenBLAS/OpenMP defaults
+  int64_t threads = 0;         // 0 = leave OpenBLAS/OpenMP defaults
   std::string device = "cpu";  // cpu | cuda: where tensors live and kernels run
 };
 
