@@ -14,6 +14,8 @@
 #include <sstream>
 #include <string>
 
+#include "tensor/device.h"
+
 #include "ckpt/h5.h"
 #include "models/model.h"
 #include "nn/flat.h"
@@ -247,4 +249,20 @@ BOOST_AUTO_TEST_CASE(unbuilt_backend_is_named_with_the_built_ones) {
   }
   Run ok = run(cfg + " --set comm.backend=mpi");
   BOOST_TEST(ok.exit_code == 0, ok.err);
+}
+
+BOOST_AUTO_TEST_CASE(cuda_device_without_a_gpu_is_one_line) {
+  std::string why;
+  if (fsdp::cuda_device_count(&why) > 0) {
+    BOOST_TEST_MESSAGE("a GPU is present: the no-GPU message is not checked here (tests/test_gpu.cpp runs there)");
+    return;
+  }
+  TempDir d;
+  std::string cfg = d.file("c.yaml", kTinyCnn);
+  // Built with CUDA: the driver's reason; built without: how to get a CUDA build.
+  const std::string want = fsdp::cuda_built() ? "fsdp_app: device cuda: no CUDA device: " + why
+                                              : "fsdp_app: device cuda: this binary was built without CUDA";
+  expect_error(run(cfg + " --set train.device=cuda"), want);
+  expect_error(run(cfg + " --set train.device=cuda --set comm.backend=nccl"), want);
+  expect_error(run(cfg + " --set train.device=tpu"), "train.device: expected one of [cpu, cuda], got 'tpu'");
 }
