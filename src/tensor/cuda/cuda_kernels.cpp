@@ -187,11 +187,15 @@ struct Scratch {
   double* partials;
   long long* partial_hits;
 };
+// Typed views of the scratch bytes (device memory: the host only computes addresses).
+template <class T>
+T* at_offset(void* base, size_t offset_bytes) {
+  return static_cast<T*>(static_cast<void*>(static_cast<char*>(base) + offset_bytes));
+}
 Scratch layout(void* base) {
-  auto* bytes = static_cast<char*>(base);
-  auto* partials = reinterpret_cast<double*>(bytes + kResultBytes);
-  return {reinterpret_cast<double*>(bytes), reinterpret_cast<long long*>(bytes + sizeof(double)), partials,
-          reinterpret_cast<long long*>(partials + launch::kReduceBlocks)};
+  const size_t partial_hits = kResultBytes + launch::kReduceBlocks * sizeof(double);
+  return {at_offset<double>(base, 0), at_offset<long long>(base, sizeof(double)), at_offset<double>(base, kResultBytes),
+          at_offset<long long>(base, partial_hits)};
 }
 struct HostResult {
   double sum;
