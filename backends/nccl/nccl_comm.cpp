@@ -87,7 +87,7 @@ class NcclWork : public PollingWork {
 
  private:
   std::shared_ptr<NcclCommHandle> comm_;
-  CudaEventHandle event_;
+  cuda::EventHandle event_;
   bool done_ = false;
 };
 
@@ -123,29 +123,6 @@ std::string NcclCommHandle::error_text(ncclResult_t rc) const {
   const char* last = ncclGetLastError(comm_);
   if (last != nullptr && *last != '\0') text += std::string(" (") + last + ")";
   return text;
-}
-
-CudaStreamHandle::CudaStreamHandle() {
-  // Non-blocking: collectives on it never serialise with the legacy default stream's kernels.
-  check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "nccl backend", "cudaStreamCreateWithFlags");
-}
-
-CudaStreamHandle::~CudaStreamHandle() {
-  if (stream_ != nullptr) cudaStreamDestroy(stream_);
-}
-
-CudaEventHandle::CudaEventHandle() {
-  check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "nccl backend", "cudaEventCreateWithFlags");
-}
-
-CudaEventHandle::~CudaEventHandle() {
-  if (event_ != nullptr) cudaEventDestroy(event_);
-}
-
-DeviceBuffer::DeviceBuffer(size_t bytes) { check_cuda(cudaMalloc(&ptr_, bytes), "nccl backend", "cudaMalloc"); }
-
-DeviceBuffer::~DeviceBuffer() {
-  if (ptr_ != nullptr) cudaFree(ptr_);
 }
 
 NcclCommunicator::NcclCommunicator(ncclComm_t owned, int device, const CommOptions& options)
@@ -223,7 +200,7 @@ void NcclCommunicator::barrier() {
   if (comm_->aborted())
     throw Error(desc.text() + ": the NCCL communicator was aborted (an earlier collective timed out or failed)");
   check_cuda(cudaSetDevice(device_), desc.text(), "cudaSetDevice");
-  if (!scratch_) scratch_ = std::make_unique<DeviceBuffer>(1);
+  if (!scratch_) scratch_ = std::make_unique<cuda::DeviceBuffer>(1);
   // On our own stream without the legacy-stream ordering: a barrier meets the other ranks, it
   // does not wait for this rank's kernels.
   void* byte = scratch_->get();

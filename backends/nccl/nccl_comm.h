@@ -18,6 +18,7 @@
 #include <string>
 
 #include "comm/comm.h"
+#include "tensor/cuda/cuda_runtime.h"  // the RAII stream, event and buffer handles
 
 namespace fsdp {
 
@@ -40,42 +41,6 @@ class NcclCommHandle {
  private:
   ncclComm_t comm_;
   bool aborted_ = false;
-};
-
-class CudaStreamHandle {
- public:
-  CudaStreamHandle();  // non-blocking stream on the current device
-  ~CudaStreamHandle();
-  CudaStreamHandle(const CudaStreamHandle&) = delete;
-  CudaStreamHandle& operator=(const CudaStreamHandle&) = delete;
-  cudaStream_t get() const { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
-
-class CudaEventHandle {
- public:
-  CudaEventHandle();  // timing disabled: cheapest to record and query
-  ~CudaEventHandle();
-  CudaEventHandle(const CudaEventHandle&) = delete;
-  CudaEventHandle& operator=(const CudaEventHandle&) = delete;
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
-
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes);
-  ~DeviceBuffer();
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return ptr_; }
-
- private:
-  void* ptr_ = nullptr;
 };
 
 class NcclCommunicator : public Communicator {
@@ -107,9 +72,9 @@ class NcclCommunicator : public Communicator {
   std::shared_ptr<NcclCommHandle> comm_;
   int device_ = 0;  // initialised by making it current, before the stream and event are created
   int rank_ = 0, size_ = 1;
-  CudaStreamHandle stream_;
-  CudaEventHandle legacy_ready_;           // orders the own stream after the legacy default stream
-  std::unique_ptr<DeviceBuffer> scratch_;  // barrier's byte, allocated on first use
+  cuda::StreamHandle stream_;
+  cuda::EventHandle legacy_ready_;               // orders the own stream after the legacy default stream
+  std::unique_ptr<cuda::DeviceBuffer> scratch_;  // barrier's byte, allocated on first use
 };
 
 // Throws Error("nccl backend: no CUDA device found (...)") on every rank when any rank has no

@@ -50,12 +50,12 @@ FSDP_HD inline float add_unfused(float a, float b) {
 }
 
 FSDP_HD inline uint32_t bits_of(float f) {
-  uint32_t u;
+  uint32_t u = 0;
   memcpy(&u, &f, sizeof u);
   return u;
 }
 FSDP_HD inline float float_of(uint32_t u) {
-  float f;
+  float f = 0.0f;
   memcpy(&f, &u, sizeof f);
   return f;
 }

@@ -1,5 +1,7 @@
 #include "tensor/rng.h"
 
+#include "tensor/kernel_math.h"
+
 #include <cmath>
 
 namespace fsdp {
@@ -14,24 +16,9 @@ uint64_t hash_name(std::string_view name) {
 }
 
 std::array<uint32_t, 4> CounterRng::block(uint64_t counter) const {
-  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32);
-  uint32_t c2 = static_cast<uint32_t>(stream_), c3 = static_cast<uint32_t>(stream_ >> 32);
-  uint32_t k0 = static_cast<uint32_t>(key_), k1 = static_cast<uint32_t>(key_ >> 32);
-  for (int round = 0; round < 10; ++round) {
-    uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0;
-    uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
-    uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
-    uint32_t n1 = static_cast<uint32_t>(p1);
-    uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
-    uint32_t n3 = static_cast<uint32_t>(p0);
-    c0 = n0;
-    c1 = n1;
-    c2 = n2;
-    c3 = n3;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  return {c0, c1, c2, c3};
+  // The one Philox of host and device (kernel_math.h): dropout masks are bitwise the same on both.
+  const kmath::Philox4 b = kmath::philox_block(key_, stream_, counter);
+  return {b.v[0], b.v[1], b.v[2], b.v[3]};
 }
 
 float CounterRng::uniform(uint64_t counter) const {
