@@ -107,7 +107,8 @@ int main(int argc, char** argv) {
     const std::string control = config.train.device == "cpu" ? config.comm.backend : "mpi";
     world = fsdp::make_communicator(control, MPI_COMM_WORLD, {config.comm.timeout_s});
     trainer = std::make_unique<fsdp::Trainer>(
-        config, fsdp::RunEnv{mpi.rank(), mpi.size(), world.get(), mpi.node_color(), mpi.local_rank(), MPI_COMM_WORLD});
+        config,
+        fsdp::RunEnv{mpi.rank(), mpi.size(), world.get(), mpi.node_color(), mpi.local_rank(), MPI_COMM_WORLD, {}});
   } catch (const std::exception& e) {
     setup_error = describe(e);
     if (setup_error.empty()) setup_error = "unknown error";

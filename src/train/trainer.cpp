@@ -272,7 +272,9 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
   }
   s.fault = test_fault_from_env();
   // The device before the data: "no CUDA device" should not wait for a dataset to load.
-  s.runtime = make_runtime(parse_device(c.train.device), s.mem, s.env.local_rank);
+  const Device device = parse_device(c.train.device);
+  s.runtime = s.env.make_runtime && device != Device::cpu ? s.env.make_runtime(s.mem, s.env.local_rank)
+                                                          : make_runtime(device, s.mem, s.env.local_rank);
   // Data first: a missing dataset should fail before minutes of model set-up.
   s.data = load_data_agreed(c, *s.env.world);
   s.model = make_model(c.model);

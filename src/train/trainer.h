@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -13,6 +14,8 @@ namespace fsdp {
 
 struct Config;
 class Communicator;
+class DeviceRuntime;
+class MemoryTracker;
 struct CheckpointMeta;
 struct CheckpointStats;
 
@@ -23,6 +26,9 @@ struct RunEnv {
   int node_color = 0;                 // equal on ranks of one node (hybrid sharding)
   int local_rank = 0;                 // rank within the node
   MPI_Comm mpi_comm = MPI_COMM_NULL;  // the same ranks for MPI-IO checkpoints; null: no MPI
+  // Makes the runtime train.device names, charging the trainer's tracker. Empty: make_runtime.
+  // Tests pass a driverless fake device here (tests/fake_device.h) to check stream order on the CPU.
+  std::function<std::unique_ptr<DeviceRuntime>(MemoryTracker&, int local_rank)> make_runtime;
 };
 
 struct TrainSummary {

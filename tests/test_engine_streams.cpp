@@ -1,0 +1,301 @@
+// The FSDP engine's stream and event order, without a GPU: every case trains twice in-process,
+// once on the host runtime and once on a fake "cuda" device (tests/fake_device.h) whose streams
+// are deferred queues, whose kernels are the host kernels enqueued on the compute stream, and
+// whose memory faults when the host touches it outside a stream operation. The device run takes
+// the engine's device paths (all_gather and reduce_scatter on the communication stream, events
+// between the streams, staged collectives, casts and adds on the device, cpu_offload's copies);
+// with the order right it must give the host run's numbers bitwise: every step's loss, the final
+// loss, the evaluation, and (output.save_weights) every parameter byte. A run with the fake's
+// stream waits dropped must not.
+//
+// Run under mpirun (tests/mpirun.sh NP test_engine_streams ...); only rank 0 logs. A failing
+// rank names itself on stderr and exits non-zero, so mpirun does too.
+#define BOOST_TEST_NO_MAIN
+#include <mpi.h>
+#include <unistd.h>
+#include <boost/test/results_reporter.hpp>
+#include <boost/test/unit_test.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "comm/comm.h"
+#include "comm/mpi_env.h"
+#include "config/config.h"
+#include "fake_device.h"
+#include "tensor/error.h"
+#include "train/trainer.h"
+
+namespace ut = boost::unit_test;
+using fsdp::testing::FakeDevice;
+using fsdp::testing::FakeDeviceCounts;
+using fsdp::testing::FakeDeviceOptions;
+
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+void report(bool ok, const std::string& what) {
+  BOOST_CHECK_MESSAGE(ok, what);
+  if (!ok && world_rank() != 0) std::fprintf(stderr, "[rank %d] check failed: %s\n", world_rank(), what.c_str());
+}
+
+// Files of this job: rank 0's pid names them, so concurrent jobs do not collide.
+std::string job_path(const std::string& name) {
+  long pid = static_cast<long>(getpid());
+  MPI_Bcast(&pid, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+  return (std::filesystem::temp_directory_path() / ("fsdp_streams_" + std::to_string(pid) + "_" + name)).string();
+}
+
+std::vector<std::string> metric_losses(const std::string& path) {
+  std::ifstream f(path);
+  std::vector<std::string> losses;
+  std::string line;
+  while (std::getline(f, line)) {
+    auto at = line.find("\"loss\": ");
+    if (at != std::string::npos) losses.push_back(line.substr(at + 8, line.find_first_of(",}", at) - at - 8));
+  }
+  return losses;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+struct RunResult {
+  std::string error;                // a thrown Error's text ("" when the run finished)
+  std::vector<std::string> losses;  // metrics file, rank 0 only
+  fsdp::TrainSummary summary;
+  std::string weights;      // output.save_weights file's bytes, rank 0 only
+  FakeDeviceCounts counts;  // device runs
+  std::vector<std::string> device_errors;
+  int64_t device_bytes_after = -1;  // device memory still allocated when the run ended
+};
+
+constexpr bool kSaveWeights = false;
+
+// One training run in this process. device: the fake device (train.device cuda); otherwise the
+// host runtime.
+RunResult train_once(const std::string& yaml, std::vector<std::string> overrides, bool device,
+                     FakeDeviceOptions options = {}) {
+  const std::string tag = device ? "dev" : "host";
+  const std::string metrics = job_path(tag + ".jsonl"), weights = job_path(tag + "_weights.h5");
+  overrides.push_back("output.metrics=" + metrics);
+  if (kSaveWeights) overrides.push_back("output.save_weights=" + weights);
+  overrides.push_back(std::string("train.device=") + (device ? "cuda" : "cpu"));
+  RunResult r;
+  try {
+    fsdp::Config c = fsdp::parse_config(yaml, "streams.yaml", overrides);
+    // The world (losses, agreements) is comm.backend in both runs: fsdp_app's device runs put it on
+    // MPI because NCCL cannot carry host values, but MPI and UCX sum the f64 loss over 3 ranks in
+    // different orders, and this test compares the FSDP data plane, not that.
+    auto world = fsdp::make_communicator(c.comm.backend, MPI_COMM_WORLD, {c.comm.timeout_s});
+    FakeDevice* fake = nullptr;
+    // One node: every rank's node is rank 0's, and the local rank is the world rank.
+    fsdp::RunEnv env{world_rank(), world_size(), world.get(), 0, world_rank(), MPI_COMM_WORLD, {}};
+    env.make_runtime = [&](fsdp::MemoryTracker& tracker, int) {
+      auto d = std::make_unique<FakeDevice>(tracker, options);
+      fake = d.get();
+      return std::unique_ptr<fsdp::DeviceRuntime>(std::move(d));
+    };
+    {
+      fsdp::Trainer trainer(c, env);
+      r.summary = trainer.run();
+      if (fake) {
+        r.counts = fake->counts();
+        r.device_errors = fake->errors();
+      }
+    }
+  } catch (const std::exception& e) {
+    r.error = e.what();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) {
+    r.losses = metric_losses(metrics);
+    r.weights = file_bytes(weights);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) {
+    std::filesystem::remove(metrics);
+    std::filesystem::remove(weights);
+  }
+  return r;
+}
+
+std::string describe(const FakeDeviceCounts& c) {
+  std::ostringstream s;
+  s << c.kernels << " kernels, " << c.ops_run << "/" << c.ops_enqueued << " stream ops run, " << c.comm_stream_ops
+    << " on the comm stream, " << c.stream_waits << " stream waits, " << c.event_syncs << " event syncs, "
+    << c.stream_syncs << " stream syncs, copies h2d " << c.h2d << " d2h " << c.d2h << " d2d " << c.d2d;
+  return s.str();
+}
+
+// The device run must equal the host run bitwise, and the fake must have seen the device paths.
+// device_only: keys only a device run takes (fsdp.cpu_offload).
+void check_same(const std::string& name, const std::string& yaml, const std::vector<std::string>& overrides,
+                bool expect_comm_stream = true, const std::vector<std::string>& device_only = {}) {
+  RunResult host = train_once(yaml, overrides, false);
+  std::vector<std::string> dev_overrides = overrides;
+  dev_overrides.insert(dev_overrides.end(), device_only.begin(), device_only.end());
+  RunResult dev = train_once(yaml, dev_overrides, true);
+  report(host.error.empty(), name + ": host run failed: " + host.error);
+  report(dev.error.empty(), name + ": device run failed: " + dev.error);
+  if (!host.error.empty() || !dev.error.empty()) return;
+  if (world_rank() == 0) {
+    report(!host.losses.empty(), name + ": the host run wrote no losses");
+    report(host.losses == dev.losses, name + ": per-step losses differ between the host and the fake device");
+    report(!kSaveWeights || !host.weights.empty(), name + ": the host run saved no weights");
+    report(host.weights == dev.weights, name + ": saved weights differ between the host and the fake device");
+    BOOST_TEST_MESSAGE(name << " (np " << world_size() << "): " << host.losses.size() << " losses and "
+                            << host.weights.size() << " weight-file bytes equal; device: " << describe(dev.counts));
+  }
+  report(host.summary.steps == dev.summary.steps, name + ": step counts differ");
+  report(host.summary.last_loss == dev.summary.last_loss,
+         name + ": last loss " + std::to_string(dev.summary.last_loss) + " on the device, " +
+             std::to_string(host.summary.last_loss) + " on the host");
+  report(host.summary.eval_loss == dev.summary.eval_loss, name + ": eval loss differs");
+  report(host.summary.eval_accuracy == dev.summary.eval_accuracy, name + ": eval accuracy differs");
+  report(dev.device_errors.empty(),
+         name + ": the fake device saw a misuse: " + (dev.device_errors.empty() ? "" : dev.device_errors.front()));
+  report(dev.counts.null_stream_ops == 0,
+         name + ": " + std::to_string(dev.counts.null_stream_ops) + " operations on the null stream");
+  report(dev.counts.kernels > 0 && dev.counts.h2d > 0, name + ": the device run launched no kernels or copies");
+  if (expect_comm_stream)
+    report(dev.counts.comm_stream_ops > 0 && dev.counts.stream_waits > 0,
+           name + ": nothing ran on the communication stream: " + describe(dev.counts));
+}
+
+const char* kLm =
+    "model: {kind: transformer, vocab: 32, d_model: 32, n_layers: 2, n_heads: 4, d_ff: 64, seq_len: 16}\n"
+    "data: {kind: synthetic, synthetic_samples: 192}\n"
+    "train: {batch_size: 4, steps: 5, eval_every: 5, eval_batch_size: 8, clip_grad_norm: 0.5,\n"
+    "        optimizer: {kind: adamw, lr: 0.003, weight_decay: 0.1}}\n"
+    "fsdp: {auto_wrap: {policy: transformer_layer}}\n"
+    "comm: {timeout_s: 120}\n"
+    "output: {log_every: 1}\n";
+
+const char* kCnn =
+    "model: {kind: mnist_cnn}\n"
+    "data: {kind: synthetic, synthetic_samples: 96}\n"
+    "train: {batch_size: 4, steps: 3, eval_every: 3, eval_batch_size: 8,\n"
+    "        optimizer: {kind: adadelta, lr: 1.0}}\n"
+    "fsdp: {auto_wrap: {policy: size_based, min_num_params: 1000}}\n"
+    "comm: {timeout_s: 120}\n"
+    "output: {log_every: 1}\n";
+
+// A strategy whose groups exist at this world size: HYBRID shards over pairs when it can.
+std::vector<std::string> hybrid_overrides() {
+  return {"fsdp.sharding_strategy=HYBRID_SHARD",
+          "fsdp.hybrid.shard_group_size=" + std::to_string(world_size() % 2 == 0 ? 2 : 1)};
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(full_shard_with_prefetch_accumulation_and_clipping) {
+  check_same("FULL_SHARD forward+backward prefetch, grad_accum 2", kLm,
+             {"fsdp.forward_prefetch=true", "fsdp.limit_all_gathers=false", "train.grad_accum=2"}, world_size() > 1);
+}
+
+BOOST_AUTO_TEST_CASE(bf16_params_and_reductions_with_checkpointing) {
+  check_same("bf16 params+reduce, BACKWARD_POST, activation checkpointing", kLm,
+             {"fsdp.mixed_precision.param_dtype=bf16", "fsdp.mixed_precision.reduce_dtype=bf16",
+              "fsdp.backward_prefetch=BACKWARD_POST", "fsdp.activation_checkpointing=true"});
+}
+
+BOOST_AUTO_TEST_CASE(every_strategy) {
+  for (const char* s : {"SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD_ZERO2"})
+    check_same(std::string(s), kLm, {std::string("fsdp.sharding_strategy=") + s, "fsdp.limit_all_gathers=false"},
+               world_size() > 1 && std::string(s) != "NO_SHARD");
+  check_same("HYBRID_SHARD", kLm, hybrid_overrides(), world_size() % 2 == 0);
+}
+
+BOOST_AUTO_TEST_CASE(f16_loss_scaling_skips_steps_alike) {
+  // An initial scale of 2^28 overflows f16: the finiteness check (a host value) decides skips.
+  check_same("f16 dynamic loss scaling", kLm,
+             {"fsdp.mixed_precision.param_dtype=f16", "fsdp.mixed_precision.reduce_dtype=f16",
+              "fsdp.mixed_precision.init_loss_scale=268435456", "train.steps=6"});
+}
+
+BOOST_AUTO_TEST_CASE(cpu_offload) {
+  // The host run has no offload (its shards are host memory already): the same numbers.
+  check_same("cpu_offload f32", kLm, {}, true, {"fsdp.cpu_offload=true"});
+  check_same("cpu_offload bf16", kLm,
+             {"fsdp.mixed_precision.param_dtype=bf16", "fsdp.mixed_precision.reduce_dtype=bf16"}, true,
+             {"fsdp.cpu_offload=true"});
+}
+
+BOOST_AUTO_TEST_CASE(cnn_with_dropout_and_sgd) {
+  check_same("mnist_cnn adadelta", kCnn, {}, world_size() > 1);
+  check_same("mnist_cnn sgd nesterov", kCnn,
+             {"train.optimizer.kind=sgd", "train.optimizer.lr=0.05", "train.optimizer.momentum=0.9",
+              "train.optimizer.nesterov=true", "train.optimizer.weight_decay=0.01"},
+             world_size() > 1);
+}
+
+BOOST_AUTO_TEST_CASE(ucx_data_plane) {
+  check_same("FULL_SHARD over ucx", kLm, {"comm.backend=ucx", "fsdp.mixed_precision.param_dtype=bf16"});
+}
+
+// The test can fail: with the fake's stream waits dropped, the communication stream no longer
+// waits for the compute stream's casts, so the all_gather reads a slot before it is written.
+BOOST_AUTO_TEST_CASE(dropped_stream_waits_are_caught) {
+  const std::vector<std::string> o = {"fsdp.mixed_precision.param_dtype=bf16", "train.steps=2",
+                                      "train.eval_every=never"};
+  RunResult host = train_once(kLm, o, false);
+  FakeDeviceOptions broken;
+  broken.drop_stream_waits = true;
+  RunResult dev = train_once(kLm, o, true, broken);
+  report(host.error.empty(), "host run failed: " + host.error);
+  if (world_rank() == 0) {
+    const bool differs = !dev.error.empty() || dev.losses != host.losses || dev.weights != host.weights;
+    report(differs, "dropping every stream wait changed nothing: the comparison cannot see ordering bugs");
+    BOOST_TEST_MESSAGE("without stream waits: "
+                       << (dev.error.empty() ? "losses " + (dev.losses.empty() ? "none" : dev.losses.front()) + " vs " +
+                                                   (host.losses.empty() ? "none" : host.losses.front())
+                                             : "error: " + dev.error));
+  }
+}
+
+namespace {
+
+std::ostream& null_stream() {
+  static std::ostream s(nullptr);
+  return s;
+}
+
+bool init_suite() {
+  ut::framework::master_test_suite().p_name.value = "engine_streams";
+  if (world_rank() != 0 && !std::getenv("FSDP_TEST_ALL_RANKS")) {
+    ut::unit_test_log.set_threshold_level(ut::log_nothing);
+    ut::unit_test_log.set_stream(null_stream());
+    ut::results_reporter::set_level(ut::NO_REPORT);
+    ut::results_reporter::set_stream(null_stream());
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  fsdp::MpiSession mpi(&argc, &argv);
+  return ut::unit_test_main(&init_suite, argc, argv);
+}
