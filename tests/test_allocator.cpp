@@ -109,10 +109,11 @@ const Stream s2{reinterpret_cast<void*>(uintptr_t{0x2000})};
 
 // Declaration order is destruction order reversed: the allocator goes first.
 struct Env {
-  explicit Env(size_t capacity = 256 * MiB) : dev(capacity) {}
+  explicit Env(size_t capacity = 256 * MiB, AllocatorOptions options = {})
+      : dev(capacity), alloc(dev, tracker, options) {}
   FakeDevice dev;
   MemoryTracker tracker;
-  CachingAllocator alloc{dev, tracker};
+  CachingAllocator alloc;
   void* get(size_t bytes, Stream stream = s1, MemCategory c = MemCategory::other) {
     return alloc.allocate(bytes, c, stream);
   }
@@ -400,6 +401,32 @@ BOOST_AUTO_TEST_CASE(oom_retry_waits_for_held_blocks) {
   BOOST_TEST(e.dev.events[0]->done);
   BOOST_TEST(e.alloc.stats().oom_retries == 1u);
   BOOST_TEST(e.alloc.stats().reserved_bytes == 4 * MiB);
+  e.alloc.deallocate(q, s1);
+}
+
+BOOST_AUTO_TEST_CASE(oom_retry_does_not_wait_forever_for_a_stuck_stream) {
+  // s2's work never completes (a hung collective): the retry waits held_wait_s, then the error
+  // names the block it could not have.
+  AllocatorOptions o;
+  o.held_wait_s = 0.05;
+  Env e(6 * MiB, o);
+  void* p = e.get(4 * MiB, s1);
+  e.alloc.record_stream(p, s2);
+  e.alloc.deallocate(p, s1);
+  std::string what;
+  try {
+    e.get(4 * MiB, s1);
+  } catch (const OutOfMemory& x) {
+    what = x.what();
+  }
+  BOOST_TEST(what ==
+             "out of device memory: cannot allocate 4194304 bytes (4.0 MiB) for other; allocated 0 B, reserved "
+             "4.0 MiB, cached 4.0 MiB; 1 freed block (4.0 MiB) still waiting for other streams' work after 0.05 s");
+  BOOST_TEST(e.dev.events[0]->polls > 1);  // it did wait
+  BOOST_TEST(e.alloc.stats().oom_retries == 1u);
+  e.dev.events[0]->done = true;  // the stream completes after all: the block is usable again
+  void* q = e.get(4 * MiB, s1);
+  BOOST_TEST(q == p);
   e.alloc.deallocate(q, s1);
 }
 

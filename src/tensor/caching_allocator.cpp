@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
@@ -91,10 +92,11 @@ struct CachingAllocator::Impl {
     std::vector<std::unique_ptr<Event>> events;
   };
 
-  Impl(RawDeviceMemory& r, MemoryTracker& t) : raw(r), tracker(t) {}
+  Impl(RawDeviceMemory& r, MemoryTracker& t, const AllocatorOptions& o) : raw(r), tracker(t), options(o) {}
 
   RawDeviceMemory& raw;
   MemoryTracker& tracker;
+  AllocatorOptions options;
   // Every public call locks, as PyTorch's allocator does: the runtime is one per process and
   // nothing stops two threads from freeing tensors; uncontended, the lock costs nanoseconds.
   mutable std::mutex mutex;
@@ -194,8 +196,11 @@ struct CachingAllocator::Impl {
   void empty_cache() {
     // Held blocks come back only when their events complete; on a GPU they do, as the streams
     // drain. Yield rather than sleep: the wait is usually short and the host has nothing to do.
+    // Bounded: a stream that never completes (a hung collective) must turn into an error that
+    // names it (throw_oom), not a spin.
     poll_events();
-    while (!held.empty()) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options.held_wait_s);
+    while (!held.empty() && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::yield();
       poll_events();
     }
@@ -231,13 +236,23 @@ struct CachingAllocator::Impl {
   }
 
   [[noreturn]] void throw_oom(size_t bytes, MemCategory category) const {
+    std::string held_note;
+    if (!held.empty()) {
+      size_t held_bytes = 0;
+      for (const Held& h : held) held_bytes += h.block->size;
+      char wait[32];
+      std::snprintf(wait, sizeof wait, "%g", options.held_wait_s);
+      held_note = "; " + std::to_string(held.size()) + (held.size() == 1 ? " freed block" : " freed blocks") + " (" +
+                  human_bytes(held_bytes) + ") still waiting for other streams' work after " + wait + " s";
+    }
     throw OutOfMemory("out of device memory: cannot allocate " + std::to_string(bytes) + " bytes (" +
-                      human_bytes(bytes) + ") for " + std::string(mem_category_name(category)) + "; " + summary());
+                      human_bytes(bytes) + ") for " + std::string(mem_category_name(category)) + "; " + summary() +
+                      held_note);
   }
 };
 
-CachingAllocator::CachingAllocator(RawDeviceMemory& raw, MemoryTracker& tracker)
-    : impl_(std::make_unique<Impl>(raw, tracker)) {}
+CachingAllocator::CachingAllocator(RawDeviceMemory& raw, MemoryTracker& tracker, AllocatorOptions options)
+    : impl_(std::make_unique<Impl>(raw, tracker, options)) {}
 
 CachingAllocator::~CachingAllocator() {
   Impl& m = *impl_;

@@ -15,7 +15,8 @@
 //    allocator's own stats report reserved (segment) bytes and the cache on top.
 //  - When the device is out of memory, the allocator frees every cached segment no block uses
 //    and retries once; then it throws OutOfMemory naming the request, the category, what is
-//    allocated per category, reserved and cached.
+//    allocated per category, reserved and cached. Freed blocks other streams still use are waited
+//    for at most AllocatorOptions::held_wait_s, so a stream that never completes cannot hang it.
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -57,6 +58,12 @@ struct AllocatorStats {
   uint64_t oom_retries = 0;  // times the cache was emptied to retry a failed malloc
 };
 
+struct AllocatorOptions {
+  // Longest an out-of-memory retry (or empty_cache) waits for freed blocks that other streams
+  // still use; after it the retry goes on without them and the error names them.
+  double held_wait_s = 60.0;
+};
+
 class CachingAllocator {
  public:
   static constexpr size_t kRound = 512;
@@ -64,7 +71,7 @@ class CachingAllocator {
   static constexpr size_t kSmallSegment = 2 << 20;  // small pool segment size
   static constexpr size_t kLargeRound = 2 << 20;    // large segments round to this
 
-  CachingAllocator(RawDeviceMemory& raw, MemoryTracker& tracker);
+  CachingAllocator(RawDeviceMemory& raw, MemoryTracker& tracker, AllocatorOptions options = {});
   ~CachingAllocator();  // returns every segment to the device (blocks still in use are a bug: counted, not freed twice)
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
