@@ -3,19 +3,29 @@
 // Tolerances: bitwise for elementwise ops without libm calls, dropout, casts and the optimizer
 // steps (kernel_math.h; see its header for the FMA condition); GELU a few ulp (CUDA's erff/expf
 // are not glibc's); GEMMs and row reductions (different summation order) relative 1e-4 on
-// values of order 1, and the f64 sums 1e-9 relative.
+// values of order 1, and the f64 sums 1e-9 relative. The later cases are bitwise wherever the op
+// is a gather/copy, a single add, or exact by construction (small integers times a power of two,
+// whose sums are exact in any order: cuBLAS blocking, block trees, atomics, FMA contraction);
+// elsewhere they check a per-element bound derived from the op (summation order, expf) instead
+// of a fixed relative tolerance, each stated where it is used.
 #define BOOST_TEST_NO_MAIN
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
+#include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tensor/caching_allocator.h"
 #include "tensor/device.h"
+#include "tensor/dtype.h"
 #include "tensor/kernels.h"
 #include "tensor/memory.h"
 
@@ -27,6 +37,11 @@ struct Gpu {
   MemoryTracker tracker;
   std::unique_ptr<DeviceRuntime> rt = make_runtime(Device::cuda, tracker, 0);
   std::vector<std::pair<void*, size_t>> blocks;
+  Gpu() = default;
+  Gpu(const Gpu&) = delete;
+  Gpu& operator=(const Gpu&) = delete;
+  Gpu(Gpu&&) = delete;
+  Gpu& operator=(Gpu&&) = delete;
   ~Gpu() {
     rt->synchronize(rt->compute_stream());
     for (auto [p, n] : blocks) rt->deallocate(p, n, MemCategory::other, rt->compute_stream());
@@ -59,7 +74,7 @@ std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
 }
 
 uint32_t bits(float f) {
-  uint32_t u;
+  uint32_t u = 0;
   std::memcpy(&u, &f, 4);
   return u;
 }
@@ -76,6 +91,55 @@ void close(const std::vector<float>& a, const std::vector<float>& b, float rel, 
     float tol = abs_tol + rel * std::fabs(a[i]);
     if (!(std::fabs(a[i] - b[i]) <= tol)) BOOST_FAIL(what << " element " << i << ": cpu " << a[i] << " gpu " << b[i]);
   }
+}
+
+constexpr float kEps = std::numeric_limits<float>::epsilon();  // 2^-23 = 2u
+
+// |a - b| <= tol[i] per element, tol from a bound derived for the op (see each use).
+void within(const std::vector<float>& a, const std::vector<float>& b, const std::vector<float>& tol, const char* what) {
+  BOOST_REQUIRE_EQUAL(a.size(), b.size());
+  BOOST_REQUIRE_EQUAL(a.size(), tol.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!(std::fabs(a[i] - b[i]) <= tol[i]))
+      BOOST_FAIL(what << " element " << i << ": cpu " << a[i] << " gpu " << b[i] << " tol " << tol[i]);
+}
+
+// Integers drawn from [lo, hi] times `unit` (a power of two). Products and sums of a few hundred
+// of them stay far below 2^24 units, so they are exact in f32 and any summation order gives the
+// same bits.
+std::vector<float> small_ints(size_t n, uint32_t seed, int lo, int hi, float unit = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(d(gen)) * unit;
+  return v;
+}
+
+std::vector<float> abs_of(std::vector<float> v) {
+  for (auto& x : v) x = std::fabs(x);
+  return v;
+}
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
+  return h;
+}
+
+std::vector<float> from_bf16(const std::vector<uint16_t>& h) {
+  std::vector<float> v(h.size());
+  for (size_t i = 0; i < h.size(); ++i) v[i] = bf16_to_f32(h[i]);
+  return v;
+}
+
+// GEMM bound: any f32 summation order (with or without FMA) of K products plus beta * C lies
+// within gamma_{K+2} ~ (K+2) u of exact, relative to |alpha| |op(A)| |op(B)| + |beta| |C0|
+// (`mag`); host and device both do, so they differ by at most 2 (K+2) u = (K+2) eps. A further
+// factor 4 covers tensor cores that truncate instead of rounding while accumulating (bf16).
+std::vector<float> gemm_tol(const std::vector<float>& mag, int64_t K) {
+  std::vector<float> tol(mag.size());
+  for (size_t i = 0; i < mag.size(); ++i) tol[i] = 4.0f * static_cast<float>(K + 2) * kEps * mag[i];
+  return tol;
 }
 
 }  // namespace
@@ -244,6 +308,353 @@ BOOST_AUTO_TEST_CASE(optimizers_and_casts_bitwise) {
     auto back = g.download(gh, n);
     BOOST_TEST(std::memcmp(hc.data(), back.data(), n * 2) == 0);
   }
+}
+
+// Both transposes, batch 3, leading dimensions and batch strides with gaps: the gap elements of C
+// must come back untouched (compared along with the rest). Small-integer operands are exact
+// (bitwise); random ones are within gemm_tol. cuBLAS runs without TF32 (CUBLAS_DEFAULT_MATH).
+BOOST_AUTO_TEST_CASE(gemm_strided_batched_cases) {
+  Gpu g;
+  Kernels& cpu = cpu_kernels();
+  const int64_t M = 37, N = 29, K = 45, batch = 3;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2, ldc = N + 5;
+      const int64_t stride_a = (ta ? K : M) * lda + 7, stride_b = (tb ? N : K) * ldb + 5, stride_c = M * ldc + 11;
+      const auto na = static_cast<size_t>(batch * stride_a), nb = static_cast<size_t>(batch * stride_b),
+                 nc = static_cast<size_t>(batch * stride_c);
+      for (bool exact : {true, false}) {
+        BOOST_TEST_CONTEXT("trans_a " << ta << " trans_b " << tb << (exact ? " small integers" : " random")) {
+          const uint32_t seed = 200 + 8 * ta + 4 * tb + 2 * exact;
+          // Exact: |sum| <= K * 16 = 720, times alpha 0.5, plus beta * C: all on a 0.5 grid.
+          auto A = exact ? small_ints(na, seed, -4, 4) : randn(na, seed);
+          auto B = exact ? small_ints(nb, seed + 1, -4, 4) : randn(nb, seed + 1);
+          auto C = exact ? small_ints(nc, seed + 2, -4, 4) : randn(nc, seed + 2);
+          const float alpha = 0.5f, beta = exact ? -2.0f : 0.25f;
+          const std::vector<float> C0 = C;
+          float* dA = g.upload(A);
+          float* dB = g.upload(B);
+          float* dC = g.upload(C);
+          cpu.gemm_strided_batched(ta, tb, M, N, K, alpha, A.data(), lda, stride_a, B.data(), ldb, stride_b, beta,
+                                   C.data(), ldc, stride_c, batch);
+          g.k().gemm_strided_batched(ta, tb, M, N, K, alpha, dA, lda, stride_a, dB, ldb, stride_b, beta, dC, ldc,
+                                     stride_c, batch);
+          auto got = g.download(dC, nc);
+          if (exact) {
+            same_bits(C, got, "gemm_strided_batched (small integers)");
+          } else {
+            std::vector<float> mag = abs_of(C0);
+            cpu.gemm_strided_batched(ta, tb, M, N, K, std::fabs(alpha), abs_of(A).data(), lda, stride_a,
+                                     abs_of(B).data(), ldb, stride_b, std::fabs(beta), mag.data(), ldc, stride_c,
+                                     batch);
+            auto tol = gemm_tol(mag, K);
+            for (size_t k = 0; k < nc; ++k) {  // gaps (past column N, past row M) must be untouched: exact
+              const auto off = static_cast<int64_t>(k) % stride_c;
+              if (off >= M * ldc || off % ldc >= N) tol[k] = 0.0f;
+            }
+            within(C, got, tol, "gemm_strided_batched (random)");
+          }
+        }
+      }
+    }
+  }
+}
+
+// bf16 operands against the host's gemm_bf16 (cblas_sbgemm or widened sgemm). Small integers
+// are exact in bf16 and every product and partial sum (|sum| <= 71 * 64) is an integer far
+// below 2^24, so even tensor cores' truncating accumulation loses nothing: bitwise. Random
+// operands rounded to bf16 (their products are exact in f32; the sums are not): gemm_tol.
+BOOST_AUTO_TEST_CASE(gemm_bf16_cases) {
+  Gpu g;
+  Kernels& cpu = cpu_kernels();
+  const int64_t M = 37, N = 53, K = 71;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const int64_t lda = (ta ? M : K) + 2, ldb = (tb ? K : N) + 1, ldc = N + 3;
+      const auto na = static_cast<size_t>((ta ? K : M) * lda), nb = static_cast<size_t>((tb ? N : K) * ldb),
+                 nc = static_cast<size_t>(M * ldc);
+      for (bool exact : {true, false}) {
+        BOOST_TEST_CONTEXT("trans_a " << ta << " trans_b " << tb << (exact ? " small integers" : " random")) {
+          const uint32_t seed = 300 + 8 * ta + 4 * tb + 2 * exact;
+          const auto A = to_bf16(exact ? small_ints(na, seed, -8, 8) : randn(na, seed));
+          const auto B = to_bf16(exact ? small_ints(nb, seed + 1, -8, 8) : randn(nb, seed + 1));
+          auto C = exact ? small_ints(nc, seed + 2, -8, 8) : randn(nc, seed + 2);
+          const float alpha = 0.5f, beta = exact ? 2.0f : 0.25f;
+          const std::vector<float> C0 = C;
+          uint16_t* dA = g.upload(A);
+          uint16_t* dB = g.upload(B);
+          float* dC = g.upload(C);
+          cpu.gemm_bf16(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+          g.k().gemm_bf16(ta, tb, M, N, K, alpha, dA, lda, dB, ldb, beta, dC, ldc);
+          auto got = g.download(dC, nc);
+          if (exact) {
+            same_bits(C, got, "gemm_bf16 (small integers)");
+          } else {
+            std::vector<float> mag = abs_of(C0);
+            cpu.gemm(ta, tb, M, N, K, std::fabs(alpha), abs_of(from_bf16(A)).data(), lda, abs_of(from_bf16(B)).data(),
+                     ldb, std::fabs(beta), mag.data(), ldc);
+            within(C, got, gemm_tol(mag, K), "gemm_bf16 (random)");
+          }
+        }
+      }
+    }
+  }
+}
+
+// im2col is a gather; col2im sums each dx element's entries in (kh, kw) order starting from +0
+// on both sides (host: memset then +=; device: a gather into a zero accumulator): bitwise.
+// Outputs start stale (7) so every element must be written. Padding 0, 1 and 2; K 3 and 5; B > 1.
+BOOST_AUTO_TEST_CASE(im2col_col2im_bitwise) {
+  Gpu g;
+  Kernels& cpu = cpu_kernels();
+  struct Shape {
+    int64_t B, C, H, W, K, pad;
+  };
+  const Shape shapes[] = {{2, 3, 7, 9, 3, 1}, {3, 2, 8, 6, 5, 2}, {2, 3, 9, 7, 5, 1}, {2, 2, 6, 5, 3, 0}};
+  uint32_t seed = 400;
+  for (const Shape& s : shapes) {
+    BOOST_TEST_CONTEXT("B " << s.B << " C " << s.C << " H " << s.H << " W " << s.W << " K " << s.K << " pad "
+                            << s.pad) {
+      const int64_t OH = s.H + 2 * s.pad - s.K + 1, OW = s.W + 2 * s.pad - s.K + 1;
+      const auto nx = static_cast<size_t>(s.B * s.C * s.H * s.W),
+                 ncol = static_cast<size_t>(s.C * s.K * s.K * s.B * OH * OW);
+      auto x = randn(nx, ++seed);
+      std::vector<float> col(ncol, 7.0f);
+      float* gx = g.upload(x);
+      float* gcol = g.upload(col);
+      cpu.im2col(x.data(), col.data(), s.B, s.C, s.H, s.W, s.K, s.pad, OH, OW);
+      g.k().im2col(gx, gcol, s.B, s.C, s.H, s.W, s.K, s.pad, OH, OW);
+      same_bits(col, g.download(gcol, ncol), "im2col");
+
+      auto dcol = randn(ncol, ++seed);
+      std::vector<float> dx(nx, 7.0f);
+      float* gdcol = g.upload(dcol);
+      float* gdx = g.upload(dx);
+      cpu.col2im(dcol.data(), dx.data(), s.B, s.C, s.H, s.W, s.K, s.pad, OH, OW);
+      g.k().col2im(gdcol, gdx, s.B, s.C, s.H, s.W, s.K, s.pad, OH, OW);
+      same_bits(dx, g.download(gdx, nx), "col2im");
+    }
+  }
+}
+
+// conv_bias_permute is one add per element and conv_grad_permute's dyt a copy: bitwise. Its db
+// row sums run in different orders (host: a simd reduction; device: a block tree), each within
+// (B*P) u of exact relative to |db0| + sum |dy|; with small-integer dy and db they are exact.
+BOOST_AUTO_TEST_CASE(conv_permutes) {
+  Gpu g;
+  Kernels& cpu = cpu_kernels();
+  const int64_t B = 3, out = 6, P = 300;  // B*P = 900 columns: several per thread in the row sums
+  const auto n = static_cast<size_t>(B * out * P);
+  auto ybuf = randn(n, 500), bias = randn(out, 501);
+  std::vector<float> y(n, 7.0f);
+  float* gybuf = g.upload(ybuf);
+  float* gbias = g.upload(bias);
+  float* gy = g.upload(y);
+  cpu.conv_bias_permute(y.data(), ybuf.data(), bias.data(), B, out, P);
+  g.k().conv_bias_permute(gy, gybuf, gbias, B, out, P);
+  same_bits(y, g.download(gy, n), "conv_bias_permute");
+
+  for (bool exact : {false, true}) {
+    BOOST_TEST_CONTEXT((exact ? "small integers" : "random")) {
+      auto dy = exact ? small_ints(n, 502, -50, 50) : randn(n, 502);
+      auto db = exact ? small_ints(out, 503, -50, 50) : randn(out, 503);
+      std::vector<float> dyt(n, 7.0f);
+      std::vector<float> tol(out);
+      for (int64_t o = 0; o < out; ++o) {
+        double mag = std::fabs(db[o]);
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t p = 0; p < P; ++p) mag += std::fabs(dy[(b * out + o) * P + p]);
+        tol[o] = static_cast<float>(static_cast<double>(B * P + 1) * kEps * mag);
+      }
+      float* gdy = g.upload(dy);
+      float* gdb = g.upload(db);
+      float* gdyt = g.upload(dyt);
+      cpu.conv_grad_permute(dyt.data(), db.data(), dy.data(), B, out, P);
+      g.k().conv_grad_permute(gdyt, gdb, gdy, B, out, P);
+      same_bits(dyt, g.download(gdyt, n), "conv_grad_permute dyt");
+      if (exact)
+        same_bits(db, g.download(gdb, out), "conv_grad_permute db (small integers)");
+      else
+        within(db, g.download(gdb, out), tol, "conv_grad_permute db (random)");
+    }
+  }
+}
+
+// Host and device scan each 2x2 window the same way (row-major, strict >, a NaN wins), so y and
+// argmax are bitwise and argmax is the first maximum. Values from a set of five make ties the
+// rule; odd H and W drop the last row and column. Backward is a scatter into zeros (windows do
+// not overlap): bitwise, dx starting stale.
+BOOST_AUTO_TEST_CASE(maxpool2_ties_bitwise) {
+  Gpu g;
+  Kernels& cpu = cpu_kernels();
+  const int64_t planes = 6, H = 7, W = 9, OH = H / 2, OW = W / 2, HW = H * W;
+  const auto nx = static_cast<size_t>(planes * HW), ny = static_cast<size_t>(planes * OH * OW);
+  const float values[] = {-1.0f, -0.0f, 0.0f, 1.0f, 2.0f};
+  std::vector<float> x = small_ints(nx, 600, 0, 4);
+  for (auto& v : x) v = values[static_cast<int>(v)];
+  std::fill_n(x.begin(), HW, 1.0f);  // plane 0 all equal: every argmax is its window's top-left
+  // Plane 1, window (0, 0): -0 first, then +0s (equal under >): y is -0 from index 0.
+  x[HW + 0] = -0.0f;
+  x[HW + 1] = 0.0f;
+  x[HW + W] = 0.0f;
+  x[HW + W + 1] = -0.0f;
+  // Plane 2, window (0, 1): a NaN wins over the larger 5.
+  x[2 * HW + 2] = 5.0f;
+  x[2 * HW + 3] = 5.0f;
+  x[2 * HW + W + 2] = 1.0f;
+  x[2 * HW + W + 3] = NAN;
+  std::vector<float> y(ny, 7.0f);
+  std::vector<int32_t> am(ny, -1);
+  float* gx = g.upload(x);
+  float* gy = g.upload(y);
+  int32_t* gam = g.upload(am);
+  cpu.maxpool2_forward(y.data(), am.data(), x.data(), planes, H, W);
+  g.k().maxpool2_forward(gy, gam, gx, planes, H, W);
+  auto y_gpu = g.download(gy, ny);
+  auto am_gpu = g.download(gam, ny);
+  same_bits(y, y_gpu, "maxpool2_forward y");
+  BOOST_TEST(am == am_gpu, boost::test_tools::per_element());
+  for (int64_t oh = 0; oh < OH; ++oh)
+    for (int64_t ow = 0; ow < OW; ++ow) BOOST_TEST(am_gpu[oh * OW + ow] == 2 * oh * W + 2 * ow);
+  BOOST_TEST(am_gpu[OH * OW] == 0);
+  BOOST_TEST(bits(y_gpu[OH * OW]) == bits(-0.0f));
+  BOOST_TEST(am_gpu[2 * OH * OW + 1] == W + 3);
+  BOOST_TEST(std::isnan(y_gpu[2 * OH * OW + 1]));
+
+  auto dy = randn(ny, 601);
+  std::vector<float> dx(nx, 7.0f);
+  float* gdy = g.upload(dy);
+  float* gdx = g.upload(dx);
+  cpu.maxpool2_backward(dx.data(), dy.data(), am.data(), planes, H, W);
+  g.k().maxpool2_backward(gdx, gdy, gam, planes, H, W);
+  same_bits(dx, g.download(gdx, nx), "maxpool2_backward");
+}
+
+// Forward is one add per element: bitwise. Backward scatters with atomics on the device (any
+// order) and serially on the host; with integer-valued dy and initial grads every partial sum
+// is an integer far below 2^24, so the order cannot show: bitwise. 51 positions over 13 tokens,
+// with duplicates within and across samples.
+BOOST_AUTO_TEST_CASE(embedding_bitwise) {
+  Gpu g;
+  Kernels& cpu = cpu_kernels();
+  const int64_t V = 13, B = 3, T = 17, C = 70;
+  std::vector<int32_t> tokens;
+  for (float t : small_ints(B * T, 700, 0, static_cast<int>(V - 1))) tokens.push_back(static_cast<int32_t>(t));
+  tokens[0] = tokens[1] = tokens[T] = tokens[2 * T + 5] = 5;
+  auto wte = randn(V * C, 701), wpe = randn(T * C, 702);
+  const auto ny = static_cast<size_t>(B * T * C);
+  std::vector<float> y(ny, 7.0f);
+  int32_t* gtok = g.upload(tokens);
+  float* gwte = g.upload(wte);
+  float* gwpe = g.upload(wpe);
+  float* gy = g.upload(y);
+  cpu.embedding_forward(y.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  g.k().embedding_forward(gy, gtok, gwte, gwpe, B, T, C);
+  same_bits(y, g.download(gy, ny), "embedding_forward");
+
+  auto dy = small_ints(ny, 703, -50, 50);
+  auto dwte = small_ints(V * C, 704, -50, 50), dwpe = small_ints(T * C, 705, -50, 50);
+  float* gdy = g.upload(dy);
+  float* gdwte = g.upload(dwte);
+  float* gdwpe = g.upload(dwpe);
+  cpu.embedding_backward(dwte.data(), dwpe.data(), dy.data(), tokens.data(), B, T, C);
+  g.k().embedding_backward(gdwte, gdwpe, gdy, gtok, B, T, C);
+  same_bits(dwte, g.download(gdwte, V * C), "embedding_backward dwte");
+  same_bits(dwpe, g.download(gdwpe, T * C), "embedding_backward dwpe");
+}
+
+// T = 37 and T = 300 (rows longer than the 256-thread block). Scores above the diagonal are
+// garbage both sides must zero: their tolerance is 0.
+BOOST_AUTO_TEST_CASE(causal_softmax) {
+  Gpu g;
+  Kernels& cpu = cpu_kernels();
+  const int64_t planes = 3;
+  for (int64_t T : {int64_t{37}, int64_t{300}}) {
+    BOOST_TEST_CONTEXT("T " << T) {
+      const auto n = static_cast<size_t>(planes * T * T);
+      const auto seed = static_cast<uint32_t>(800 + T);
+      // Forward, row i (m = i + 1 terms): the max and x - max are exact and equal on both sides;
+      // CUDA's expf (<= 2 ulp) vs glibc's expf (< 1 ulp); the sums of positive terms in
+      // different orders, each within (m - 1) u of exact; the reciprocal and the product 0.5 ulp
+      // a side. Relative (2m + 8) eps covers all of it with room; no subnormals at this scale.
+      auto S = randn(n, seed, 3.0f);
+      std::vector<float> P = S;
+      float* gP = g.upload(S);
+      cpu.causal_softmax_forward(P.data(), planes, T);
+      g.k().causal_softmax_forward(gP, planes, T);
+      std::vector<float> tol(n);
+      for (size_t k = 0; k < n; ++k) {
+        const int64_t i = static_cast<int64_t>(k / T) % T;
+        tol[k] = static_cast<float>(2 * (i + 1) + 8) * kEps * std::fabs(P[k]);
+      }
+      within(P, g.download(gP, n), tol, "causal_softmax_forward");
+
+      // Backward on the host's P (both sides read the same P): dS = s * p * (dP - dot). The dot
+      // products differ by at most 2 (m - 1) u sum |p dP| = m eps sum |p dP| (FMA contraction
+      // included), scaled by |s p|; the subtraction and two products add 3 u a side.
+      const float scale = 0.125f;
+      auto dP = randn(n, seed + 1);
+      std::vector<float> dS = dP;
+      float* gPh = g.upload(P);
+      float* gdP = g.upload(dP);
+      cpu.causal_softmax_backward(dS.data(), P.data(), planes, T, scale);
+      g.k().causal_softmax_backward(gdP, gPh, planes, T, scale);
+      for (int64_t r = 0; r < planes * T; ++r) {
+        const int64_t i = r % T;
+        double dot_mag = 0.0;
+        for (int64_t j = 0; j <= i; ++j) dot_mag += std::fabs(double(P[r * T + j]) * dP[r * T + j]);
+        for (int64_t j = 0; j < T; ++j) {
+          const size_t k = r * T + j;
+          tol[k] = j > i ? 0.0f
+                         : static_cast<float>(std::fabs(scale * P[k]) * double(i + 1) * kEps * dot_mag +
+                                              4.0 * kEps * std::fabs(dS[k]));
+        }
+      }
+      within(dS, g.download(gdP, n), tol, "causal_softmax_backward (random)");
+
+      // P on a 1/16 grid in [0, 1], dP on a 1/8 grid in [-2, 2], s = 1/8: the products are on a
+      // 1/128 grid, the dots below 2T, and s * p * (dP - dot) needs under 24 bits: exact, bitwise.
+      auto Pq = small_ints(n, seed + 2, 0, 16, 1.0f / 16), dPq = small_ints(n, seed + 3, -16, 16, 1.0f / 8);
+      float* gPq = g.upload(Pq);
+      float* gdPq = g.upload(dPq);
+      cpu.causal_softmax_backward(dPq.data(), Pq.data(), planes, T, scale);
+      g.k().causal_softmax_backward(gdPq, gPq, planes, T, scale);
+      same_bits(dPq, g.download(gdPq, n), "causal_softmax_backward (exact grid)");
+    }
+  }
+}
+
+// dx = dy - exp(y) * sum(dy) on the host's log-softmax y (both sides read it). The row sums of dy
+// run in different orders (host serial, device block tree), each within (C - 1) u sum |dy| of
+// exact; scaled by e = exp(y) that is e * C eps sum |dy|. CUDA's expf vs glibc's (a few ulp of
+// e * |sum|) and the product and subtraction (or one FMA) a side: 8 eps (e |sum| + |dx|).
+BOOST_AUTO_TEST_CASE(log_softmax_backward_bound) {
+  Gpu g;
+  Kernels& cpu = cpu_kernels();
+  const int64_t rows = 45, C = 300;
+  const auto n = static_cast<size_t>(rows * C);
+  auto x = randn(n, 900, 2.0f), dy = randn(n, 901);
+  std::vector<float> y(n), dx(n, 7.0f);
+  cpu.log_softmax_forward(y.data(), x.data(), rows, C);
+  float* gy = g.upload(y);
+  float* gdy = g.upload(dy);
+  float* gdx = g.upload(dx);
+  cpu.log_softmax_backward(dx.data(), dy.data(), y.data(), rows, C);
+  g.k().log_softmax_backward(gdx, gdy, gy, rows, C);
+  std::vector<float> tol(n);
+  for (int64_t r = 0; r < rows; ++r) {
+    double sum = 0.0, mag = 0.0;
+    for (int64_t c = 0; c < C; ++c) {
+      sum += dy[r * C + c];
+      mag += std::fabs(dy[r * C + c]);
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      const size_t k = r * C + c;
+      const double e = std::exp(double(y[k]));
+      tol[k] = static_cast<float>(e * double(C) * kEps * mag + 8.0 * kEps * (e * std::fabs(sum) + std::fabs(dx[k])));
+    }
+  }
+  within(dx, g.download(gdx, n), tol, "log_softmax_backward");
 }
 
 BOOST_AUTO_TEST_CASE(allocator_and_stream_order) {
