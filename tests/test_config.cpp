@@ -429,12 +429,13 @@ BOOST_AUTO_TEST_CASE(device_keys) {
   // The later key of the pair is blamed: here the device line.
   BOOST_TEST(error_of("comm: {backend: nccl}\ntrain: {device: cpu}\n") ==
              "in.yaml:2: train.device: comm.backend nccl needs train.device: cuda (NCCL moves device memory)");
-  BOOST_TEST(error_of("train: {device: cuda}\ncheckpoint: {dir: ck}\n") ==
-             "in.yaml:1: train.device: checkpoints from train.device: cuda need fsdp.cpu_offload: true (device "
-             "shards are not staged to HDF5 yet)");
-  BOOST_TEST(error_of("train: {device: cuda}\noutput: {save_weights: w.h5}\n") ==
-             "in.yaml:1: train.device: output.save_weights from train.device: cuda is not supported yet "
-             "(gathered device parameters are not staged to HDF5)");
+  // Device shards and gathered units are staged through host memory: checkpoints and
+  // save_weights need no cpu_offload.
+  const Config ck = parse_config("train: {device: cuda}\ncheckpoint: {dir: ck, resume: auto}\n", "in.yaml");
+  BOOST_TEST(ck.checkpoint.dir == "ck");
+  BOOST_TEST(!ck.fsdp.cpu_offload);
+  const Config sw = parse_config("train: {device: cuda}\noutput: {save_weights: w.h5}\n", "in.yaml");
+  BOOST_TEST(sw.output.save_weights == "w.h5");
   const Config c = parse_config(
       "train: {device: cuda}\nfsdp: {cpu_offload: true}\ncomm: {backend: nccl}\ncheckpoint: {dir: ck}\n", "in.yaml");
   BOOST_TEST(c.fsdp.cpu_offload);

@@ -91,8 +91,6 @@ struct RunResult {
   int64_t device_bytes_after = -1;  // device memory still allocated when the run ended
 };
 
-constexpr bool kSaveWeights = false;
-
 // One training run in this process. device: the fake device (train.device cuda); otherwise the
 // host runtime.
 RunResult train_once(const std::string& yaml, std::vector<std::string> overrides, bool device,
@@ -100,7 +98,7 @@ RunResult train_once(const std::string& yaml, std::vector<std::string> overrides
   const std::string tag = device ? "dev" : "host";
   const std::string metrics = job_path(tag + ".jsonl"), weights = job_path(tag + "_weights.h5");
   overrides.push_back("output.metrics=" + metrics);
-  if (kSaveWeights) overrides.push_back("output.save_weights=" + weights);
+  overrides.push_back("output.save_weights=" + weights);
   overrides.push_back(std::string("train.device=") + (device ? "cuda" : "cpu"));
   RunResult r;
   try {
@@ -163,7 +161,7 @@ void check_same(const std::string& name, const std::string& yaml, const std::vec
   if (world_rank() == 0) {
     report(!host.losses.empty(), name + ": the host run wrote no losses");
     report(host.losses == dev.losses, name + ": per-step losses differ between the host and the fake device");
-    report(!kSaveWeights || !host.weights.empty(), name + ": the host run saved no weights");
+    report(!host.weights.empty(), name + ": the host run saved no weights");
     report(host.weights == dev.weights, name + ": saved weights differ between the host and the fake device");
     BOOST_TEST_MESSAGE(name << " (np " << world_size() << "): " << host.losses.size() << " losses and "
                             << host.weights.size() << " weight-file bytes equal; device: " << describe(dev.counts));
@@ -253,6 +251,40 @@ BOOST_AUTO_TEST_CASE(cnn_with_dropout_and_sgd) {
 
 BOOST_AUTO_TEST_CASE(ucx_data_plane) {
   check_same("FULL_SHARD over ucx", kLm, {"comm.backend=ucx", "fsdp.mixed_precision.param_dtype=bf16"});
+}
+
+// Checkpoints from device shards (staged through host memory) hold the host run's values: a run
+// resumed from either run's step-2 checkpoint, on either runtime, ends where the straight host
+// run ends, weights byte for byte.
+BOOST_AUTO_TEST_CASE(checkpoints_staged_from_the_device_resume_anywhere) {
+  const std::string dir = job_path("ckpt");
+  for (const std::string f : {"consolidated", "sharded"}) {
+    auto saving = [&](const std::string& who) {
+      return std::vector<std::string>{"checkpoint.dir=" + dir + "/" + who + "_" + f, "checkpoint.every_steps=2",
+                                      "checkpoint.keep=10", "checkpoint.format=" + f};
+    };
+    RunResult host = train_once(kLm, saving("host"), false);
+    RunResult dev = train_once(kLm, saving("dev"), true);
+    report(host.error.empty() && dev.error.empty(), f + ": a saving run failed: " + host.error + dev.error);
+    report(host.summary.last_loss == dev.summary.last_loss, f + ": the saving runs' last losses differ");
+    for (const char* from : {"host", "dev"})
+      for (bool on_device : {false, true}) {
+        const std::string what =
+            f + " checkpoint from the " + from + " run, resumed on the " + (on_device ? "device" : "host");
+        RunResult r =
+            train_once(kLm, {"checkpoint.resume=" + dir + "/" + from + "_" + f + "/ckpt_00000002.h5"}, on_device);
+        report(r.error.empty(), what + ": " + r.error);
+        report(r.summary.start_step == 2, what + ": did not resume at step 2");
+        report(r.summary.last_loss == host.summary.last_loss && r.summary.eval_loss == host.summary.eval_loss,
+               what + ": last loss " + std::to_string(r.summary.last_loss) + ", straight host run " +
+                   std::to_string(host.summary.last_loss));
+        report(r.device_errors.empty(), what + ": the fake device saw a misuse");
+        if (world_rank() == 0)
+          report(!r.weights.empty() && r.weights == host.weights, what + ": final weights differ from the host run's");
+      }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::filesystem::remove_all(dir);
 }
 
 // The test can fail: with the fake's stream waits dropped, the communication stream no longer

@@ -522,16 +522,8 @@ void Reader::check_rules(const Config& c) const {
   if (c.comm.backend == "nccl" && c.train.device != "cuda")
     fail(blame("comm.backend", "train.device"),
          "comm.backend nccl needs train.device: cuda (NCCL moves device memory)");
-  // Checkpoints are written from the shards; on a device run they are host memory only under
-  // cpu_offload (device shards are not staged to HDF5 yet). save_weights reads gathered
-  // parameters, which are device memory on any device run.
-  if (c.train.device == "cuda" && !c.checkpoint.dir.empty() && !c.fsdp.cpu_offload)
-    fail(blame("checkpoint.dir", "train.device"),
-         "checkpoints from train.device: cuda need fsdp.cpu_offload: true (device shards are not staged to HDF5 yet)");
-  if (c.train.device == "cuda" && !c.output.save_weights.empty())
-    fail(blame("output.save_weights", "train.device"),
-         "output.save_weights from train.device: cuda is not supported yet (gathered device parameters are not "
-         "staged to HDF5)");
+  // Checkpoints and output.save_weights take any device: device shards, optimizer state and
+  // gathered units are staged through host memory for HDF5 (train/checkpointing.h, trainer.cpp).
   if (c.fsdp.wrap_policy == "manual" && c.fsdp.wrap_modules.empty())
     fail("fsdp.auto_wrap.policy", "manual requires a non-empty fsdp.auto_wrap.modules list");
   const CheckpointConfig& k = c.checkpoint;

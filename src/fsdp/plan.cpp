@@ -8,6 +8,14 @@
 //                  evaluation at eval_batch_size with its own batch buffers, save_weights
 // A change to one of those must be mirrored here; tests/test_plan.cpp compares the plan with
 // measured peaks and fails when they drift apart.
+//
+// Checkpoints: on a device run without cpu_offload the trainer stages the shards and optimizer
+// state through host tensors charged `other` (HostCheckpointState, train/checkpointing.h):
+// replayed at a resume (the file is assumed to exist) and at a save after the first steps and
+// at the end. save_weights on a device run stages each gathered unit to the host the same way.
+// Host shards (cpu runs, cpu_offload) are written in place and cost nothing here. Not modelled:
+// the ckpt writer's and loader's own untracked buffers (HDF5, the consolidated pieces), and the
+// cpu_offload path's device copies of the host shards (FsdpEngine::unshard's staged_shard).
 #include "fsdp/plan.h"
 
 #include <algorithm>
@@ -160,9 +168,12 @@ class EngineReplay {
     }
   }
 
-  void for_each_gathered_unit() {
+  // host_staging: a device run's save_weights, whose writer (rank 0) copies each gathered unit's
+  // values (unpadded) to the host before writing them (trainer.cpp's write_gathered_unit).
+  void for_each_gathered_unit(bool host_staging) {
     for (SimUnit& u : units_) {
       wait_for_unshard(u);
+      if (host_staging && u.plan.numel > 0) plan_.make({u.plan.numel}, DType::f32, MemCategory::other);
       reshard(u);
     }
   }
@@ -364,6 +375,16 @@ MemoryPlan plan_memory(const Config& config, const PlanRequest& request) {
     std::vector<PlanTensor> optim_state;
     for (int64_t s = 0; s < states; ++s)
       optim_state.push_back(acts.make({engine.shard_total()}, DType::f32, MemCategory::optim));
+    // HostCheckpointState: on a device run without cpu_offload, a save or a resume holds a host
+    // copy of the param shards and of every optimizer state buffer while the file is written or
+    // read. Host shards are used in place.
+    const bool device_shards = c.train.device == "cuda" && !c.fsdp.cpu_offload;
+    auto checkpoint_staging = [&] {
+      std::vector<PlanTensor> staging;
+      for (int64_t b = 0; b < 1 + states; ++b)
+        staging.push_back(acts.make({engine.shard_total()}, DType::f32, MemCategory::other));
+    };
+    if (device_shards && !c.checkpoint.resume.empty()) checkpoint_staging();
     if (!c.model.init_from.empty()) engine.load_full_weights();
 
     // What one sample looks like (the datasets' input_shape/target_shape for this model).
@@ -471,6 +492,8 @@ MemoryPlan plan_memory(const Config& config, const PlanRequest& request) {
     // evaluation then a step cover the shape changes both ways.
     const int64_t first_steps = total_steps < 0 ? 2 : std::min<int64_t>(total_steps, 2);
     for (int64_t s = 0; s < first_steps; ++s) train_step();
+    const bool saves = device_shards && !c.checkpoint.dir.empty();
+    if (saves && c.checkpoint.every_steps > 0) checkpoint_staging();
     if (evaluates) {
       evaluate();
       if (step_after_eval) {
@@ -478,7 +501,8 @@ MemoryPlan plan_memory(const Config& config, const PlanRequest& request) {
         evaluate();
       }
     }
-    if (!c.output.save_weights.empty()) engine.for_each_gathered_unit();
+    if (saves) checkpoint_staging();  // the closing save (save_best's come after an evaluation too)
+    if (!c.output.save_weights.empty()) engine.for_each_gathered_unit(c.train.device == "cuda");
     if (o.activation_checkpointing)
       plan.notes.emplace_back("activation checkpointing: wrapped units recompute in backward");
   }

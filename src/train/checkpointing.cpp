@@ -9,6 +9,7 @@
 #include "config/config.h"
 #include "fsdp/fsdp.h"
 #include "optim/optim.h"
+#include "tensor/device.h"
 #include "tensor/error.h"
 
 namespace fsdp {
@@ -36,6 +37,40 @@ ShardedState checkpoint_state(FsdpEngine& engine, Optimizer& optimizer) {
     st.buffers.push_back(tensor->f32());
   }
   return st;
+}
+
+HostCheckpointState::HostCheckpointState(FsdpEngine& engine, Optimizer& optimizer, MemoryTracker& tracker)
+    : runtime_(engine.shard_runtime()), device_(checkpoint_state(engine, optimizer)), host_(device_) {
+  if (runtime_.device() == Device::cpu) return;  // host shards: written and read in place
+  std::vector<int64_t> buffer_numel{static_cast<int64_t>(engine.param_shards().size())};
+  for (auto& [name, tensor] : optimizer.state()) buffer_numel.push_back(tensor->numel());
+  for (size_t b = 0; b < device_.buffers.size(); ++b) {
+    staging_.push_back(Tensor::empty({buffer_numel[b]}, DType::f32, MemCategory::other, &tracker));
+    host_.buffers[b] = staging_.back().f32();
+  }
+}
+
+void HostCheckpointState::copy_from_device() {
+  if (staging_.empty()) return;
+  // The compute stream: the optimizer's kernels write the shards and their state there, so these
+  // copies read the values of the last step, not a half-written one.
+  const Stream s = runtime_.compute_stream();
+  for (size_t b = 0; b < staging_.size(); ++b)
+    runtime_.copy_async(host_.buffers[b], device_.buffers[b], staging_[b].bytes(), CopyKind::device_to_host, s);
+  runtime_.synchronize(s);  // the writer reads the staging next
+}
+
+void HostCheckpointState::copy_to_device(bool optimizer_state) {
+  if (staging_.empty()) return;
+  // The loader fills the parameter buffer always, the optimizer's only when asked to: a buffer it
+  // did not fill must not overwrite the device's values.
+  const size_t buffers = optimizer_state ? staging_.size() : 1;
+  const Stream s = runtime_.compute_stream();
+  for (size_t b = 0; b < buffers; ++b)
+    runtime_.copy_async(device_.buffers[b], host_.buffers[b], staging_[b].bytes(), CopyKind::host_to_device, s);
+  // Before the staging is freed; and kernels enqueued later on this stream see the loaded values,
+  // as does the comm stream, which waits for compute before it reads a shard (FsdpEngine::unshard).
+  runtime_.synchronize(s);
 }
 
 std::string resolve_resume(const CheckpointConfig& config, MPI_Comm comm, std::string* note) {

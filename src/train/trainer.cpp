@@ -159,6 +159,36 @@ const BatchBuffers& upload_batch(DeviceRuntime& rt, const BatchBuffers& host, Ba
   return dev;
 }
 
+// output.save_weights, one gathered unit: WeightWriter reads each param's data on the host. A
+// host run writes the bound params in place. On a device run the unit's values (the gathered
+// buffer, or under NO_SHARD in f32 the shard itself) are device memory: they are copied to a host
+// staging buffer (charged `other` until written) and written through stand-in params bound to
+// it, so the engine's bindings are never touched. The copy is enqueued on the compute stream,
+// which wait_for_unshard made wait for the all_gather and the low-precision cast, and after the
+// last optimizer step's kernels; the host waits for it.
+void write_gathered_unit(WeightWriter& writer, const Unit& u, DeviceRuntime& rt, MemoryTracker& mem) {
+  const FlatLayout& layout = u.layout;
+  if (rt.device() == Device::cpu || layout.params.empty()) {
+    writer.write(layout.params);
+    return;
+  }
+  const float* unit_values = layout.params[0]->data - layout.offsets[0];  // the unit's flat buffer
+  Tensor host = Tensor::empty({layout.numel}, DType::f32, MemCategory::other, &mem);
+  const Stream s = rt.compute_stream();
+  rt.copy_async(host.raw(), unit_values, host.bytes(), CopyKind::device_to_host, s);
+  rt.synchronize(s);
+  std::vector<Param> staged;
+  staged.reserve(layout.params.size());
+  std::vector<Param*> staged_ptrs;
+  for (size_t i = 0; i < layout.params.size(); ++i) {
+    staged.push_back(*layout.params[i]);  // name and shape
+    staged.back().data = host.f32() + layout.offsets[i];
+    staged.back().grad = nullptr;
+    staged_ptrs.push_back(&staged.back());
+  }
+  writer.write(staged_ptrs);
+}
+
 struct EvalResult {
   double loss = 0.0, accuracy = 0.0;
 };
@@ -331,7 +361,9 @@ void Trainer::resume(const std::string& path) {
   LoadOptions options;
   options.optimizer = s.c.train.optimizer.kind;
   CheckpointStats stats;
-  CheckpointMeta m = load_checkpoint(path, checkpoint_state(*s.engine, *s.optimizer), options, s.env.mpi_comm, &stats);
+  HostCheckpointState staged(*s.engine, *s.optimizer, s.mem);
+  CheckpointMeta m = load_checkpoint(path, staged.state(), options, s.env.mpi_comm, &stats);
+  staged.copy_to_device(options.optimizer_state);  // a load that threw left the device values as they were
   s.resumed = true;
   s.start_step = m.step;
   s.optimizer->set_step_count(m.optimizer_step);
@@ -385,8 +417,9 @@ CheckpointStats Trainer::save(const std::string& path, int64_t steps_done, doubl
   options.collective = s.c.checkpoint.io == "collective";
   if (s.fault.kill_save_step < 0 || s.fault.kill_save_step == steps_done)  // FSDP_TEST_KILL_RANK_DURING_SAVE
     options.kill_rank = s.fault.kill_rank_during_save;
-  CheckpointStats stats = save_checkpoint(path, checkpoint_state(*s.engine, *s.optimizer), position(steps_done, lr),
-                                          options, s.env.mpi_comm);
+  HostCheckpointState staged(*s.engine, *s.optimizer, s.mem);
+  staged.copy_from_device();
+  CheckpointStats stats = save_checkpoint(path, staged.state(), position(steps_done, lr), options, s.env.mpi_comm);
   if (s.env.rank == 0) {
     std::printf("checkpoint: step %lld saved to %s, %.1f MB in %.2f s (%.2f GB/s)\n",
                 static_cast<long long>(steps_done), path.c_str(), stats.bytes / 1e6, stats.seconds,
@@ -593,7 +626,7 @@ TrainSummary Trainer::run() {
     std::unique_ptr<WeightWriter> writer;
     if (leader) writer = std::make_unique<WeightWriter>(c.output.save_weights);
     engine.for_each_gathered_unit([&](const Unit& u) {
-      if (writer) writer->write(u.layout.params);
+      if (writer) write_gathered_unit(*writer, u, engine.runtime(), mem);
     });
     if (writer) writer->commit();
   }
