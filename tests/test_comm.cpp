@@ -36,10 +36,15 @@
 #include "tensor/dtype.h"
 #include "tensor/error.h"
 
+#include "mpi_test.h"
+
 namespace ut = boost::unit_test;
 using fsdp::Communicator;
 using fsdp::DType;
 using fsdp::ReduceOp;
+using fsdp::testing::report;
+using fsdp::testing::world_rank;
+using fsdp::testing::world_size;
 
 namespace {
 
@@ -50,17 +55,6 @@ constexpr double kTimeout_s = 30;
 constexpr DType kDtypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8};
 constexpr ReduceOp kReduceOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
 constexpr size_t kCounts[] = {0, 1, 7, 1021};  // empty, one, small prime, prime past a page
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 std::unique_ptr<Communicator> make(const std::string& backend, double timeout_s = kTimeout_s) {
   return fsdp::make_communicator(backend, MPI_COMM_WORLD, fsdp::CommOptions{timeout_s});
@@ -178,11 +172,6 @@ Expect expect_reduce(ReduceOp op, DType d, int n, size_t j) {
 
 // ---- checks: every element; one message per buffer; failing ranks other than 0 say so on
 // stderr, since their Boost log is silenced ----
-
-void report(bool ok, const std::string& what) {
-  BOOST_CHECK_MESSAGE(ok, what);
-  if (!ok && world_rank() != 0) std::fprintf(stderr, "[rank %d] check failed: %s\n", world_rank(), what.c_str());
-}
 
 void check_buffer(const Buf& out, const std::function<Expect(size_t)>& expect, const std::string& what) {
   size_t wrong = 0, first = 0;
@@ -584,19 +573,8 @@ void add(ut::test_suite* suite, const std::string& case_name, std::function<void
   suite->add(ut::make_test_case([body] { run_case(body); }, case_name, __FILE__, __LINE__));
 }
 
-std::ostream& null_stream() {
-  static std::ostream s(nullptr);  // badbit: every write is dropped
-  return s;
-}
-
 bool init_suites() {
-  ut::framework::master_test_suite().p_name.value = "comm";
-  if (world_rank() != 0 && !std::getenv("FSDP_TEST_ALL_RANKS")) {
-    ut::unit_test_log.set_threshold_level(ut::log_nothing);
-    ut::unit_test_log.set_stream(null_stream());
-    ut::results_reporter::set_level(ut::NO_REPORT);
-    ut::results_reporter::set_stream(null_stream());
-  }
+  fsdp::testing::init_mpi_suite("comm");
 
   std::vector<std::string> skipped;
   for (const std::string& backend : fsdp::built_backends()) {

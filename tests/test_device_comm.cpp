@@ -35,32 +35,21 @@
 #include "tensor/dtype.h"
 #include "tensor/error.h"
 
+#include "mpi_test.h"
+
 namespace ut = boost::unit_test;
 using fsdp::Communicator;
 using fsdp::CopyKind;
 using fsdp::DType;
 using fsdp::ReduceOp;
 using fsdp::Stream;
+using fsdp::testing::report;
+using fsdp::testing::world_rank;
+using fsdp::testing::world_size;
 
 namespace {
 
 constexpr double kTimeout_s = 30;
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-void report(bool ok, const std::string& what) {
-  BOOST_CHECK_MESSAGE(ok, what);
-  if (!ok && world_rank() != 0) std::fprintf(stderr, "[rank %d] check failed: %s\n", world_rank(), what.c_str());
-}
 
 // ---- the fake device ----
 
@@ -688,25 +677,14 @@ BOOST_AUTO_TEST_CASE(timeout_message_unchanged) {
   }
 }
 
-std::ostream& null_stream() {
-  static std::ostream s(nullptr);
-  return s;
-}
-
-bool init_suite() {
-  ut::framework::master_test_suite().p_name.value = "device_comm";
-  if (world_rank() != 0 && !std::getenv("FSDP_TEST_ALL_RANKS")) {
-    ut::unit_test_log.set_threshold_level(ut::log_nothing);
-    ut::unit_test_log.set_stream(null_stream());
-    ut::results_reporter::set_level(ut::NO_REPORT);
-    ut::results_reporter::set_stream(null_stream());
-  }
-  return true;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   fsdp::MpiSession mpi(&argc, &argv);
-  return ut::unit_test_main(&init_suite, argc, argv);
+  return ut::unit_test_main(
+      [] {
+        fsdp::testing::init_mpi_suite("device_comm");
+        return true;
+      },
+      argc, argv);
 }

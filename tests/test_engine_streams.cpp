@@ -13,7 +13,6 @@
 #define BOOST_TEST_NO_MAIN
 #include <mpi.h>
 #include <unistd.h>
-#include <boost/test/results_reporter.hpp>
 #include <boost/test/unit_test.hpp>
 
 #include <cstdint>
@@ -32,6 +31,7 @@
 #include "comm/mpi_env.h"
 #include "config/config.h"
 #include "fake_device.h"
+#include "mpi_test.h"
 #include "tensor/error.h"
 #include "train/trainer.h"
 
@@ -39,24 +39,11 @@ namespace ut = boost::unit_test;
 using fsdp::testing::FakeDevice;
 using fsdp::testing::FakeDeviceCounts;
 using fsdp::testing::FakeDeviceOptions;
+using fsdp::testing::report;
+using fsdp::testing::world_rank;
+using fsdp::testing::world_size;
 
 namespace {
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-void report(bool ok, const std::string& what) {
-  BOOST_CHECK_MESSAGE(ok, what);
-  if (!ok && world_rank() != 0) std::fprintf(stderr, "[rank %d] check failed: %s\n", world_rank(), what.c_str());
-}
 
 // Files of this job: rank 0's pid names them, so concurrent jobs do not collide.
 std::string job_path(const std::string& name) {
@@ -307,27 +294,12 @@ BOOST_AUTO_TEST_CASE(dropped_stream_waits_are_caught) {
   }
 }
 
-namespace {
-
-std::ostream& null_stream() {
-  static std::ostream s(nullptr);
-  return s;
-}
-
-bool init_suite() {
-  ut::framework::master_test_suite().p_name.value = "engine_streams";
-  if (world_rank() != 0 && !std::getenv("FSDP_TEST_ALL_RANKS")) {
-    ut::unit_test_log.set_threshold_level(ut::log_nothing);
-    ut::unit_test_log.set_stream(null_stream());
-    ut::results_reporter::set_level(ut::NO_REPORT);
-    ut::results_reporter::set_stream(null_stream());
-  }
-  return true;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   fsdp::MpiSession mpi(&argc, &argv);
-  return ut::unit_test_main(&init_suite, argc, argv);
+  return ut::unit_test_main(
+      [] {
+        fsdp::testing::init_mpi_suite("engine_streams");
+        return true;
+      },
+      argc, argv);
 }
