@@ -79,7 +79,7 @@ WeightWriter::WeightWriter(const std::string& path) : path_(path), tmp_path_(pat
   // No object timestamps: the same weights give the same file bytes (checksums of outputs, and
   // the tests' byte comparison of host and device runs).
   H5Id gcpl(H5Pcreate(H5P_GROUP_CREATE), H5Pclose);
-  H5Pset_obj_track_times(gcpl.get(), 0);
+  H5Pset_obj_track_times(gcpl.get(), false);
   group_ = H5Id(H5Gcreate2(file_.get(), "/model", H5P_DEFAULT, gcpl.get(), H5P_DEFAULT), H5Gclose);
   if (!group_.valid()) throw Error("cannot create /model in " + tmp_path_);
 }
@@ -94,7 +94,7 @@ WeightWriter::~WeightWriter() {
 
 void WeightWriter::write(const std::vector<Param*>& params) {
   H5Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-  H5Pset_obj_track_times(dcpl.get(), 0);  // see the constructor
+  H5Pset_obj_track_times(dcpl.get(), false);  // see the constructor
   for (const Param* p : params) {
     std::vector<hsize_t> dims(p->shape.begin(), p->shape.end());
     H5Id space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
