@@ -75,7 +75,6 @@ struct RunResult {
   std::string weights;      // output.save_weights file's bytes, rank 0 only
   FakeDeviceCounts counts;  // device runs
   std::vector<std::string> device_errors;
-  int64_t device_bytes_after = -1;  // device memory still allocated when the run ended
 };
 
 // One training run in this process. device: the fake device (train.device cuda); otherwise the
