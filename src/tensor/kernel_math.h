@@ -4,7 +4,7 @@
 //   - Philox4x32-10 and uniform(counter): CounterRng (tensor/rng.cpp) bit for bit;
 //   - dropout's keep rule (nn/activation.cpp): mask = uniform >= p ? scale : 0;
 //   - exact (erf) GELU forward and backward as ops.cpp computes them;
-//   - f32 <-> bf16 / f16 round to nearest even and back (tensor/dtype.h);
+//   - f32 <-> bf16 / f16 round to nearest even and back (tensor/half_math.h, also dtype.h's);
 //   - one element of SGD, Adadelta and AdamW (optim/optimizer.cpp) from kernels.h's Args.
 //
 // Floating-point contraction. The CPU build (-march=native, GCC's default -ffp-contract=fast)
@@ -27,16 +27,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "tensor/half_math.h"
 #include "tensor/kernels.h"
-
-// The one preprocessor switch of the CUDA part of tensor/: FSDP_HD marks functions for both
-// the host and the device when nvcc compiles; add_unfused picks the device intrinsic in nvcc's
-// device pass.
-#ifdef __CUDACC__
-#define FSDP_HD __host__ __device__
-#else
-#define FSDP_HD
-#endif
 
 namespace fsdp::kmath {
 
@@ -47,17 +39,6 @@ FSDP_HD inline float add_unfused(float a, float b) {
 #else
   return fmaf(a, 1.0f, b);  // GCC keeps fma(a, 1, b): optimizer.cpp's madd(x, 1.0f, p)
 #endif
-}
-
-FSDP_HD inline uint32_t bits_of(float f) {
-  uint32_t u = 0;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-FSDP_HD inline float float_of(uint32_t u) {
-  float f = 0.0f;
-  memcpy(&f, &u, sizeof f);
-  return f;
 }
 
 // --- Philox4x32-10 (CounterRng::block): counter in words 0-1, stream in words 2-3, key 0-1.
@@ -108,53 +89,6 @@ FSDP_HD inline float gelu_backward(float dy, float x) {
   const float pdf = kInvSqrt2Pi * expf(-0.5f * x * x);
   // cdf + x * pdf with cdf = 0.5 * (1 + erf), as the CPU build computes it (see the top).
   return dy * fmaf(0.5f, one_plus_erf, x * pdf);
-}
-
-// --- f32 <-> bf16 / f16 (tensor/dtype.h): round to nearest even, NaN quiet, overflow to inf.
-FSDP_HD inline uint16_t f32_to_bf16(float value) {
-  uint32_t u = bits_of(value);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-FSDP_HD inline float bf16_to_f32(uint16_t bits) { return float_of(static_cast<uint32_t>(bits) << 16); }
-
-FSDP_HD inline uint16_t f32_to_f16(float value) {
-  uint32_t u = bits_of(value);
-  uint32_t sign = (u >> 16) & 0x8000u;
-  uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((abs >> 13) & 0x3ffu));  // NaN
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
-  int32_t exp = static_cast<int32_t>(abs >> 23) - 127;
-  if (exp >= -14) {  // normal f16
-    uint32_t mant = abs & 0x7fffffu;
-    uint32_t h = (static_cast<uint32_t>(exp + 15) << 10) | (mant >> 13);
-    uint32_t rest = mant & 0x1fffu;
-    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h += 1;
-    return static_cast<uint16_t>(sign | h);
-  }
-  if (exp < -25) return static_cast<uint16_t>(sign);  // below half the smallest subnormal: zero
-  uint32_t mant = (abs & 0x7fffffu) | 0x800000u;      // subnormal f16: m * 2^-24, m < 1024
-  int shift = -exp - 14 + 13;
-  uint32_t h = mant >> shift;
-  uint32_t rest = mant & ((1u << shift) - 1u);
-  uint32_t half = 1u << (shift - 1);
-  if (rest > half || (rest == half && (h & 1u))) h += 1;
-  return static_cast<uint16_t>(sign | h);
-}
-
-FSDP_HD inline float f16_to_f32(uint16_t bits) {
-  uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
-  uint32_t exp = (bits >> 10) & 0x1fu;
-  uint32_t mant = bits & 0x3ffu;
-  if (exp == 0x1f) return float_of(sign | 0x7f800000u | (mant << 13));  // inf / NaN
-  if (exp == 0) {
-    if (mant == 0) return float_of(sign);
-    float v = static_cast<float>(mant) * 5.9604644775390625e-8f;  // exact: mant * 2^-24 (dtype.h's ldexp)
-    return sign ? -v : v;
-  }
-  return float_of(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
 // --- Optimizer updates of one element (optim/optimizer.cpp; madd -> fmaf, see the top).
