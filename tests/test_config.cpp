@@ -453,6 +453,28 @@ BOOST_AUTO_TEST_CASE(malformed_yaml_names_the_line) {
   BOOST_TEST(error_of("---\n---\n") == "in.yaml:3: only one YAML document is allowed");
 }
 
+// yaml-cpp passes bad bytes through on the first read but turns them into U+FFFD on a read of
+// its own emitter's text, so a checkpoint's stored config would name another folder (found by
+// tests/fuzz/fuzz_config).
+BOOST_AUTO_TEST_CASE(input_must_be_utf8) {
+  BOOST_TEST(error_of("train:\n  epochs: 1\ncheckpoint: {dir: \"ck\xff\"}\n") ==
+             "in.yaml:3: not UTF-8 text (byte 0xff at column 22); YAML input must be UTF-8");
+  BOOST_TEST(error_of("\xc3(") == "in.yaml:1: not UTF-8 text (byte 0xc3 at column 1); YAML input must be UTF-8");
+  // overlong '/', a surrogate, above U+10FFFF, a cut sequence at the end
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"\xc0\xaf", "0xc0"}, {"\xed\xa0\x80", "0xed"}, {"\xf4\x90\x80\x80", "0xf4"}, {"\xe2\x82", "0xe2"}};
+  for (const auto& [bytes, hex] : bad)
+    BOOST_TEST(error_of("# " + bytes) ==
+               "in.yaml:1: not UTF-8 text (byte " + hex + " at column 3); YAML input must be UTF-8");
+  BOOST_TEST(error_of("", {"checkpoint.dir=ck\xff\x01"}) ==
+             "--set checkpoint.dir: not UTF-8 text (byte 0xff at offset 17); YAML input must be UTF-8");
+  // Well-formed multi-byte text loads and round-trips through yaml_text.
+  const Config c = parse_config("# caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\n", "in.yaml",
+                                {"checkpoint.dir=ck_\xc3\xa9\xf4\x8f\xbf\xbf"});
+  BOOST_TEST(c.checkpoint.dir == "ck_\xc3\xa9\xf4\x8f\xbf\xbf");
+  BOOST_TEST(parse_config(c.yaml_text, "checkpoint").checkpoint.dir == c.checkpoint.dir);
+}
+
 BOOST_AUTO_TEST_CASE(line_numbers_of_nested_keys) {
   const std::string text =
       "# comment\n"

@@ -185,6 +185,49 @@ std::string describe(const YAML::Node& n) {
   }
 }
 
+// Offset of the first byte that is not part of well-formed UTF-8 (RFC 3629: no overlong forms,
+// no surrogates, nothing above U+10FFFF), or npos. YAML input is UTF-8; yaml-cpp passes bad bytes
+// through on the first read but its emitter and a second read turn them into U+FFFD, so a run
+// resumed from the config a checkpoint stores would get another checkpoint.dir or data.path.
+size_t first_bad_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    if (b < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+    if (b >= 0xC2 && b <= 0xDF) {
+      len = 2;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      len = 3;
+      if (b == 0xE0) lo = 0xA0;  // overlong
+      if (b == 0xED) hi = 0x9F;  // surrogates
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      len = 4;
+      if (b == 0xF0) lo = 0x90;  // overlong
+      if (b == 0xF4) hi = 0x8F;  // above U+10FFFF
+    } else {
+      return i;
+    }
+    if (i + len > s.size()) return i;
+    for (size_t k = 1; k < len; ++k) {
+      const auto c = static_cast<unsigned char>(s[i + k]);
+      if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xBF)) return i;
+    }
+    i += len;
+  }
+  return std::string_view::npos;
+}
+
+std::string hex_byte(char c) {
+  char text[8];
+  std::snprintf(text, sizeof text, "0x%02x", static_cast<unsigned char>(c));
+  return text;
+}
+
 bool is_prefix(std::string_view prefix, std::string_view path) {
   return path.starts_with(prefix) && (path.size() == prefix.size() || path[prefix.size()] == '.');
 }
@@ -332,6 +375,13 @@ YAML::Node Reader::load(const std::string& text) const {
   // never returns from LoadAll on a stray ',' outside brackets, handing out the same empty
   // document forever (jbeder/yaml-cpp#1040, fixed upstream after 0.8). Three documents tell
   // that repeat (a document starting where the last one did) from a genuine second document.
+  if (const size_t bad = first_bad_utf8(text); bad != std::string_view::npos) {
+    const size_t newline = bad == 0 ? std::string::npos : text.rfind('\n', bad - 1);
+    const size_t column = newline == std::string::npos ? bad + 1 : bad - newline;
+    throw ConfigError(source_ + ":" + std::to_string(std::count(text.begin(), text.begin() + bad, '\n') + 1) +
+                      ": not UTF-8 text (byte " + hex_byte(text[bad]) + " at column " + std::to_string(column) +
+                      "); YAML input must be UTF-8");
+  }
   DocumentMarks marks;
   std::vector<YAML::Node> docs;
   try {
@@ -364,6 +414,9 @@ YAML::Node Reader::load(const std::string& text) const {
 void Reader::apply(const std::string& text, YAML::Node& root) {
   const size_t eq = text.find('=');
   const std::string key = text.substr(0, eq);
+  if (const size_t bad = first_bad_utf8(text); bad != std::string_view::npos)
+    throw ConfigError("--set " + key.substr(0, std::min(bad, key.size())) + ": not UTF-8 text (byte " +
+                      hex_byte(text[bad]) + " at offset " + std::to_string(bad) + "); YAML input must be UTF-8");
   std::vector<std::string> parts;
   for (size_t b = 0, e = 0; e != std::string::npos; b = e + 1)
     parts.push_back(key.substr(b, (e = key.find('.', b)) - b));
