@@ -378,7 +378,7 @@ YAML::Node Reader::load(const std::string& text) const {
   if (const size_t bad = first_bad_utf8(text); bad != std::string_view::npos) {
     const size_t newline = bad == 0 ? std::string::npos : text.rfind('\n', bad - 1);
     const size_t column = newline == std::string::npos ? bad + 1 : bad - newline;
-    throw ConfigError(source_ + ":" + std::to_string(std::count(text.begin(), text.begin() + bad, '\n') + 1) +
+    throw ConfigError(source_ + ":" + std::to_string(std::count(text.data(), text.data() + bad, '\n') + 1) +
                       ": not UTF-8 text (byte " + hex_byte(text[bad]) + " at column " + std::to_string(column) +
                       "); YAML input must be UTF-8");
   }
