@@ -371,10 +371,6 @@ std::string Reader::at(const std::string& path) const {
 }
 
 YAML::Node Reader::load(const std::string& text) const {
-  // Documents are counted with the parser here, not with YAML::LoadAll: yaml-cpp 0.7 (Debian 12)
-  // never returns from LoadAll on a stray ',' outside brackets, handing out the same empty
-  // document forever (jbeder/yaml-cpp#1040, fixed upstream after 0.8). Three documents tell
-  // that repeat (a document starting where the last one did) from a genuine second document.
   if (const size_t bad = first_bad_utf8(text); bad != std::string_view::npos) {
     const size_t newline = bad == 0 ? std::string::npos : text.rfind('\n', bad - 1);
     const size_t column = newline == std::string::npos ? bad + 1 : bad - newline;
@@ -382,6 +378,10 @@ YAML::Node Reader::load(const std::string& text) const {
                       ": not UTF-8 text (byte " + hex_byte(text[bad]) + " at column " + std::to_string(column) +
                       "); YAML input must be UTF-8");
   }
+  // Documents are counted with the parser here, not with YAML::LoadAll: yaml-cpp 0.7 (Debian 12)
+  // never returns from LoadAll on a stray ',' outside brackets, handing out the same empty
+  // document forever (jbeder/yaml-cpp#1040, fixed upstream after 0.8). Three documents tell
+  // that repeat (a document starting where the last one did) from a genuine second document.
   DocumentMarks marks;
   std::vector<YAML::Node> docs;
   try {
