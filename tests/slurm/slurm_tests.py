@@ -8,7 +8,9 @@ compared with plain mpirun runs of the same configuration.
            step's loss equals a plain `mpirun -np 4` run's exactly
   hybrid   hybrid.sbatch on two slurmd nodes x 2 tasks (HYBRID_SHARD, a shard group per node):
            completes on both nodes, shard groups of 2 x 2 replicas, losses within rel 1e-5 of
-           a plain 4-rank FULL_SHARD run of the same global batch
+           a plain 4-rank FULL_SHARD run of the same global batch. A job that dies in MPI
+           start-up (a signal, no step, no fsdp_app line) is submitted once more, and the
+           check's line says so (see crashed_in_mpi_startup)
   requeue  resume.sbatch, `scontrol requeue` after its first checkpoint: the second launch
            resumes from the newest complete checkpoint; the final checkpoint is bitwise the
            uninterrupted run's, and so is every logged loss
@@ -187,22 +189,44 @@ def train_case(cl, name, ref, env_extra):
 # ---------------------------------------------------------------------------------------------
 # hybrid.sbatch
 
+def crashed_in_mpi_startup(j, log):
+    """Why the job died in MPI start-up, or None: it failed before its first step with a process
+    killed by a signal, and fsdp_app itself printed nothing (no `fsdp_app:` line). Seen twice
+    (once in CI's sanitize stage, once in about 90 local runs of this case; none in 300 other
+    hybrid jobs): task 3 (on n2) took SIGSEGV at address 0 in its first second, in MPI_Init or
+    the first collective, and its node peer then failed to connect to it over TCP. Not root-caused: the two emulated nodes share one hostname, which Open MPI 4.1 keys
+    node-local resources on (vader's segments, the reason CROSS_NODE_ENV exists); a real cluster
+    never has that."""
+    if j.get("JobState") == "COMPLETED" or step_lines(log) or re.search(r"^fsdp_app:", log, re.M):
+        return None
+    sig = re.search(r"^.*(?:Caught signal \d+ \([^)]*\)|task \d+: (?:Segmentation fault|Aborted|Bus error)).*$", log, re.M)
+    return sig.group(0).strip() if sig else None
+
+
 def hybrid_case(cl, ref):
-    d = H.path("hybrid")
-    metrics = os.path.join(d, "m.jsonl")
-    t0 = time.time()
-    jid = submit(cl, "hybrid.sbatch", d, sets(SYN + [f"output.metrics={metrics}"]), CROSS_NODE_ENV,
-                 sbatch_opts=["--nodes=2", "--ntasks-per-node=2"])
-    j = cl.wait(jid, 240)
-    secs = time.time() - t0
-    log = log_of(d, jid)
+    metrics = ""
+    retried = ""
+    for attempt in (1, 2):
+        d = H.path("hybrid" if attempt == 1 else "hybrid-retry")
+        metrics = os.path.join(d, "m.jsonl")
+        t0 = time.time()
+        jid = submit(cl, "hybrid.sbatch", d, sets(SYN + [f"output.metrics={metrics}"]), CROSS_NODE_ENV,
+                     sbatch_opts=["--nodes=2", "--ntasks-per-node=2"])
+        j = cl.wait(jid, 240)
+        secs = time.time() - t0
+        log = log_of(d, jid)
+        why = crashed_in_mpi_startup(j, log)
+        if attempt == 2 or why is None:
+            break
+        # Once, and said in the check's line: a second start-up crash fails the case.
+        retried = f"; retried once: job {jid} crashed in MPI start-up ({why}), log {d}/slurm-{jid}.out"
     done = re.search(r"^done: (\d+) steps", log, re.M)
     ok = (j.get("JobState") == "COMPLETED" and j.get("ExitCode") == "0:0" and j.get("NumNodes") == "2" and
           j.get("NodeList") == "n[1-2]" and len(step_lines(log)) == STEPS and done is not None)
     H.check("hybrid: 2 nodes x 2 tasks complete", ok,
             f"job {jid} {job_exit(j)} on {j.get('NumNodes')} nodes {j.get('NodeList')} in {secs:.1f} s; "
             f"{len(step_lines(log))} step lines; {'`' + done.group(0) + '`' if done else 'no done: line'}"
-            + ("" if ok else f"; log tail: {log[-600:]!r}"))
+            + retried + ("" if ok else f"; log tail: {log[-600:]!r}"))
     mesh = re.search(r"^mesh: .*$", log, re.M)
     strategy = re.search(r"^fsdp_app: .*?, (\S+) on (\d+) ranks", log, re.M)
     if mesh:
