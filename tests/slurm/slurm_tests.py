@@ -194,7 +194,8 @@ def crashed_in_mpi_startup(j, log):
     killed by a signal, and fsdp_app itself printed nothing (no `fsdp_app:` line). Seen twice
     (once in CI's sanitize stage, once in about 90 local runs of this case; none in 300 other
     hybrid jobs): task 3 (on n2) took SIGSEGV at address 0 in its first second, in MPI_Init or
-    the first collective, and its node peer then failed to connect to it over TCP. Not root-caused: the two emulated nodes share one hostname, which Open MPI 4.1 keys
+    the first collective, and its node peer then failed to connect to it over TCP. Not
+    root-caused. A suspect: the two emulated nodes share one hostname, which Open MPI 4.1 keys
     node-local resources on (vader's segments, the reason CROSS_NODE_ENV exists); a real cluster
     never has that."""
     if j.get("JobState") == "COMPLETED" or step_lines(log) or re.search(r"^fsdp_app:", log, re.M):
