@@ -205,7 +205,6 @@ def crashed_in_mpi_startup(j, log):
 
 
 def hybrid_case(cl, ref):
-    metrics = ""
     retried = ""
     for attempt in (1, 2):
         d = H.path("hybrid" if attempt == 1 else "hybrid-retry")
