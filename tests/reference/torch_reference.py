@@ -1,11 +1,15 @@
 #!/usr/bin/python3
-"""PyTorch reference run for tests/reference/check_reference.sh.
+"""PyTorch reference run for tests/reference/check_reference.py.
 
 For one model kind: builds the torch twin (torch_models.py) under torch.manual_seed(seed),
 writes its initial state_dict to OUT/init.h5 (/model/<name>, float32, PyTorch shapes; what
 fsdp_app's model.init_from loads), trains `--steps` optimizer steps on exactly the batches
 fsdp_app sees with shuffle off and dropout off, and writes the per-step losses to
 OUT/torch_losses.json ({"model": ..., "losses": [...]}).
+`--states` also writes torch's whole training state after every step s (1..steps) to
+OUT/state_<s, 3 digits>.h5: /model/<name> (the weights), /optim/<name>/<state> (Adadelta's
+square_avg and acc_delta, AdamW's exp_avg and exp_avg_sq: the names fsdp-hpc's checkpoints use)
+and the root attribute optimizer_step, so that every step can be replayed from torch's state.
 
 The settings mirror tests/reference/<kind>.yaml (keep the two in step):
   mnist_cnn:   Fashion-MNIST train set, (uint8/255 - 0.2860)/0.3530 in float32, step s = samples
@@ -103,6 +107,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--data", default=None, help="Fashion-MNIST folder or text file")
     ap.add_argument("--debug-grads", action="store_true")
+    ap.add_argument("--states", action="store_true",
+                    help="write the weights and optimizer state after every step (state_NNN.h5)")
     ap.add_argument("--mkldnn-too", action="store_true",
                     help="also record the trajectory with torch's mkldnn convolutions")
     args = ap.parse_args()
@@ -122,7 +128,8 @@ def main():
 
     result = {"model": args.model}
     with torch.backends.mkldnn.flags(enabled=False):
-        result["losses"] = train(model, args.model, batches, args.out if args.debug_grads else None)
+        result["losses"] = train(model, args.model, batches, args.out if args.debug_grads else None,
+                                 args.out if args.states else None)
     if args.mkldnn_too:
         model.load_state_dict(init)
         with torch.backends.mkldnn.flags(enabled=True):
@@ -132,7 +139,25 @@ def main():
         f.write("\n")
 
 
-def train(model, kind, batches, grads_dir):
+def write_state(model, opt, path):
+    """Weights and optimizer state, named as in fsdp-hpc's consolidated checkpoints."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    with h5py.File(path, "w") as f:
+        for name, t in model.state_dict().items():
+            f[f"model/{name}"] = t.detach().float().numpy()
+        steps = set()
+        for p, st in opt.state.items():
+            for key, v in st.items():
+                if key == "step":
+                    steps.add(int(v))
+                else:
+                    f[f"optim/{names[id(p)]}/{key}"] = v.detach().float().numpy()
+        if len(steps) != 1:
+            raise SystemExit(f"{path}: parameters disagree on the optimizer step: {sorted(steps)}")
+        f.attrs["optimizer_step"] = steps.pop()
+
+
+def train(model, kind, batches, grads_dir, states_dir=None):
     """Trains from the model's current weights with a fresh optimizer; returns the losses."""
     if kind == "mnist_cnn":
         opt = torch.optim.Adadelta(model.parameters(), lr=1.0, rho=0.9, eps=1e-6, foreach=False)
@@ -156,6 +181,8 @@ def train(model, kind, batches, grads_dir):
                     print(f"grad_norm {name} {g.double().norm().item():.9g}")
         opt.step()
         losses.append(loss.item())
+        if states_dir:
+            write_state(model, opt, os.path.join(states_dir, f"state_{step + 1:03d}.h5"))
     return losses
 
 
