@@ -10,6 +10,8 @@
 # of executions and the outcome; a crash, sanitizer report, timeout (> 25 s on one input), an
 # allocation over 1 GiB or an RSS over 2 GiB fails the target and prints the reproducer path
 # and the command that replays it. Ends with `N passed, N failed`; exits 1 on any failure.
+# FUZZ_BUILD_ONLY=1 builds the targets and stops. Targets run FUZZ_JOBS at a time (default: the
+# number of cores; each libFuzzer is one process), each for the full SECONDS_PER_TARGET.
 #
 # A reproducer becomes a regression: fix the reader, then copy the file into
 # tests/fuzz/regressions/<target>/ (the normal build replays it as the meson test
@@ -79,6 +81,9 @@ start=$SECONDS
 meson compile -C "$build" "${targets[@]/#/fuzz_}" >"$build/fuzz-build.log" 2>&1 || {
   tail -40 "$build/fuzz-build.log"; echo "fuzz: build failed"; exit 1; }
 echo "fuzz: built ${#targets[@]} targets in $((SECONDS - start)) s ($build)"
+# FUZZ_BUILD_ONLY=1: stop here (.ci/run builds the targets in the background while other stages
+# run, then fuzzes in the foreground).
+if [ "${FUZZ_BUILD_ONLY:-0}" = 1 ]; then exit 0; fi
 
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export ASAN_OPTIONS="abort_on_error=0:detect_stack_use_after_return=0:${ASAN_OPTIONS:-}"
@@ -93,9 +98,11 @@ list_artifacts() {
   find "$1" -maxdepth 1 -type f \( -name 'crash-*' -o -name 'leak-*' -o -name 'timeout-*' -o -name 'oom-*' \) | sort
 }
 
-passed=0
-failed=0
-for t in "${targets[@]}"; do
+# fuzz_target T: fuzzes T for $seconds s and writes its report to $work/T.report and PASS or FAIL
+# to $work/T.status. libFuzzer runs one process (ckpt_raw: one fork-mode worker), so targets run
+# FUZZ_JOBS at a time (default: the number of cores), each still for its full $seconds.
+fuzz_target() {
+  local t=$1 exe corpus dirs asan log before_list rc runs kind f
   exe="$build/tests/fuzz/fuzz_$t"
   corpus="$work/$t"
   mkdir -p "$corpus" "$artifacts/$t"
@@ -116,9 +123,7 @@ for t in "${targets[@]}"; do
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   [ -z "$runs" ] && runs=$(sed -n 's/^Done \([0-9]*\) runs.*/\1/p' "$log" | tail -1)
   [ -z "$runs" ] && runs=$(grep -oE '^#[0-9]+' "$log" | tail -1 | tr -d '#')
-  ours=()
-  hdf5=()
-  alone=()
+  local ours=() hdf5=() alone=()
   while read -r f; do
     [ -z "$f" ] && continue
     kind=ours
@@ -129,30 +134,49 @@ for t in "${targets[@]}"; do
       *) ours+=("$f") ;;
     esac
   done < <(comm -13 <(echo "$before_list") <(list_artifacts "$artifacts/$t"))
-  # A crash may leave no artifact (an abort in libFuzzer itself): the exit status still counts.
-  if [ ${#ours[@]} -eq 0 ] && { [ $rc -eq 0 ] || [ $((${#hdf5[@]} + ${#alone[@]})) -gt 0 ]; }; then
+  {
+    # A crash may leave no artifact (an abort in libFuzzer itself): the exit status still counts.
+    if [ ${#ours[@]} -eq 0 ] && { [ $rc -eq 0 ] || [ $((${#hdf5[@]} + ${#alone[@]})) -gt 0 ]; }; then
+      echo PASS >"$work/$t.status"
+      printf 'fuzz %-12s PASS  %s runs in %s s, 0 crashes' "$t" "${runs:-0}" "$seconds"
+      [ ${#hdf5[@]} -gt 0 ] && printf ' (%s crash(es) inside libhdf5, not ours)' "${#hdf5[@]}"
+      [ ${#alone[@]} -gt 0 ] && printf ' (%s crash(es) that do not recur when replayed alone)' "${#alone[@]}"
+      echo
+    else
+      echo FAIL >"$work/$t.status"
+      printf 'fuzz %-12s FAIL  %s runs, %s crash(es), exit %s\n' "$t" "${runs:-0}" "${#ours[@]}" "$rc"
+      grep -m1 -E 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|broken promise|terminate called' "$log" \
+        | sed 's/^/    /'
+      for f in "${ours[@]}"; do
+        echo "    reproducer: $f"
+        echo "    replay:     ASAN_OPTIONS=$asan $exe $f"
+      done
+      echo "    log:        $log"
+    fi
+    for f in "${hdf5[@]}"; do
+      echo "    libhdf5 crash (HDF5 bug on a damaged file): $f"
+    done
+    for f in "${alone[@]}"; do
+      echo "    crash after earlier inputs, passes alone (state left by libhdf5?): $f"
+    done
+  } >"$work/$t.report"
+}
+
+jobs_max=${FUZZ_JOBS:-$(nproc)}
+for t in "${targets[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+  fuzz_target "$t" &
+done
+wait
+passed=0
+failed=0
+for t in "${targets[@]}"; do
+  cat "$work/$t.report" 2>/dev/null || echo "fuzz $t: no report (the runner died)"
+  if [ "$(cat "$work/$t.status" 2>/dev/null)" = PASS ]; then
     passed=$((passed + 1))
-    printf 'fuzz %-12s PASS  %s runs in %s s, 0 crashes' "$t" "${runs:-0}" "$seconds"
-    [ ${#hdf5[@]} -gt 0 ] && printf ' (%s crash(es) inside libhdf5, not ours)' "${#hdf5[@]}"
-    [ ${#alone[@]} -gt 0 ] && printf ' (%s crash(es) that do not recur when replayed alone)' "${#alone[@]}"
-    echo
   else
     failed=$((failed + 1))
-    printf 'fuzz %-12s FAIL  %s runs, %s crash(es), exit %s\n' "$t" "${runs:-0}" "${#ours[@]}" "$rc"
-    grep -m1 -E 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|broken promise|terminate called' "$log" \
-      | sed 's/^/    /'
-    for f in "${ours[@]}"; do
-      echo "    reproducer: $f"
-      echo "    replay:     ASAN_OPTIONS=$asan $exe $f"
-    done
-    echo "    log:        $log"
   fi
-  for f in "${hdf5[@]}"; do
-    echo "    libhdf5 crash (HDF5 bug on a damaged file): $f"
-  done
-  for f in "${alone[@]}"; do
-    echo "    crash after earlier inputs, passes alone (state left by libhdf5?): $f"
-  done
 done
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]
