@@ -124,6 +124,10 @@ int main(int argc, char** argv) {
   try {
     trainer->run();
     return 0;
+  } catch (const fsdp::AgreedError& e) {
+    // Every rank stopped here with this message: one line, and a normal end on every rank.
+    if (mpi.rank() == 0) std::fprintf(stderr, "fsdp_app: %s\n", e.what());
+    return 1;
   } catch (const std::exception& e) {
     if (mpi.size() > 1)
       std::fprintf(stderr, "fsdp_app: rank %d: %s\n", mpi.rank(), describe(e).c_str());

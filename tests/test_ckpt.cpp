@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <numeric>
 
 #include "ckpt/checkpoint.h"
@@ -311,6 +312,36 @@ BOOST_AUTO_TEST_CASE(damaged_or_mismatched_files_are_refused_with_one_line) {
   BOOST_TEST(load_into(dir.file("half.h5"), kSpecs) != "");
   std::ofstream(dir.file("text.h5")) << "model: {kind: mnist_cnn}\n";
   BOOST_TEST(load_into(dir.file("text.h5"), kSpecs).find("not an HDF5 file") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(a_state_holding_nan_or_inf_is_never_written) {
+  TempDir dir;
+  const std::string path = checkpoint_path(dir.path.string(), 3);
+  for (CheckpointFormat format : {CheckpointFormat::consolidated, CheckpointFormat::sharded})
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                      -std::numeric_limits<float>::infinity()}) {
+      ToyState a(kSpecs, {{0, 1}, {2, 3}}, 4, {"exp_avg", "exp_avg_sq"});
+      a.fill();
+      a.at("b.weight", 2, 5) = bad;  // one element of one optimizer state
+      SaveOptions options;
+      options.format = format;
+      try {
+        save_checkpoint(path, a.st, some_meta(), options, MPI_COMM_NULL);
+        BOOST_FAIL("a state holding " << bad << " was saved");
+      } catch (const NonFiniteCheckpoint& e) {
+        BOOST_TEST(std::string(e.what()) ==
+                   "checkpoint: b.weight (exp_avg_sq) holds non-finite values (NaN or Inf); " + path + " not written");
+      }
+      BOOST_TEST(!fs::exists(path));
+      BOOST_TEST(!fs::exists(path + ".tmp"));
+    }
+  // Padding is not a tensor: what it holds does not stop a save.
+  ToyState a(kSpecs, {{0, 1}, {2, 3}}, 4, {});
+  a.fill();
+  BOOST_REQUIRE(a.st.units[0].padded_numel > a.layouts[0].numel);
+  a.buffers[0][a.layouts[0].numel] = std::numeric_limits<float>::quiet_NaN();
+  save_checkpoint(path, a.st, some_meta(), {}, MPI_COMM_NULL);
+  BOOST_TEST(fs::exists(path));
 }
 
 BOOST_AUTO_TEST_CASE(checkpoint_folders_resume_from_the_newest_complete_file_and_keep_k) {

@@ -958,6 +958,21 @@ BOOST_AUTO_TEST_CASE(elementwise_ops) {
   BOOST_TEST(y == (std::vector<float>{0, 0, 0, 0.25f, 3.0f}));
   ops::relu_backward(dx.data(), dy.data(), y.data(), 5);
   BOOST_TEST(dx == (std::vector<float>{0, 0, 0, 4, 5}));
+  {
+    // torch.relu: NaN stays NaN, -0 stays -0, +-inf clamp as numbers; its backward passes the
+    // gradient where the output is not <= 0 (NaN included). Values printed by torch 1.13.
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    std::vector<float> xs = {nan, -0.0f, -1.0f, 2.0f, inf, -inf}, ys(6), ds(6), ones(6, 1.0f);
+    ops::relu_forward(ys.data(), xs.data(), 6);
+    BOOST_TEST(std::isnan(ys[0]));
+    BOOST_TEST((ys[1] == 0.0f && std::signbit(ys[1])));
+    BOOST_TEST((ys[2] == 0.0f && !std::signbit(ys[2])));
+    BOOST_TEST(ys[3] == 2.0f);
+    BOOST_TEST(ys[4] == inf);
+    BOOST_TEST((ys[5] == 0.0f && !std::signbit(ys[5])));
+    ops::relu_backward(ds.data(), ones.data(), ys.data(), 6);
+    BOOST_TEST(ds == (std::vector<float>{1, 0, 0, 1, 1, 0}));
+  }
   ops::gelu_forward(y.data(), x.data(), 5);
   ops::gelu_backward(dx.data(), dy.data(), x.data(), 5);
   for (int i = 0; i < 5; ++i) {

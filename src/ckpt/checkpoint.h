@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "nn/flat.h"
+#include "tensor/error.h"
 
 namespace fsdp {
 
@@ -96,10 +97,20 @@ struct LoadOptions {
   std::string optimizer;        // with optimizer_state: the kind this run uses (must match)
 };
 
+// A checkpoint whose tensors are not all finite (a diverged run's): save_checkpoint does not
+// write one and load_checkpoint does not load one (after its CRC checks pass), on every rank
+// alike, so a run that diverged never replaces good checkpoints and `resume: auto` can pass over
+// such a file.
+class NonFiniteCheckpoint : public Error {
+ public:
+  using Error::Error;
+};
+
 // Collective over comm. Fills every rank's shard (params, and optimizer state when asked) from
 // a checkpoint of either format written at any world size, strategy or wrap policy. Verifies
 // each tensor's crc32 from the pieces all ranks read. A bad file is an Error with one line,
-// thrown on every rank (no rank is left waiting).
+// thrown on every rank (no rank is left waiting); a sound file holding NaN or Inf is a
+// NonFiniteCheckpoint (the shards then hold its values: load another file or stop).
 CheckpointMeta load_checkpoint(const std::string& path, const ShardedState& state, const LoadOptions& options,
                                MPI_Comm comm, CheckpointStats* stats = nullptr);
 
@@ -112,6 +123,9 @@ std::string best_checkpoint_path(const std::string& dir);
 // The newest ckpt_*.h5 in dir whose attributes read back complete ("" when none); files that do
 // not (a torn copy, a foreign file) are skipped with a note in `skipped`. One process.
 std::string latest_checkpoint(const std::string& dir, std::vector<std::string>* skipped = nullptr);
+// The newest `max_count` of those, newest first (resume: auto tries them in this order).
+std::vector<std::string> complete_checkpoints(const std::string& dir, std::vector<std::string>* skipped = nullptr,
+                                              size_t max_count = SIZE_MAX);
 // After a save of step `saved_step`: removes all but the newest `keep` ckpt_*.h5 files of steps
 // up to saved_step, and any stale .tmp file. Files of later steps (junk, or a previous run's in a
 // reused folder) are never what pushes the file just saved out. One process.

@@ -51,17 +51,25 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   return read_meta(file.get(), what);
 }
 
-std::string latest_checkpoint(const std::string& dir, std::vector<std::string>* skipped) {
+std::vector<std::string> complete_checkpoints(const std::string& dir, std::vector<std::string>* skipped,
+                                              size_t max_count) {
+  std::vector<std::string> out;
   for (const auto& [step, path] : step_files(dir)) {
+    if (out.size() >= max_count) break;
     try {
       CheckpointMeta m = read_checkpoint_meta(path);
       if (m.step != step) throw Error("checkpoint " + path + ": its step attribute says " + std::to_string(m.step));
-      return path;
+      out.push_back(path);
     } catch (const Error& e) {
       if (skipped) skipped->push_back(e.what());
     }
   }
-  return "";
+  return out;
+}
+
+std::string latest_checkpoint(const std::string& dir, std::vector<std::string>* skipped) {
+  std::vector<std::string> newest = complete_checkpoints(dir, skipped, 1);
+  return newest.empty() ? "" : newest.front();
 }
 
 void prune_checkpoints(const std::string& dir, int64_t keep, int64_t saved_step) {

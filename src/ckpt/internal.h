@@ -52,6 +52,8 @@ struct PieceCrc {
 // Every rank's pieces, in rank order (the save and the load check CRCs from them).
 std::vector<PieceCrc> all_gather_pieces(const Group& g, const std::vector<PieceCrc>& mine);
 
+// True when none of the count floats is a NaN or an Inf.
+bool all_finite(const float* data, int64_t count);
 // CRC-32 (zlib) of count floats' bytes, in parallel chunks.
 uint32_t crc32_floats(const float* data, int64_t count);
 // The CRC of (bytes behind `crc`) followed by count floats; crc 0 = nothing yet.

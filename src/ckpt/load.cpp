@@ -69,6 +69,7 @@ class Reader {
           float* dest = st_.buffers[s] + u.local_offset + (lo - h_begin);
           const TensorSource& src = source(param_index, s);
           read_range(src, lo - p_begin, hi - lo, dest, param_index, s);
+          if (nonfinite_.empty() && !all_finite(dest, hi - lo)) nonfinite_ = tensor_name(param_index, s);
           pieces.push_back({static_cast<int64_t>(param_index * states_ + s), 0, lo - p_begin, 0, hi - lo,
                             crc32_floats(dest, hi - lo)});
         }
@@ -80,6 +81,9 @@ class Reader {
     }
     return pieces;
   }
+
+  // The first tensor (in this rank's pieces) holding a NaN or an Inf; "" when none.
+  const std::string& nonfinite() const { return nonfinite_; }
 
   std::string tensor_name(size_t param, int state) const {
     return state == 0 ? params_[param]->name : params_[param]->name + " (" + st_.state_names[state - 1] + ")";
@@ -188,6 +192,7 @@ class Reader {
   std::vector<Param*> params_;
   int states_ = 1;
   std::vector<TensorSource> sources_;  // (param, state)
+  std::string nonfinite_;
   std::map<std::string, H5Id> open_;
 };
 
@@ -232,6 +237,14 @@ CheckpointMeta load_checkpoint(const std::string& path, const ShardedState& st, 
           throw Error("checkpoint " + path + ": " + reader->tensor_name(param, s) +
                       " fails its crc32 check (the file is damaged)");
       }
+  // Sound bytes, diverged values: the caller decides (resume: auto tries an older file).
+  try {
+    g.agree(reader->nonfinite().empty() ? ""
+                                        : "checkpoint " + path + ": " + reader->nonfinite() +
+                                              " holds non-finite values (NaN or Inf; the run that wrote it diverged)");
+  } catch (const Error& e) {
+    throw NonFiniteCheckpoint(e.what());
+  }
   if (stats) {
     stats->bytes = bytes;
     stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -223,8 +223,24 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st,
   const int states = 1 + static_cast<int>(st.state_names.size());
 
   SavePlan plan = make_plan(st, options.format);
-  for (size_t i = 0; i < plan.pieces.size(); ++i)
+  std::string nonfinite;  // the first of this rank's tensors holding a NaN or an Inf
+  for (size_t i = 0; i < plan.pieces.size(); ++i) {
     plan.pieces[i].crc = crc32_floats(plan.piece_data[i], plan.pieces[i].count);
+    const int64_t t = plan.pieces[i].tensor;
+    if (nonfinite.empty() && t >= 0 && !all_finite(plan.piece_data[i], plan.pieces[i].count)) {
+      const TensorRef& ref = plan.tensors[t];
+      nonfinite = ref.name + (ref.state == 0 ? "" : " (" + st.state_names[ref.state - 1] + ")");
+    }
+  }
+  // A diverged state is never written: it would count towards checkpoint.keep and push out the
+  // good files. Decided before the file exists, on every rank alike.
+  try {
+    g.agree(nonfinite.empty()
+                ? ""
+                : "checkpoint: " + nonfinite + " holds non-finite values (NaN or Inf); " + path + " not written");
+  } catch (const Error& e) {
+    throw NonFiniteCheckpoint(e.what());
+  }
 
   H5Quiet quiet;
   // create: a failure here (folder missing, not writable) is the same on every rank.

@@ -11,4 +11,12 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// An error every rank raises at the same point with the same message, decided from all-reduced
+// values or an agreement step (a diverged loss): printed once, and every rank ends normally
+// instead of aborting the job.
+class AgreedError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace fsdp

@@ -86,14 +86,17 @@ void col2im(const float* col, float* image, int64_t C, int64_t H, int64_t W, int
   }
 }
 
+// PyTorch's relu is clamp_min(x, 0): NaN stays NaN (a diverged run must show a NaN loss, not
+// have its NaNs zeroed here) and -0 stays -0. Its backward is threshold_backward(dy, y, 0):
+// zero where y <= 0, so a NaN output passes the gradient through.
 void relu_forward(float* y, const float* x, int64_t n) {
 #pragma omp parallel for simd if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] < 0.0f ? 0.0f : x[i];
 }
 
 void relu_backward(float* dx, const float* dy, const float* y, int64_t n) {
 #pragma omp parallel for simd if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] <= 0.0f ? 0.0f : dy[i];
 }
 
 void gelu_forward(float* y, const float* x, int64_t n) {

@@ -73,25 +73,30 @@ void HostCheckpointState::copy_to_device(bool optimizer_state) {
   runtime_.synchronize(s);
 }
 
-std::string resolve_resume(const CheckpointConfig& config, MPI_Comm comm, std::string* note) {
-  if (config.resume != "auto") return config.resume;
+std::vector<std::string> resolve_resume(const CheckpointConfig& config, MPI_Comm comm, std::string* note) {
+  if (config.resume.empty()) return {};
+  if (config.resume != "auto") return {config.resume};
   int rank = 0;
   if (comm != MPI_COMM_NULL) MPI_Comm_rank(comm, &rank);
-  std::string path, text;
+  std::string joined, text;  // the paths, each followed by a NUL (which no path holds)
   if (rank == 0) {
     std::vector<std::string> skipped;
-    path = latest_checkpoint(config.dir, &skipped);
+    for (const std::string& p : complete_checkpoints(config.dir, &skipped)) joined += p + '\0';
     for (const std::string& s : skipped) text += "checkpoint: skipping " + s + "\n";
-    text += path.empty() ? "checkpoint: no complete checkpoint in " + config.dir + ", starting fresh\n" : "";
+    text += joined.empty() ? "checkpoint: no complete checkpoint in " + config.dir + ", starting fresh\n" : "";
   }
   if (comm != MPI_COMM_NULL) {
-    int len = static_cast<int>(path.size());
+    int len = static_cast<int>(joined.size());
     MPI_Bcast(&len, 1, MPI_INT, 0, comm);
-    path.resize(len);
-    MPI_Bcast(path.data(), len, MPI_CHAR, 0, comm);
+    joined.resize(len);
+    MPI_Bcast(joined.data(), len, MPI_CHAR, 0, comm);
   }
   if (note) *note = text;
-  return path;
+  std::vector<std::string> paths;
+  for (size_t begin = 0, end = joined.find('\0'); end != std::string::npos;
+       begin = end + 1, end = joined.find('\0', begin))
+    paths.push_back(joined.substr(begin, end - begin));
+  return paths;
 }
 
 void prepare_checkpoint_dir(const std::string& dir) {

@@ -48,10 +48,11 @@ class HostCheckpointState {
   std::vector<Tensor> staging_;  // device runs: behind host_.buffers, one per buffer; empty on the host
 };
 
-// checkpoint.resume as a file: "" (start fresh), the given path, or for `auto` the newest
-// complete ckpt_*.h5 in checkpoint.dir. Rank 0 looks, every rank gets its answer; `note` tells
-// what was chosen or skipped (for rank 0 to print).
-std::string resolve_resume(const CheckpointConfig& config, MPI_Comm comm, std::string* note);
+// checkpoint.resume as the files to try, in order: none (start fresh), the given path, or for
+// `auto` every complete ckpt_*.h5 in checkpoint.dir, newest first (the caller passes over files
+// holding non-finite values). Rank 0 looks, every rank gets its answer; `note` tells what was
+// skipped (for rank 0 to print).
+std::vector<std::string> resolve_resume(const CheckpointConfig& config, MPI_Comm comm, std::string* note);
 
 // Makes checkpoint.dir (every rank, idempotent) and checks it is a writable folder.
 void prepare_checkpoint_dir(const std::string& dir);

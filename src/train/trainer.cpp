@@ -284,6 +284,7 @@ struct Trainer::State {
   int64_t start_step = 0;
   double best_eval_loss = -1.0;
   std::string resume_note;  // printed by rank 0 when the run starts
+  std::string last_good;    // the checkpoint resumed from or last written ("" when none)
   TestFault fault;          // FSDP_TEST_* hooks (tests only)
   State(const Config& config, int world_size) : c(for_world_size(config, world_size)) {}
 };
@@ -348,8 +349,22 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
   // errors are agreed on inside, so a bad file is still a set-up error reported once.
   if (!c.checkpoint.dir.empty()) prepare_checkpoint_dir(c.checkpoint.dir);
   if (!c.checkpoint.resume.empty()) {
-    std::string path = resolve_resume(c.checkpoint, s.env.mpi_comm, &s.resume_note);
-    if (!path.empty()) resume(path);
+    // auto: the newest complete file whose values are finite; a diverged one (written by an older
+    // version, or by another tool) is passed over with a note. Every rank sees the same list and
+    // the same load outcome (errors are agreed on inside the load), so all take the same branch.
+    const std::vector<std::string> paths = resolve_resume(c.checkpoint, s.env.mpi_comm, &s.resume_note);
+    for (size_t i = 0; i < paths.size() && !s.resumed; ++i) {
+      try {
+        resume(paths[i]);
+      } catch (const NonFiniteCheckpoint& e) {
+        if (c.checkpoint.resume != "auto") throw;
+        s.resume_note.append("checkpoint: skipping ").append(e.what()).append("\n");
+        // The shards now hold that file's values: only another complete load may follow.
+        if (i + 1 == paths.size())
+          throw Error("checkpoint.resume auto: every checkpoint in " + c.checkpoint.dir +
+                      " holds non-finite values; move them away to start fresh");
+      }
+    }
   }
   // model.init_from: rank 0 checks the file and tells everyone before any data moves, so a bad
   // file fails every rank alike — a set-up error reported once. A resumed run has its weights.
@@ -365,6 +380,7 @@ void Trainer::resume(const std::string& path) {
   CheckpointMeta m = load_checkpoint(path, staged.state(), options, s.env.mpi_comm, &stats);
   staged.copy_to_device(options.optimizer_state);  // a load that threw left the device values as they were
   s.resumed = true;
+  s.last_good = path;
   s.start_step = m.step;
   s.optimizer->set_step_count(m.optimizer_step);
   if (s.scaler.enabled && m.loss_scale > 0) {
@@ -410,6 +426,13 @@ CheckpointMeta Trainer::position(int64_t steps_done, double lr) const {
   return m;
 }
 
+std::string Trainer::diverged(int64_t step, const std::string& what) const {
+  const std::string& good = s_->last_good;
+  return "step " + std::to_string(step) + ": " + what + "; the run diverged and stops (" +
+         (good.empty() ? std::string("no checkpoint of this run to go back to") : "last good checkpoint: " + good) +
+         ")";
+}
+
 CheckpointStats Trainer::save(const std::string& path, int64_t steps_done, double lr) {
   State& s = *s_;
   SaveOptions options;
@@ -419,7 +442,13 @@ CheckpointStats Trainer::save(const std::string& path, int64_t steps_done, doubl
     options.kill_rank = s.fault.kill_rank_during_save;
   HostCheckpointState staged(*s.engine, *s.optimizer, s.mem);
   staged.copy_from_device();
-  CheckpointStats stats = save_checkpoint(path, staged.state(), position(steps_done, lr), options, s.env.mpi_comm);
+  CheckpointStats stats;
+  try {
+    stats = save_checkpoint(path, staged.state(), position(steps_done, lr), options, s.env.mpi_comm);
+  } catch (const NonFiniteCheckpoint& e) {
+    throw AgreedError(diverged(steps_done, e.what()));
+  }
+  s.last_good = path;
   if (s.env.rank == 0) {
     std::printf("checkpoint: step %lld saved to %s, %.1f MB in %.2f s (%.2f GB/s)\n",
                 static_cast<long long>(steps_done), path.c_str(), stats.bytes / 1e6, stats.seconds,
@@ -573,10 +602,19 @@ TrainSummary Trainer::run() {
       env.world->all_reduce(&loss, &loss, 1, DType::f64, ReduceOp::sum)->wait();
     }
 
+    // With f16 loss scaling a non-finite step is the rule (the scaler skips it and lowers the
+    // scale); otherwise it means divergence: stop before the optimizer writes it into the weights.
+    // The loss and the norm are all-reduced values, so every rank stops at the same step.
+    auto number = [](double v) {
+      return std::isnan(v) ? std::string("nan") : std::isinf(v) ? (v > 0 ? "inf" : "-inf") : std::to_string(v);
+    };
+    if (!s.scaler.enabled && !std::isfinite(loss)) throw AgreedError(diverged(step + 1, "the loss is " + number(loss)));
     const bool step_ok = s.scaler.update(engine);  // false: an f16 overflow, the step is skipped
     double grad_norm = -1.0;
     if (step_ok) {
       if (c.train.clip_grad_norm > 0.0) grad_norm = engine.clip_grad_norm(c.train.clip_grad_norm);
+      if (!s.scaler.enabled && !std::isfinite(grad_norm))
+        throw AgreedError(diverged(step + 1, "the gradient norm is " + number(grad_norm)));
       s.optimizer->step(engine.param_shards(), engine.grad_shards(), lr);
     }
 

@@ -52,7 +52,11 @@ class Trainer {
   void resume(const std::string& path);
   // The root attributes of a checkpoint taken after `steps_done` steps.
   CheckpointMeta position(int64_t steps_done, double lr) const;
+  // A non-finite state is not written (NonFiniteCheckpoint): an Error naming the step and the
+  // last good checkpoint instead.
   CheckpointStats save(const std::string& path, int64_t steps_done, double lr);
+  // "step N: WHAT; the run diverged and stops (last good checkpoint: PATH)".
+  std::string diverged(int64_t step, const std::string& what) const;
 
   struct State;
   std::unique_ptr<State> s_;

@@ -148,8 +148,8 @@ __global__ void row_sum_add_k(float* db, const float* dyt, int64_t cols) {
 __global__ void elementwise_k(Unary op, float* y, const float* a, const float* b, int64_t n) {
   for (int64_t i = gtid(); i < n; i += gstride()) {
     switch (op) {
-      case Unary::relu_forward: y[i] = a[i] > 0.0f ? a[i] : 0.0f; break;
-      case Unary::relu_backward: y[i] = b[i] > 0.0f ? a[i] : 0.0f; break;
+      case Unary::relu_forward: y[i] = a[i] < 0.0f ? 0.0f : a[i]; break;  // as ops::relu_forward: NaN stays
+      case Unary::relu_backward: y[i] = b[i] <= 0.0f ? 0.0f : a[i]; break;
       case Unary::gelu_forward: y[i] = kmath::gelu_forward(a[i]); break;
       case Unary::gelu_backward: y[i] = kmath::gelu_backward(a[i], b[i]); break;
       case Unary::add: y[i] = a[i] + b[i]; break;
