@@ -59,7 +59,7 @@ if [ ! -f "$build/build.ninja" ]; then
 else
   meson setup --reconfigure "$build" "${options[@]}" >/dev/null || fail "meson setup --reconfigure failed"
 fi
-if ! meson compile -C "$build" -j "$(nproc)" >"$build/compile.log" 2>&1; then
+if ! meson compile -C "$build" -j "$(getconf _NPROCESSORS_ONLN)" >"$build/compile.log" 2>&1; then
   tail -40 "$build/compile.log"
   fail "compile failed"
 fi

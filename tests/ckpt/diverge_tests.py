@@ -58,10 +58,14 @@ def one_line(r, needle):
     return len(ours) == 1 and needle in ours[0], ours
 
 
+def folder(case, np_, keep):
+    """A checkpoint folder of its own and the settings that save into it every 2 steps."""
+    ck = H.path(f"{case}_np{np_}", "ck")
+    return ck, CNN + [f"checkpoint.dir={ck}", "checkpoint.every_steps=2", f"checkpoint.keep={keep}"]
+
+
 def diverge(np_):
-    d = H.path(f"diverge_np{np_}")
-    ck = os.path.join(d, "ck")
-    base = CNN + [f"checkpoint.dir={ck}", "checkpoint.every_steps=2", "checkpoint.keep=2"]
+    ck, base = folder("diverge", np_, 2)
     H.run_ok(np_, base + ["train.steps=6"])
     good = {n: digest(os.path.join(ck, n)) for n in files(ck)}
     H.check(f"diverge np={np_}: the good run kept steps 4 and 6", sorted(good) == [ckpt_name(4), ckpt_name(6)],
@@ -80,9 +84,7 @@ def diverge(np_):
 
 
 def skip_nonfinite(np_):
-    d = H.path(f"skip_np{np_}")
-    ck = os.path.join(d, "ck")
-    base = CNN + [f"checkpoint.dir={ck}", "checkpoint.every_steps=2", "checkpoint.keep=3"]
+    ck, base = folder("skip", np_, 3)
     H.run_ok(np_, base + ["train.steps=4"])
     bad = os.path.join(ck, ckpt_name(6))
     poison(os.path.join(ck, ckpt_name(4)), bad, 6, np.nan)
@@ -99,9 +101,7 @@ def skip_nonfinite(np_):
 
 
 def all_nonfinite(np_):
-    d = H.path(f"all_np{np_}")
-    ck = os.path.join(d, "ck")
-    base = CNN + [f"checkpoint.dir={ck}", "checkpoint.every_steps=2", "checkpoint.keep=1"]
+    ck, base = folder("all", np_, 1)
     H.run_ok(np_, base + ["train.steps=2"])
     two = os.path.join(ck, ckpt_name(2))
     poison(two, two + ".x", 2, np.inf)

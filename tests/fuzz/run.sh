@@ -162,7 +162,8 @@ fuzz_target() {
   } >"$work/$t.report"
 }
 
-jobs_max=${FUZZ_JOBS:-$(nproc)}
+# Not nproc: it prints OMP_NUM_THREADS when that is set (1, exported above).
+jobs_max=${FUZZ_JOBS:-$(getconf _NPROCESSORS_ONLN)}
 for t in "${targets[@]}"; do
   while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
   fuzz_target "$t" &
