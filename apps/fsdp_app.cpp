@@ -18,7 +18,7 @@
 #include "comm/comm.h"
 #include "comm/mpi_env.h"
 #include "config/config.h"
-#include "fsdp/plan.h"
+#include "train/plan.h"
 #include "train/trainer.h"
 
 namespace {
@@ -92,11 +92,12 @@ int main(int argc, char** argv) {
     }
     fsdp::Config config = fsdp::load_config(args.input, args.overrides);
     if (args.plan) {
-      // Building the model allocates no parameter storage: a plan for any size runs anywhere.
+      // The real step on the meta device: a plan for any size runs anywhere, allocating nothing.
       fsdp::PlanRequest request;
       request.world_size = args.plan_world_size > 0 ? args.plan_world_size : mpi.size();
-      // HYBRID with shard_group_size 0 shards over a node: this launch's ranks per node.
-      request.shard_group_size = args.plan_world_size > 0 || config.fsdp.shard_group_size > 0 ? 0 : mpi.local_size();
+      // HYBRID with shard_group_size 0 shards over a node: this launch's nodes, or one node for
+      // a --world-size of its own.
+      if (args.plan_world_size == 0) request.node_color_of_rank = mpi.node_color_of_rank();
       std::string text = fsdp::plan_memory(config, request).text();
       if (mpi.rank() == 0) std::fputs(text.c_str(), stdout);
       return 0;
@@ -106,9 +107,15 @@ int main(int argc, char** argv) {
     // opens; the world then stays MPI, which every backend bootstraps from anyway.
     const std::string control = config.train.device == "cpu" ? config.comm.backend : "mpi";
     world = fsdp::make_communicator(control, MPI_COMM_WORLD, {config.comm.timeout_s});
-    trainer = std::make_unique<fsdp::Trainer>(
-        config,
-        fsdp::RunEnv{mpi.rank(), mpi.size(), world.get(), mpi.node_color(), mpi.local_rank(), MPI_COMM_WORLD, {}});
+    fsdp::RunEnv env;
+    env.rank = mpi.rank();
+    env.world_size = mpi.size();
+    env.world = world.get();
+    env.node_color = mpi.node_color();
+    env.node_color_of_rank = mpi.node_color_of_rank();
+    env.local_rank = mpi.local_rank();
+    env.mpi_comm = MPI_COMM_WORLD;
+    trainer = std::make_unique<fsdp::Trainer>(config, env);
   } catch (const std::exception& e) {
     setup_error = describe(e);
     if (setup_error.empty()) setup_error = "unknown error";

@@ -266,3 +266,35 @@ BOOST_AUTO_TEST_CASE(cuda_device_without_a_gpu_is_one_line) {
   expect_error(run(cfg + " --set train.device=cuda --set comm.backend=nccl"), want);
   expect_error(run(cfg + " --set train.device=tpu"), "train.device: expected one of [cpu, cuda], got 'tpu'");
 }
+
+// A run whose plan exceeds the node's memory is refused at start with the numbers, before it
+// allocates (without the check, NO_SHARD of a large model is killed by the OOM killer minutes in,
+// with only mpirun's "exited on signal 9"). NO_SHARD of the 59.6 B-parameter input needs 16 bytes
+// per parameter on the one rank: about 950 GB, more than any machine this runs on.
+BOOST_AUTO_TEST_CASE(a_run_that_cannot_fit_is_refused_at_start) {
+  const std::string big = std::string(FSDP_SOURCE_DIR) + "/input/transformer_70b.yaml";
+  for (const char* launcher : {"", "mpirun --oversubscribe --bind-to none -np 2 "}) {
+    Run r = run_with(launcher, big + " --set fsdp.sharding_strategy=NO_SHARD --set output.metrics=", 120);
+    BOOST_TEST(r.exit_code != 0);
+    BOOST_TEST(r.exit_code != 124, "hung");
+    BOOST_TEST(r.err.find("memory plan: ") != std::string::npos, r.err);
+    BOOST_TEST(r.err.find(" on this node would need ") != std::string::npos, r.err);
+    BOOST_TEST(r.err.find("available (MemAvailable)") != std::string::npos, r.err);
+    size_t ours = 0;
+    for (size_t at = r.err.find("fsdp_app:"); at != std::string::npos; at = r.err.find("fsdp_app:", at + 1)) ++ours;
+    BOOST_TEST(ours == 1u, "one line from rank 0 only: " << r.err);
+  }
+}
+
+// --plan runs the real step on the meta device: a 59.6 B-parameter model at 512 ranks plans here
+// without allocating it (the test's own timeout bounds the time; the units are the real ones).
+BOOST_AUTO_TEST_CASE(plans_a_70b_class_model_at_512_ranks) {
+  const std::string big = std::string(FSDP_SOURCE_DIR) + "/input/transformer_70b.yaml";
+  Run r = run_with("", big + " --plan --world-size 512", 60);
+  BOOST_TEST(r.exit_code == 0, r.err);
+  BOOST_TEST(r.out.find("59,621,883,136 parameters") != std::string::npos, r.out);
+  BOOST_TEST(r.out.find("FULL_SHARD on 512 ranks: shard group N = 512, 1 replica, 81 units") != std::string::npos,
+             r.out);
+  // Every block gathered twice (forward, and again in backward), the root once: 161 all_gathers.
+  BOOST_TEST(r.out.find("all_gather      161 calls over 512 ranks") != std::string::npos, r.out);
+}

@@ -95,12 +95,17 @@ RunResult train_once(const std::string& yaml, std::vector<std::string> overrides
     auto world = fsdp::make_communicator(c.comm.backend, MPI_COMM_WORLD, {c.comm.timeout_s});
     FakeDevice* fake = nullptr;
     // One node: every rank's node is rank 0's, and the local rank is the world rank.
-    fsdp::RunEnv env{world_rank(), world_size(), world.get(), 0, world_rank(), MPI_COMM_WORLD, {}};
-    env.make_runtime = [&](fsdp::MemoryTracker& tracker, int) {
-      auto d = std::make_unique<FakeDevice>(tracker, options);
-      fake = d.get();
-      return std::unique_ptr<fsdp::DeviceRuntime>(std::move(d));
-    };
+    fsdp::RunEnv env;
+    env.rank = env.local_rank = world_rank();
+    env.world_size = world_size();
+    env.world = world.get();
+    env.mpi_comm = MPI_COMM_WORLD;
+    if (device)  // the cpu run: the trainer's own host runtime
+      env.make_runtime = [&](fsdp::MemoryTracker& tracker, int) {
+        auto d = std::make_unique<FakeDevice>(tracker, options);
+        fake = d.get();
+        return std::unique_ptr<fsdp::DeviceRuntime>(std::move(d));
+      };
     {
       fsdp::Trainer trainer(c, env);
       r.summary = trainer.run();

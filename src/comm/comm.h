@@ -85,6 +85,13 @@ class Communicator {
   // Collective over this communicator, like MPI_Comm_split: ranks with equal color form a group,
   // ordered by key. Used for FSDP's shard and replicate groups.
   virtual std::unique_ptr<Communicator> split(int color, int key) const = 0;
+  // The same split when every rank knows the whole partition: color_of_rank[r] for every rank r
+  // of this communicator (every rank passes the same vector); ranks keep their order. The meta
+  // communicator (comm/meta_comm.h), which stands for one rank of a world that does not exist,
+  // needs the whole partition to know its groups' sizes.
+  virtual std::unique_ptr<Communicator> split_by(const std::vector<int>& color_of_rank) const {
+    return split(color_of_rank.at(static_cast<size_t>(rank())), rank());
+  }
 
   // count = elements per rank (nccl-tests convention). out holds size()*count elements for
   // all_gather; in holds size()*count for reduce_scatter. in == out + rank*count (all_gather)

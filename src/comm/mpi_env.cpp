@@ -22,6 +22,8 @@ MpiSession::MpiSession(int* argc, char*** argv) {
   node_color_ = rank_;
   MPI_Bcast(&node_color_, 1, MPI_INT, 0, node);
   MPI_Comm_free(&node);
+  node_colors_.resize(static_cast<size_t>(size_));
+  MPI_Allgather(&node_color_, 1, MPI_INT, node_colors_.data(), 1, MPI_INT, MPI_COMM_WORLD);
 }
 
 MpiSession::~MpiSession() {

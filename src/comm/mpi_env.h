@@ -3,6 +3,8 @@
 // sizes and (later) address exchange. Works alone (singleton init), under mpirun and srun.
 #include <mpi.h>
 
+#include <vector>
+
 namespace fsdp {
 
 // Owns an MPI_Comm: freed on destruction unless MPI is already finalized. Every backend that
@@ -35,11 +37,14 @@ class MpiSession {
   int node_color() const { return node_color_; }
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
+  // node_color of every world rank, in rank order (gathered at start-up).
+  const std::vector<int>& node_color_of_rank() const { return node_colors_; }
 
  private:
   int rank_ = 0;
   int size_ = 1;
   int node_color_ = 0, local_rank_ = 0, local_size_ = 1;
+  std::vector<int> node_colors_;
 };
 
 }  // namespace fsdp

@@ -28,6 +28,12 @@ CopyKind copy_kind(const DeviceRuntime& to, const DeviceRuntime& from) {
 
 }  // namespace
 
+void CollectiveCount::add(int64_t call_bytes, bool is_all_reduce) {
+  calls += 1;
+  bytes += call_bytes;
+  wire_bytes += (is_all_reduce ? 2 : 1) * call_bytes * (group_size - 1) / group_size;
+}
+
 FsdpEngine::FsdpEngine(Model& model, Communicator& world, ProcessMesh mesh, const FsdpOptions& options,
                        MemoryTracker& mem, DeviceRuntime* runtime)
     : model_(model), world_(world), mesh_(std::move(mesh)), options_(options), mem_(mem) {
@@ -67,6 +73,8 @@ FsdpEngine::FsdpEngine(Model& model, Communicator& world, ProcessMesh mesh, cons
     for (Layer* l : units_[ui]->spec.layers) model.set_checkpointed(*l, options.activation_checkpointing);
   shards_ = Tensor::zeros(*shard_rt_, {total}, DType::f32, MemCategory::params);
   grad_shards_ = Tensor::zeros(*shard_rt_, {total}, DType::f32, MemCategory::grads);
+  traffic_.all_gather.group_size = traffic_.reduce_scatter.group_size = mesh_.shard->size();
+  traffic_.all_reduce.group_size = mesh_.replicate->size();
 }
 
 void FsdpEngine::comm_waits_for_compute() {
@@ -97,6 +105,7 @@ FsdpEngine::~FsdpEngine() {
 }
 
 void FsdpEngine::init_shards(uint64_t seed) {
+  if (!shard_rt_->holds_values()) return;  // the meta device of a plan: nothing to draw into
   const int64_t r = mesh_.shard->rank();
   // Initial values are drawn on the host (the counter RNG of nn/module.h), then copied over.
   const bool host = shard_rt_->device() == Device::cpu;
@@ -121,7 +130,9 @@ void FsdpEngine::load_full_weights(const std::string& path) {
   int32_t status = 0;
   std::string message;
   std::unique_ptr<WeightFile> file;
-  if (world_.rank() == 0) {
+  // A plan (the meta device) reads no file: it only allocates as the load does.
+  const bool reads = rt_->holds_values();
+  if (world_.rank() == 0 && reads) {
     try {
       file = std::make_unique<WeightFile>(path);
       file->check(all);
@@ -134,8 +145,11 @@ void FsdpEngine::load_full_weights(const std::string& path) {
   if (status != 0) throw Error(world_.rank() == 0 ? message : "model.init_from " + path + ": rank 0 could not read it");
   const int64_t r = mesh_.shard->rank();
   for (auto& u : units_) {
-    Tensor full = Tensor::zeros({u->padded_numel}, DType::f32, MemCategory::other, &mem_);
-    if (world_.rank() == 0) {
+    // Every element is written before use: rank 0 reads the params and zeroes the padding, the
+    // broadcast fills the others (so a plan's untouched buffer commits no memory).
+    Tensor full = Tensor::empty({u->padded_numel}, DType::f32, MemCategory::other, &mem_);
+    if (world_.rank() == 0 && reads) {
+      std::fill(full.f32() + u->layout.numel, full.f32() + u->padded_numel, 0.0f);
       bind_data(u->layout, full.f32());
       file->read(u->layout.params);
       bind_data(u->layout, nullptr);
@@ -185,6 +199,7 @@ void FsdpEngine::unshard(Unit& u) {
     float* slot = u.gathered.f32() + r * u.shard_numel;
     comm_waits_for_compute();
     rt_->copy_async(slot, mine, count * sizeof(float), copy_kind(*rt_, *shard_rt_), comm);
+    traffic_.all_gather.add(u.padded_numel * static_cast<int64_t>(sizeof(float)), false);
     u.pending_gather = mesh_.shard->all_gather(slot, u.gathered.f32(), count, DType::f32, comm);
   } else {
     // Gathering in bf16/f16 moves half the bytes; the f32 compute copy holds the rounded values.
@@ -199,6 +214,7 @@ void FsdpEngine::unshard(Unit& u) {
     }
     rt_->kernels().cast(slot, options_.param_dtype, mine, DType::f32, static_cast<int64_t>(count));
     comm_waits_for_compute();
+    traffic_.all_gather.add(u.padded_numel * static_cast<int64_t>(dtype_bytes(options_.param_dtype)), false);
     u.pending_gather = mesh_.shard->all_gather(slot, base, count, options_.param_dtype, comm);
   }
   u.state = UnitState::gathering;
@@ -305,6 +321,7 @@ void FsdpEngine::post_backward(Unit& u) {
     }
     const Stream comm = rt_->comm_stream();
     const size_t count = static_cast<size_t>(u.shard_numel);
+    traffic_.reduce_scatter.add(u.padded_numel * static_cast<int64_t>(dtype_bytes(options_.reduce_dtype)), false);
     if (options_.reduce_dtype == DType::f32 && !offloaded()) {
       // Straight into the grad shard (overwritten: under no_sync the full gradient accumulated).
       comm_waits_for_compute();  // the full gradient is compute's output
@@ -340,6 +357,7 @@ void FsdpEngine::complete(PendingReduction& p) {
   const int64_t count = p.output.numel();
   float* dst = grad_shards_.f32() + p.shard_offset;
   if (rt_->device() == Device::cpu) {
+    if (!rt_->holds_values()) return;  // a plan's meta device: no values to add
     // Host: add the widened values in place (no f32 copy of the result).
     const auto* half = static_cast<const uint16_t*>(p.output.raw());
     const float* full = p.output.dtype() == DType::f32 ? p.output.f32() : nullptr;
@@ -367,7 +385,11 @@ void FsdpEngine::complete(PendingReduction& p) {
   shard_rt_->kernels().add_inplace(dst, host.f32(), count);
 }
 
-void FsdpEngine::begin_step() { grad_shards_.zero(); }
+void FsdpEngine::begin_step() {
+  grad_shards_.zero();
+  for (CollectiveCount* c : {&traffic_.all_gather, &traffic_.reduce_scatter, &traffic_.all_reduce})
+    *c = CollectiveCount{0, 0, 0, c->group_size};
+}
 
 void FsdpEngine::finish_backward() {
   for (auto& p : pending_reductions_) complete(p);
@@ -376,6 +398,7 @@ void FsdpEngine::finish_backward() {
     // HYBRID and NO_SHARD: replicas of the same shard sum their gradients — one all_reduce over
     // every unit's shard at once, ordered on the stream that owns the shards.
     const Stream s = shard_rt_->compute_stream();
+    traffic_.all_reduce.add(grad_shards_.numel() * static_cast<int64_t>(sizeof(float)), true);
     mesh_.replicate
         ->all_reduce(grad_shards_.raw(), grad_shards_.raw(), static_cast<size_t>(grad_shards_.numel()), DType::f32,
                      ReduceOp::sum, s)

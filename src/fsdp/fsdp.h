@@ -61,8 +61,31 @@ struct ProcessMesh {
   std::unique_ptr<Communicator> shard;      // size N
   std::unique_ptr<Communicator> replicate;  // size world / N
 };
-// node_color: equal for ranks on one node (e.g. the world rank of the node's first rank).
-ProcessMesh make_mesh(Communicator& world, Strategy strategy, int shard_group_size, int node_color, int local_rank);
+// The colors world.split_by gets for each group, for every rank: shard[r] and replicate[r].
+// node_color_of_rank: equal for ranks on one node (e.g. the world rank of the node's first rank);
+// HYBRID with shard_group_size 0 makes one shard group per node. Throws Error when the groups
+// cannot be formed (a group size that does not divide the world, nodes of unequal size).
+struct MeshColors {
+  std::vector<int> shard, replicate;
+};
+MeshColors mesh_colors(Strategy strategy, int shard_group_size, const std::vector<int>& node_color_of_rank);
+ProcessMesh make_mesh(Communicator& world, Strategy strategy, int shard_group_size,
+                      const std::vector<int>& node_color_of_rank);
+
+// What the engine's collectives moved in one training step (begin_step to finish_backward),
+// sizes as nccl-tests counts them: `bytes` sums each call's whole array (all_gather: the
+// gathered output, reduce_scatter: the full input, all_reduce: the buffer); `wire_bytes` is
+// what each rank sends (bus bytes: (n-1)/n of that, twice for all_reduce, over a group of n).
+struct CollectiveCount {
+  int64_t calls = 0;
+  int64_t bytes = 0;
+  int64_t wire_bytes = 0;
+  int group_size = 1;
+  void add(int64_t call_bytes, bool is_all_reduce);
+};
+struct StepTraffic {
+  CollectiveCount all_gather, reduce_scatter, all_reduce;  // all_reduce: the replicate group's
+};
 
 enum class UnitState { sharded, gathering, gathered };
 
@@ -132,6 +155,8 @@ class FsdpEngine : public ModuleHooks {
   const ProcessMesh& mesh() const { return mesh_; }
   Communicator& world() { return world_; }
   const FsdpOptions& options() const { return options_; }
+  // The current (or last) step's collectives; the scalar all_reduces (loss, norm) not counted.
+  const StepTraffic& step_traffic() const { return traffic_; }
 
   // ModuleHooks
   void pre_forward(Module& layer) override;
@@ -183,6 +208,7 @@ class FsdpEngine : public ModuleHooks {
   // into the f32 grad shard.
   void complete(PendingReduction& p);
   std::vector<PendingReduction> pending_reductions_;
+  StepTraffic traffic_;
 };
 
 }  // namespace fsdp

@@ -23,10 +23,6 @@ class Linear : public Layer {
  private:
   int64_t in_, out_;
   Tensor x_, y_, dx_;
-
- public:  // memory plan (Layer::plan_forward)
-  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
-  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 // torch.nn.Conv2d, stride 1: W (out, in, k, k), b (out), bounds 1/sqrt(in*k*k).
@@ -46,10 +42,6 @@ class Conv2d : public Layer {
   Tensor col_;   // (in*k*k, B*OH*OW), kept for the weight gradient
   Tensor ybuf_;  // (out, B*OH*OW) GEMM output before the batch-major permute
   Tensor y_, dyt_, dcol_, dx_;
-
- public:  // memory plan (Layer::plan_forward)
-  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
-  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 class ReLU : public Layer {
@@ -61,10 +53,6 @@ class ReLU : public Layer {
 
  private:
   Tensor y_, dx_;
-
- public:  // memory plan (Layer::plan_forward)
-  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
-  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 // Exact (erf) GELU, torch.nn.GELU() default.
@@ -77,10 +65,6 @@ class GELU : public Layer {
 
  private:
   Tensor x_, y_, dx_;
-
- public:  // memory plan (Layer::plan_forward)
-  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
-  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 // Inverted dropout. The mask of element j of global sample n at step s is a counter-RNG draw
@@ -96,10 +80,6 @@ class Dropout : public Layer {
   float p_;
   bool active_ = false;
   Tensor x_, mask_, y_, dx_;
-
- public:  // memory plan (Layer::plan_forward)
-  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
-  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 // torch.nn.MaxPool2d(2): (B, C, H, W) -> (B, C, H/2, W/2).
@@ -113,10 +93,6 @@ class MaxPool2d : public Layer {
  private:
   Tensor argmax_, y_, dx_;
   Shape x_shape_;
-
- public:  // memory plan (Layer::plan_forward)
-  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
-  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 // torch.flatten(x, 1): a view.
@@ -130,10 +106,6 @@ class Flatten : public Layer {
  private:
   Shape x_shape_;
   Tensor y_, dx_;
-
- public:  // memory plan (Layer::plan_forward)
-  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
-  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 // F.log_softmax(x, dim=-1).
@@ -146,10 +118,6 @@ class LogSoftmax : public Layer {
 
  private:
   Tensor y_, dx_;
-
- public:  // memory plan (Layer::plan_forward)
-  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
-  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 // torch.nn.LayerNorm(C), eps 1e-5: weight ones, bias zeros. x (..., C).
@@ -166,10 +134,6 @@ class LayerNorm : public Layer {
   int64_t C_;
   float eps_;
   Tensor x_, y_, mean_, rstd_, dx_;
-
- public:  // memory plan (Layer::plan_forward)
-  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
-  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 // torch.nn.Embedding(n, C): weight (n, C) ~ N(0, 1). A parameter holder for Embeddings.
@@ -193,10 +157,6 @@ class Embeddings : public Layer {
  private:
   int64_t vocab_, max_seq_, C_;
   Tensor tokens_, y_, none_;
-
- public:  // memory plan (Layer::plan_forward)
-  PlanTensor plan_forward(ActivationPlan& p, const RunCtx& ctx, const PlanTensor& tokens) const override;
-  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 // torch.nn.MultiheadAttention(C, H, batch_first=True) called as attn(x, x, x, attn_mask=causal):
@@ -215,10 +175,6 @@ class MultiheadAttention : public Layer {
  private:
   int64_t C_, H_;
   Tensor x_, qkv_, att_, y_, dy_att_, dqkv_, dx_, dp_;
-
- public:  // memory plan (Layer::plan_forward)
-  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
-  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 // Pre-norm decoder block: x + attn(ln1(x)), then + fc2(gelu(fc1(ln2(.)))). FSDP's
@@ -238,10 +194,6 @@ class TransformerBlock : public Layer {
 
  private:
   Tensor a_, y_, da_, dx_;
-
- public:  // memory plan (Layer::plan_forward)
-  PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const override;
-  PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const override;
 };
 
 }  // namespace fsdp

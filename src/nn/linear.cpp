@@ -86,39 +86,3 @@ const Tensor& Conv2d::backward(RunCtx& ctx, const Tensor& dy) {
 }
 
 }  // namespace fsdp
-
-// ---- Memory plan: the ensure() calls and held references of forward/backward above ----
-
-namespace fsdp {
-
-PlanTensor Linear::plan_forward(ActivationPlan& p, const RunCtx&, const PlanTensor& x) const {
-  p.hold(this, &x_, x);
-  Shape ys = x.shape;
-  ys.back() = out_;
-  return p.ensure(this, &y_, ys, DType::f32);
-}
-
-PlanTensor Linear::plan_backward(ActivationPlan& p, const RunCtx&, const PlanTensor&) const {
-  if (need_input_grad) p.ensure(this, &dx_, p.get(&x_).shape, DType::f32);
-  return p.get(&dx_);
-}
-
-PlanTensor Conv2d::plan_forward(ActivationPlan& p, const RunCtx&, const PlanTensor& x) const {
-  p.hold(this, &x_, x);
-  int64_t B = x.shape.at(0), H = x.shape.at(2), W = x.shape.at(3);
-  int64_t OH = H + 2 * pad_ - k_ + 1, OW = W + 2 * pad_ - k_ + 1, P = OH * OW, K = in_ * k_ * k_;
-  p.ensure(this, &col_, {K, B * P}, DType::f32);
-  p.ensure(this, &ybuf_, {out_, B * P}, DType::f32);
-  return p.ensure(this, &y_, {B, out_, OH, OW}, DType::f32);
-}
-
-PlanTensor Conv2d::plan_backward(ActivationPlan& p, const RunCtx&, const PlanTensor& dy) const {
-  const Shape& xs = p.get(&x_).shape;
-  int64_t B = xs.at(0), P = dy.shape.at(2) * dy.shape.at(3), K = in_ * k_ * k_;
-  p.ensure(this, &dyt_, {out_, B * P}, DType::f32);
-  if (!need_input_grad) return p.get(&dx_);
-  p.ensure(this, &dcol_, {K, B * P}, DType::f32);
-  return p.ensure(this, &dx_, xs, DType::f32);
-}
-
-}  // namespace fsdp

@@ -57,27 +57,3 @@ const Tensor& CrossEntropyLoss::backward(RunCtx& ctx) {
 }
 
 }  // namespace fsdp
-
-// ---- Memory plan: the ensure() calls and held references of forward/backward above ----
-
-namespace fsdp {
-
-void NLLLoss::plan_forward(ActivationPlan& p, const PlanTensor& logp, const PlanTensor& targets) const {
-  p.hold(this, &targets_, targets);
-  p.hold(this, &shape_, {nullptr, logp.shape});
-}
-
-PlanTensor NLLLoss::plan_backward(ActivationPlan& p) const {
-  return p.ensure(this, &grad_, p.get(&shape_).shape, DType::f32);
-}
-
-void CrossEntropyLoss::plan_forward(ActivationPlan& p, const PlanTensor& logits, const PlanTensor& targets) const {
-  p.hold(this, &targets_, targets);
-  p.ensure(this, &logp_, logits.shape, DType::f32);
-}
-
-PlanTensor CrossEntropyLoss::plan_backward(ActivationPlan& p) const {
-  return p.ensure(this, &grad_, p.get(&logp_).shape, DType::f32);
-}
-
-}  // namespace fsdp

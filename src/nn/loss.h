@@ -20,11 +20,6 @@ class Loss {
  protected:
   double last_sum_ = 0.0;
   int64_t last_correct_ = 0;
-
- public:
-  // Memory plan (see Layer::plan_forward): forward and backward replayed on shapes alone.
-  virtual void plan_forward(ActivationPlan& plan, const PlanTensor& output, const PlanTensor& targets) const = 0;
-  virtual PlanTensor plan_backward(ActivationPlan& plan) const = 0;
 };
 
 // F.nll_loss on log-probabilities (N, C) with i32 targets (N).
@@ -36,10 +31,6 @@ class NLLLoss : public Loss {
  private:
   Tensor targets_, grad_;
   Shape shape_;
-
- public:  // memory plan (Loss::plan_forward)
-  void plan_forward(ActivationPlan& p, const PlanTensor& logp, const PlanTensor& targets) const override;
-  PlanTensor plan_backward(ActivationPlan& plan) const override;
 };
 
 // F.cross_entropy on logits (..., V) with i32 targets (...): log-softmax fused in.
@@ -50,10 +41,6 @@ class CrossEntropyLoss : public Loss {
 
  private:
   Tensor targets_, logp_, grad_;
-
- public:  // memory plan (Loss::plan_forward)
-  void plan_forward(ActivationPlan& p, const PlanTensor& logits, const PlanTensor& targets) const override;
-  PlanTensor plan_backward(ActivationPlan& plan) const override;
 };
 
 }  // namespace fsdp

@@ -37,8 +37,6 @@ struct Param {
 };
 
 class Module;
-class ActivationPlan;
-struct PlanTensor;
 
 // Called around each top-level module's forward and backward; FSDP gathers and frees there.
 class ModuleHooks {
@@ -120,72 +118,6 @@ class Layer : public Module {
   // forward and a recomputing forward in backward). The next forward reallocates.
   virtual void release_activations() = 0;
   bool need_input_grad = true;
-
-  // Memory plan (ActivationPlan below): forward and backward replayed on shapes alone, making
-  // the same ensure() calls and holding the same references as the real ones, in the same
-  // order; each returns what its real counterpart would. Nothing is computed or allocated.
-  virtual PlanTensor plan_forward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& x) const = 0;
-  virtual PlanTensor plan_backward(ActivationPlan& plan, const RunCtx& ctx, const PlanTensor& dy) const = 0;
-  // forward's output shape for an input of this shape.
-  Shape output_shape(const Shape& input, DType input_dtype = DType::f32) const;
-  // Bytes of activation buffers this layer keeps after one forward (and backward, when
-  // training) at this input shape: what it adds to MemCategory::activations in steady state.
-  int64_t activation_bytes(const Shape& input, bool training, DType input_dtype = DType::f32) const;
-};
-
-// A dry run of the activation buffers, for FSDP's memory plan (fsdp/plan.h). Slots stand for
-// a layer's Tensor members (keyed by the member's address); a buffer is charged to the tracker
-// when created and credited when its last holder lets go, as Buffer is. So the plan sees what
-// the MemoryTracker sees, transients included: ensure() allocates a new buffer before the old
-// one is dropped, and the next layer's x_ keeps the old one alive until that layer runs.
-struct PlanBuffer {
-  PlanBuffer(size_t bytes, MemCategory category, MemoryTracker& tracker);
-  ~PlanBuffer();
-  PlanBuffer(const PlanBuffer&) = delete;
-  PlanBuffer& operator=(const PlanBuffer&) = delete;
-  size_t bytes;
-  MemCategory category;
-  MemoryTracker& tracker;
-};
-
-struct PlanTensor {
-  std::shared_ptr<PlanBuffer> buffer;  // null: undefined, or a recorded shape with no storage
-  Shape shape;
-  DType dtype = DType::f32;
-  bool defined() const { return buffer != nullptr; }
-  PlanTensor view(const Shape& s) const { return {buffer, s, dtype}; }  // Tensor::view
-};
-
-class ActivationPlan {
- public:
-  explicit ActivationPlan(MemoryTracker& tracker) : tracker_(tracker) {}
-  ~ActivationPlan() = default;
-  ActivationPlan(const ActivationPlan&) = delete;
-  ActivationPlan& operator=(const ActivationPlan&) = delete;
-  // New storage outside any slot (a batch the caller owns, a gradient handed in).
-  PlanTensor make(const Shape& shape, DType dtype, MemCategory category = MemCategory::activations);
-  // ensure(*slot, shape, dtype, category, tracker) for a member of `owner`.
-  const PlanTensor& ensure(const void* owner, const void* slot, const Shape& shape, DType dtype,
-                           MemCategory category = MemCategory::activations);
-  // *slot = t: a Tensor copy (shares t's buffer), or a Shape member (t with no buffer).
-  const PlanTensor& hold(const void* owner, const void* slot, const PlanTensor& t);
-  const PlanTensor& get(const void* slot) const;  // an undefined PlanTensor if never set
-  void drop(const void* slot);                    // *slot = Tensor()
-  // Layer::release_activations(): every slot of this module and of its descendants.
-  void release(const Module& module);
-  // Layer state that decides what backward allocates (Dropout's active_).
-  bool& flag(const void* key) { return flags_[key]; }
-  MemoryTracker& tracker() { return tracker_; }
-
- private:
-  struct Slot {
-    const void* owner = nullptr;
-    PlanTensor t;
-  };
-  MemoryTracker& tracker_;
-  std::map<const void*, Slot> slots_;
-  std::map<const void*, bool> flags_;
-  PlanTensor none_;
 };
 
 }  // namespace fsdp

@@ -48,6 +48,9 @@ class DeviceRuntime {
   // "cpu", "cuda:0 (NVIDIA H100 80GB HBM3, sm_90, 79 GiB)": for the start-up banner.
   virtual std::string describe() const = 0;
   virtual MemoryTracker& tracker() = 0;
+  // False for the meta device (tensor/meta_runtime.h): its memory holds no values, so host
+  // loops that would fill or read it (drawing initial values, reading a weights file) are skipped.
+  virtual bool holds_values() const { return true; }
 
   // Memory in this runtime's space, charged to `category` while allocated. `stream`: the stream
   // whose work uses the block (see the stream rules above). Throws OutOfMemory (caching_allocator.h)

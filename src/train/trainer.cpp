@@ -20,13 +20,13 @@
 #include "config/config.h"
 #include "data/data.h"
 #include "fsdp/fsdp.h"
-#include "fsdp/plan.h"
 #include "models/model.h"
 #include "nn/flat.h"
 #include "optim/optim.h"
 #include "tensor/error.h"
 #include "train/checkpointing.h"
 #include "train/metrics.h"
+#include "train/plan.h"
 
 namespace fsdp {
 
@@ -37,7 +37,7 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 struct Datasets {
-  std::unique_ptr<Dataset> train, eval;
+  std::shared_ptr<const Dataset> train, eval;
 };
 
 Datasets load_data(const Config& c) {
@@ -166,10 +166,11 @@ const BatchBuffers& upload_batch(DeviceRuntime& rt, const BatchBuffers& host, Ba
 // it, so the engine's bindings are never touched. The copy is enqueued on the compute stream,
 // which wait_for_unshard made wait for the all_gather and the low-precision cast, and after the
 // last optimizer step's kernels; the host waits for it.
-void write_gathered_unit(WeightWriter& writer, const Unit& u, DeviceRuntime& rt, MemoryTracker& mem) {
+// writer null: a plan (or a rank that does not write) stages as the writer's rank does.
+void write_gathered_unit(WeightWriter* writer, const Unit& u, DeviceRuntime& rt, MemoryTracker& mem) {
   const FlatLayout& layout = u.layout;
   if (rt.device() == Device::cpu || layout.params.empty()) {
-    writer.write(layout.params);
+    if (writer) writer->write(layout.params);
     return;
   }
   const float* unit_values = layout.params[0]->data - layout.offsets[0];  // the unit's flat buffer
@@ -186,7 +187,7 @@ void write_gathered_unit(WeightWriter& writer, const Unit& u, DeviceRuntime& rt,
     staged.back().grad = nullptr;
     staged_ptrs.push_back(&staged.back());
   }
-  writer.write(staged_ptrs);
+  if (writer) writer->write(staged_ptrs);
 }
 
 struct EvalResult {
@@ -278,7 +279,9 @@ struct Trainer::State {
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<LrSchedule> schedule;
   LossScaler scaler;
-  MemoryPlan plan;  // predicted per-rank peaks, reported next to the measured ones
+  BatchBuffers batch, dev_batch;  // this rank's micro-batch: host, and its copy on a device
+  std::vector<int> node_colors;   // every rank's node_color, in world order
+  MemoryPlan plan;                // predicted per-rank peaks, reported next to the measured ones
   // Checkpoints: where this launch starts and what save_best compares against.
   bool resumed = false;
   int64_t start_step = 0;
@@ -289,6 +292,54 @@ struct Trainer::State {
   State(const Config& config, int world_size) : c(for_world_size(config, world_size)) {}
 };
 
+namespace {
+
+// Every rank's node color, in world order (the mesh and the mesh report need the whole list).
+std::vector<int> gather_node_colors(const RunEnv& env) {
+  if (!env.node_color_of_rank.empty()) return env.node_color_of_rank;
+  std::vector<int32_t> colors(static_cast<size_t>(env.world_size), env.node_color);
+  if (env.world_size > 1) {
+    int32_t mine = env.node_color;
+    env.world->all_gather(&mine, colors.data(), 1, DType::i32)->wait();
+  }
+  return {colors.begin(), colors.end()};
+}
+
+// Host memory this node can still give (MemAvailable), or 0 when /proc/meminfo does not say.
+int64_t host_available_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  long long kib = 0;
+  while (std::fgets(line, sizeof line, f))
+    // NOLINTNEXTLINE(cert-err34-c): a kernel file's fixed format; no match leaves kib 0
+    if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib * 1024;
+}
+
+// A run that cannot fit is refused before it allocates, with the numbers, instead of being
+// killed by the kernel's OOM killer minutes later. Host memory only: on a device run the tracker
+// mixes device memory and host staging, and the device's free memory is not asked for here.
+void check_plan_fits(const MemoryPlan& plan, const RunEnv& env, const std::vector<int>& node_colors,
+                     Device device) {
+  if (device != Device::cpu) return;
+  const int64_t available = host_available_bytes();
+  if (available <= 0) return;
+  const auto ranks_here = static_cast<int64_t>(std::count(node_colors.begin(), node_colors.end(), env.node_color));
+  const int64_t need = ranks_here * plan.total_peak_bytes;
+  if (need <= available) return;
+  throw Error("memory plan: " + std::to_string(ranks_here) + " rank" + (ranks_here == 1 ? "" : "s") +
+              " on this node would need " + std::to_string(ranks_here) + " x " +
+              human_bytes(static_cast<double>(plan.total_peak_bytes)) + " = " +
+              human_bytes(static_cast<double>(need)) + " at their peak, and the node has " +
+              human_bytes(static_cast<double>(available)) +
+              " available (MemAvailable); see fsdp_app --plan: shard more (FULL_SHARD, more ranks or nodes) or "
+              "lower train.batch_size");
+}
+
+}  // namespace
+
 Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_unique<State>(config, env_in.world_size)) {
   State& s = *s_;
   const Config& c = s.c;
@@ -297,17 +348,32 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
     s.local_world = make_local_communicator({c.comm.timeout_s});
     s.env.world = s.local_world.get();
   }
-  if (c.train.threads > 0) {
+  if (c.train.threads > 0 && !s.env.planning) {
     openblas_set_num_threads(static_cast<int>(c.train.threads));
     omp_set_num_threads(static_cast<int>(c.train.threads));
   }
-  s.fault = test_fault_from_env();
+  if (!s.env.planning) s.fault = test_fault_from_env();
   // The device before the data: "no CUDA device" should not wait for a dataset to load.
   const Device device = parse_device(c.train.device);
-  s.runtime = s.env.make_runtime && device != Device::cpu ? s.env.make_runtime(s.mem, s.env.local_rank)
-                                                          : make_runtime(device, s.mem, s.env.local_rank);
+  s.runtime = s.env.make_runtime ? s.env.make_runtime(s.mem, s.env.local_rank)
+                                 : make_runtime(device, s.mem, s.env.local_rank);
   // Data first: a missing dataset should fail before minutes of model set-up.
-  s.data = load_data_agreed(c, *s.env.world);
+  if (s.env.train_data && s.env.eval_data)
+    s.data = {s.env.train_data, s.env.eval_data};
+  else
+    s.data = load_data_agreed(c, *s.env.world);
+  s.node_colors = gather_node_colors(s.env);
+  const std::vector<int>& node_colors = s.node_colors;
+  // The plan, before anything of the model is allocated: a run that cannot fit stops here.
+  if (!s.env.planning) {
+    PlanRequest request;
+    request.world_size = s.env.world_size;
+    request.node_color_of_rank = node_colors;
+    request.train_data = s.data.train;
+    request.eval_data = s.data.eval;
+    s.plan = plan_memory(c, request);
+    check_plan_fits(s.plan, s.env, node_colors, device);
+  }
   s.model = make_model(c.model);
   if (s.data.train->num_classes() > (c.model.kind == "transformer" ? c.model.vocab : 10))
     throw Error("data has " + std::to_string(s.data.train->num_classes()) + " classes, more than the model's outputs");
@@ -321,7 +387,7 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
     s.device_world = make_communicator(c.comm.backend, s.env.mpi_comm, co);
     data_world = s.device_world.get();
   }
-  ProcessMesh mesh = make_mesh(*data_world, fo.strategy, fo.shard_group_size, s.env.node_color, s.env.local_rank);
+  ProcessMesh mesh = make_mesh(*data_world, fo.strategy, fo.shard_group_size, node_colors);
   s.engine = std::make_unique<FsdpEngine>(*s.model, *s.env.world, std::move(mesh), fo, s.mem, s.runtime.get());
   s.engine->init_shards(c.train.seed);
   s.scaler.enabled = fo.param_dtype == DType::f16 || fo.reduce_dtype == DType::f16;
@@ -338,13 +404,14 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
   s.steps_per_epoch = s.sampler->steps_per_epoch();
   s.total_steps = c.train.steps > 0 ? c.train.steps : c.train.epochs * s.steps_per_epoch;
   s.schedule = std::make_unique<LrSchedule>(c.train.scheduler, c.train.optimizer.lr, s.total_steps);
-  PlanRequest request;
-  request.world_size = s.env.world_size;
-  request.shard_group_size = s.engine->mesh().shard->size();
-  request.train_samples = s.data.train->size();
-  request.eval_samples = s.data.eval->size();
-  s.plan = plan_memory(c, request);
 
+  if (s.env.planning) {
+    // A plan touches no file. A resume is assumed to find its file: what it costs is the staging
+    // of the state it loads (device shards), held while the file is read.
+    if (!c.checkpoint.resume.empty()) HostCheckpointState(*s.engine, *s.optimizer, s.mem).copy_to_device(true);
+    if (!c.model.init_from.empty()) s.engine->load_full_weights(c.model.init_from);  // reads nothing on meta
+    return;
+  }
   // Resume last: it overwrites the shards and optimizer state just made. Collective, and its
   // errors are agreed on inside, so a bad file is still a set-up error reported once.
   if (!c.checkpoint.dir.empty()) prepare_checkpoint_dir(c.checkpoint.dir);
@@ -435,13 +502,14 @@ std::string Trainer::diverged(int64_t step, const std::string& what) const {
 
 CheckpointStats Trainer::save(const std::string& path, int64_t steps_done, double lr) {
   State& s = *s_;
+  HostCheckpointState staged(*s.engine, *s.optimizer, s.mem);
+  staged.copy_from_device();
+  if (s.env.planning) return {};  // a plan stages the state as a save does and writes nothing
   SaveOptions options;
   options.format = parse_checkpoint_format(s.c.checkpoint.format);
   options.collective = s.c.checkpoint.io == "collective";
   if (s.fault.kill_save_step < 0 || s.fault.kill_save_step == steps_done)  // FSDP_TEST_KILL_RANK_DURING_SAVE
     options.kill_rank = s.fault.kill_rank_during_save;
-  HostCheckpointState staged(*s.engine, *s.optimizer, s.mem);
-  staged.copy_from_device();
   CheckpointStats stats;
   try {
     stats = save_checkpoint(path, staged.state(), position(steps_done, lr), options, s.env.mpi_comm);
@@ -460,6 +528,124 @@ CheckpointStats Trainer::save(const std::string& path, int64_t steps_done, doubl
 
 Trainer::~Trainer() = default;
 
+Trainer::StepResult Trainer::train_step(int64_t step, double lr) {
+  State& s = *s_;
+  const Config& c = s.c;
+  const RunEnv& env = s.env;
+  FsdpEngine& engine = *s.engine;
+  RunCtx ctx;
+  ctx.mem = &s.mem;
+  ctx.seed = c.train.seed;
+  ctx.dropout = c.train.dropout;
+  ctx.hooks = &engine;
+  ctx.runtime = &engine.runtime();
+  ctx.loss_normalizer = static_cast<double>(s.global_batch) * s.model->loss_elements_per_sample();
+  ctx.training = true;
+  ctx.step = step;
+  ctx.loss_scale = s.scaler.enabled ? s.scaler.scale : 1.0;
+  const int64_t epoch = step / s.steps_per_epoch, step_in_epoch = step % s.steps_per_epoch;
+  std::vector<int64_t> global = s.sampler->global_batch(epoch, step_in_epoch);
+
+  // Forward/backward per micro-batch; only the last one reduces gradients (no_sync).
+  StepResult r;
+  r.loss_scale = ctx.loss_scale;
+  engine.begin_step();
+  for (int64_t m = 0; m < c.train.grad_accum; ++m) {
+    auto [offset, count] = Sampler::rank_slice(s.micro_global, env.rank, env.world_size);
+    std::span<const int64_t> mine(global.data() + m * s.micro_global + offset, count);
+    ctx.sample_offset = step * s.global_batch + m * s.micro_global + offset;
+    load_batch(*s.data.train, mine, s.batch, &s.mem);
+    const BatchBuffers& in = upload_batch(engine.runtime(), s.batch, s.dev_batch);
+    engine.set_sync_grads(m + 1 == c.train.grad_accum);
+    r.loss += s.model->forward(ctx, in.inputs, in.targets);
+    s.model->backward(ctx);
+  }
+  engine.finish_backward();
+  if (env.rank == s.fault.rank && step + 1 == s.fault.step) {  // FSDP_TEST_FAULT (tests only)
+    std::fprintf(stderr, "fsdp_app: rank %d: FSDP_TEST_FAULT: skipping the loss all_reduce of step %lld\n", env.rank,
+                 static_cast<long long>(step) + 1);
+    std::fflush(stderr);
+  } else {
+    env.world->all_reduce(&r.loss, &r.loss, 1, DType::f64, ReduceOp::sum)->wait();
+  }
+
+  // With f16 loss scaling a non-finite step is the rule (the scaler skips it and lowers the
+  // scale); otherwise it means divergence: stop before the optimizer writes it into the weights.
+  // The loss and the norm are all-reduced values, so every rank stops at the same step.
+  auto number = [](double v) {
+    return std::isnan(v) ? std::string("nan") : std::isinf(v) ? (v > 0 ? "inf" : "-inf") : std::to_string(v);
+  };
+  if (!s.scaler.enabled && !std::isfinite(r.loss)) throw AgreedError(diverged(step + 1, "the loss is " + number(r.loss)));
+  r.applied = s.scaler.update(engine);  // false: an f16 overflow, the step is skipped
+  if (r.applied) {
+    if (c.train.clip_grad_norm > 0.0) r.grad_norm = engine.clip_grad_norm(c.train.clip_grad_norm);
+    if (!s.scaler.enabled && !std::isfinite(r.grad_norm))
+      throw AgreedError(diverged(step + 1, "the gradient norm is " + number(r.grad_norm)));
+    s.optimizer->step(engine.param_shards(), engine.grad_shards(), lr);
+  }
+  return r;
+}
+
+void Trainer::write_weights() {
+  State& s = *s_;
+  const bool leader = s.env.rank == 0;
+  std::unique_ptr<WeightWriter> writer;
+  if (leader && !s.env.planning) writer = std::make_unique<WeightWriter>(s.c.output.save_weights);
+  s.engine->for_each_gathered_unit([&](const Unit& u) {
+    if (leader) write_gathered_unit(writer.get(), u, s.engine->runtime(), s.mem);
+  });
+  if (writer) writer->commit();
+}
+
+MemoryPlan Trainer::plan() {
+  State& s = *s_;
+  const Config& c = s.c;
+  FsdpEngine& engine = *s.engine;
+  MemoryPlan plan;
+  // The schedule: two steps (the second gathers while the first's buffers are all alive: the
+  // steady state); a periodic save; an evaluation, then a step after it and another evaluation
+  // (activation buffers change shape both ways); the closing save; output.save_weights.
+  const double lr = c.train.optimizer.lr;
+  int64_t step = 0;
+  auto step_once = [&] {
+    train_step(step++, lr);
+    const StepTraffic& t = engine.step_traffic();
+    plan.all_gather = t.all_gather;
+    plan.reduce_scatter = t.reduce_scatter;
+    plan.all_reduce = t.all_reduce;
+  };
+  auto evaluate_once = [&] { evaluate(*s.model, engine, *s.data.eval, c, s.env, s.mem); };
+  while (step < std::min<int64_t>(s.total_steps, 2)) step_once();
+  const bool saves = !c.checkpoint.dir.empty();
+  if (saves && c.checkpoint.every_steps > 0) save("", step, lr);
+  if (c.train.eval_every != "never" && s.total_steps > 0) {
+    evaluate_once();
+    const bool step_after_eval = c.train.eval_every == "epoch" ? s.total_steps > s.steps_per_epoch
+                                                               : std::stoll(c.train.eval_every) < s.total_steps;
+    if (step_after_eval) {
+      step_once();
+      evaluate_once();
+    }
+  }
+  if (saves) save("", step, lr);
+  if (!c.output.save_weights.empty()) write_weights();
+
+  plan.model = c.model.kind;
+  plan.strategy = std::string(strategy_name(engine.options().strategy));
+  plan.world_size = s.env.world_size;
+  plan.shard_group_size = engine.mesh().shard->size();
+  plan.replicas = engine.mesh().replicate->size();
+  plan.num_params = s.model->num_params();
+  for (const auto& u : engine.units())
+    plan.units.push_back({u->spec.name, u->layout.numel, u->padded_numel, u->shard_numel});
+  for (size_t i = 0; i < kMemCategoryCount; ++i)
+    plan.peak_bytes[i] = static_cast<int64_t>(s.mem.peak_bytes(static_cast<MemCategory>(i)));
+  plan.total_peak_bytes = static_cast<int64_t>(s.mem.peak_total_bytes());
+  if (engine.options().activation_checkpointing)
+    plan.notes.emplace_back("activation checkpointing: wrapped units recompute in backward");
+  return plan;
+}
+
 TrainSummary Trainer::run() {
   State& s = *s_;
   const Config& c = s.c;
@@ -473,7 +659,6 @@ TrainSummary Trainer::run() {
   const bool lm = c.model.kind == "transformer";
   const int64_t elems_per_sample = model.loss_elements_per_sample();
   const int64_t total_steps = s.total_steps, steps_per_epoch = s.steps_per_epoch, global_batch = s.global_batch;
-
   if (leader)
     std::printf(
         "fsdp_app: %s, %lld parameters, %s on %d rank%s (%s, %zu units), %s, %lld train / %lld eval samples, %lld "
@@ -491,13 +676,11 @@ TrainSummary Trainer::run() {
     char host[kHostBytes] = {};
     gethostname(host, kHostBytes - 1);
     std::vector<char> hosts(kHostBytes * env.world_size);
-    std::vector<int32_t> colors(env.world_size);
-    int32_t color = env.node_color;
+    const std::vector<int>& colors = s.node_colors;
     env.world->all_gather(host, hosts.data(), kHostBytes, DType::u8)->wait();
-    env.world->all_gather(&color, colors.data(), 1, DType::i32)->wait();
     if (leader) {
       std::string nodes;
-      std::vector<int32_t> seen;
+      std::vector<int> seen;
       for (int r = 0; r < env.world_size; ++r) {
         if (std::find(seen.begin(), seen.end(), colors[r]) != seen.end()) continue;
         seen.push_back(colors[r]);
@@ -536,14 +719,6 @@ TrainSummary Trainer::run() {
   TrainSummary summary;
   summary.start_step = s.start_step;
   summary.steps = s.start_step;
-  RunCtx ctx;
-  ctx.mem = &mem;
-  ctx.seed = c.train.seed;
-  ctx.dropout = c.train.dropout;
-  ctx.hooks = &engine;
-  ctx.runtime = &engine.runtime();
-  ctx.loss_normalizer = static_cast<double>(global_batch) * elems_per_sample;
-  BatchBuffers batch, dev_batch;
   double timed_s = 0.0;
   int64_t timed_samples = 0;
   int64_t last_eval_step = -1;
@@ -575,48 +750,9 @@ TrainSummary Trainer::run() {
     const int64_t epoch = step / steps_per_epoch, step_in_epoch = step % steps_per_epoch;
     const auto t0 = Clock::now();
     lr = s.schedule->lr(step, epoch);
-    std::vector<int64_t> global = s.sampler->global_batch(epoch, step_in_epoch);
-
-    // Forward/backward per micro-batch; only the last one reduces gradients (no_sync).
-    engine.begin_step();
-    double loss = 0.0;
-    ctx.training = true;
-    ctx.step = step;
-    ctx.loss_scale = s.scaler.enabled ? s.scaler.scale : 1.0;
-    for (int64_t m = 0; m < c.train.grad_accum; ++m) {
-      auto [offset, count] = Sampler::rank_slice(s.micro_global, env.rank, env.world_size);
-      std::span<const int64_t> mine(global.data() + m * s.micro_global + offset, count);
-      ctx.sample_offset = step * global_batch + m * s.micro_global + offset;
-      load_batch(*s.data.train, mine, batch, &mem);
-      const BatchBuffers& in = upload_batch(engine.runtime(), batch, dev_batch);
-      engine.set_sync_grads(m + 1 == c.train.grad_accum);
-      loss += model.forward(ctx, in.inputs, in.targets);
-      model.backward(ctx);
-    }
-    engine.finish_backward();
-    if (env.rank == s.fault.rank && step + 1 == s.fault.step) {  // FSDP_TEST_FAULT (tests only)
-      std::fprintf(stderr, "fsdp_app: rank %d: FSDP_TEST_FAULT: skipping the loss all_reduce of step %lld\n", env.rank,
-                   static_cast<long long>(step) + 1);
-      std::fflush(stderr);
-    } else {
-      env.world->all_reduce(&loss, &loss, 1, DType::f64, ReduceOp::sum)->wait();
-    }
-
-    // With f16 loss scaling a non-finite step is the rule (the scaler skips it and lowers the
-    // scale); otherwise it means divergence: stop before the optimizer writes it into the weights.
-    // The loss and the norm are all-reduced values, so every rank stops at the same step.
-    auto number = [](double v) {
-      return std::isnan(v) ? std::string("nan") : std::isinf(v) ? (v > 0 ? "inf" : "-inf") : std::to_string(v);
-    };
-    if (!s.scaler.enabled && !std::isfinite(loss)) throw AgreedError(diverged(step + 1, "the loss is " + number(loss)));
-    const bool step_ok = s.scaler.update(engine);  // false: an f16 overflow, the step is skipped
-    double grad_norm = -1.0;
-    if (step_ok) {
-      if (c.train.clip_grad_norm > 0.0) grad_norm = engine.clip_grad_norm(c.train.clip_grad_norm);
-      if (!s.scaler.enabled && !std::isfinite(grad_norm))
-        throw AgreedError(diverged(step + 1, "the gradient norm is " + number(grad_norm)));
-      s.optimizer->step(engine.param_shards(), engine.grad_shards(), lr);
-    }
+    const StepResult r = train_step(step, lr);
+    const double loss = r.loss, grad_norm = r.grad_norm;
+    const bool step_ok = r.applied;
 
     const double step_s = seconds_since(t0);
     const int64_t done = step + 1;
@@ -633,7 +769,7 @@ TrainSummary Trainer::run() {
       j.num("samples_per_s", rate);
       if (lm) j.num("tokens_per_s", rate * elems_per_sample);
       if (grad_norm >= 0.0) j.num("grad_norm", grad_norm);  // before clipping, as PyTorch returns it
-      if (s.scaler.enabled) j.num("loss_scale", ctx.loss_scale).integer("step_skipped", step_ok ? 0 : 1);
+      if (s.scaler.enabled) j.num("loss_scale", r.loss_scale).integer("step_skipped", step_ok ? 0 : 1);
       j.raw("mem_peak_bytes", mem_peaks_json(mem)).raw("mem_plan_bytes", s.plan.peaks_json());
       metrics.write(j);
       if (tty) {
@@ -660,14 +796,7 @@ TrainSummary Trainer::run() {
   if (!ck.dir.empty() && summary.steps > s.start_step) save_step(summary.steps, lr);
   if (tty && c.train.eval_every == "never") std::printf("\n");
   summary.samples_per_s = timed_s > 0 ? timed_samples / timed_s : 0.0;
-  if (!c.output.save_weights.empty()) {
-    std::unique_ptr<WeightWriter> writer;
-    if (leader) writer = std::make_unique<WeightWriter>(c.output.save_weights);
-    engine.for_each_gathered_unit([&](const Unit& u) {
-      if (writer) write_gathered_unit(*writer, u, engine.runtime(), mem);
-    });
-    if (writer) writer->commit();
-  }
+  if (!c.output.save_weights.empty()) write_weights();
   if (leader) {
     std::printf("done: %lld steps, %.1f samples/s, peak memory %.1f MiB (planned %.1f MiB)\n",
                 static_cast<long long>(summary.steps), summary.samples_per_s, mem.peak_total_bytes() / 1048576.0,

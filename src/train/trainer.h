@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace fsdp {
 
@@ -16,6 +17,8 @@ struct Config;
 class Communicator;
 class DeviceRuntime;
 class MemoryTracker;
+class Dataset;
+struct MemoryPlan;
 struct CheckpointMeta;
 struct CheckpointStats;
 
@@ -24,11 +27,19 @@ struct RunEnv {
   int world_size = 1;
   Communicator* world = nullptr;      // comm.backend over all ranks; null: a local one-rank run
   int node_color = 0;                 // equal on ranks of one node (hybrid sharding)
+  // Every rank's node_color. Empty: the trainer gathers them over `world`.
+  std::vector<int> node_color_of_rank;
   int local_rank = 0;                 // rank within the node
   MPI_Comm mpi_comm = MPI_COMM_NULL;  // the same ranks for MPI-IO checkpoints; null: no MPI
   // Makes the runtime train.device names, charging the trainer's tracker. Empty: make_runtime.
   // Tests pass a driverless fake device here (tests/fake_device.h) to check stream order on the CPU.
+  // The memory plan (train/plan.h) passes the meta device here.
   std::function<std::unique_ptr<DeviceRuntime>(MemoryTracker&, int local_rank)> make_runtime;
+  // A plan's trainer (plan_memory): no files read or written, no output, no plan of its own;
+  // Trainer::plan instead of run.
+  bool planning = false;
+  // Datasets already loaded (a plan made by a trainer gets the trainer's): not loaded again.
+  std::shared_ptr<const Dataset> train_data, eval_data;
 };
 
 struct TrainSummary {
@@ -47,8 +58,22 @@ class Trainer {
   Trainer(const Trainer&) = delete;  // owns the MPI communicators, engine and open files
   Trainer& operator=(const Trainer&) = delete;
   TrainSummary run();  // run phase
+  // The memory plan (env.planning): the run's own calls, in the shortest sequence that reaches
+  // every peak the whole run reaches (train/plan.h).
+  MemoryPlan plan();
 
  private:
+  struct StepResult {
+    double loss = 0.0;
+    double grad_norm = -1.0;  // -1: not computed (no clipping)
+    bool applied = true;      // false: an f16 overflow, the optimizer step was skipped
+    double loss_scale = 1.0;  // the scale this step's backward ran with
+  };
+  // Forward and backward of every micro-batch, the reduction, loss scaling, clipping and the
+  // optimizer step of global step `step` (0-based).
+  StepResult train_step(int64_t step, double lr);
+  // output.save_weights: every unit gathered in turn, written by rank 0.
+  void write_weights();
   void resume(const std::string& path);
   // The root attributes of a checkpoint taken after `steps_done` steps.
   CheckpointMeta position(int64_t steps_done, double lr) const;

@@ -1,0 +1,14 @@
+#pragma once
+// The meta communicator: rank `rank` of a world of any size that does not exist. Every
+// collective completes at once and moves no data (a host value keeps this rank's own); split_by
+// forms the groups the partition describes. With the meta device (tensor/meta_runtime.h) it
+// lets fsdp_app --plan run the real trainer for a world size it is not launched with.
+#include <memory>
+
+#include "comm/comm.h"
+
+namespace fsdp {
+
+std::unique_ptr<Communicator> make_meta_communicator(int size, int rank = 0, const CommOptions& options = {});
+
+}  // namespace fsdp

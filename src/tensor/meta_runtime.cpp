@@ -1,0 +1,147 @@
+#include "tensor/meta_runtime.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#include "tensor/kernels.h"
+
+namespace fsdp {
+
+namespace {
+
+class DoneEvent final : public Event {
+ public:
+  bool done() const override { return true; }
+};
+
+// Every kernel a no-op; host values are zeros (a finite, zero loss and gradient norm).
+class MetaKernels final : public Kernels {
+ public:
+  explicit MetaKernels(Device device) : device_(device) {}
+  Device device() const override { return device_; }
+  void gemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t, float, float*,
+            int64_t) override {}
+  void gemm_strided_batched(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, int64_t,
+                            const float*, int64_t, int64_t, float, float*, int64_t, int64_t, int64_t) override {}
+  void gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*, int64_t,
+                 float, float*, int64_t) override {}
+  void linear_forward(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t) override {}
+  void linear_backward(float*, float*, float*, const float*, const float*, const float*, int64_t, int64_t,
+                       int64_t) override {}
+  void im2col(const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) override {}
+  void col2im(const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) override {}
+  void conv_bias_permute(float*, const float*, const float*, int64_t, int64_t, int64_t) override {}
+  void conv_grad_permute(float*, float*, const float*, int64_t, int64_t, int64_t) override {}
+  void relu_forward(float*, const float*, int64_t) override {}
+  void relu_backward(float*, const float*, const float*, int64_t) override {}
+  void gelu_forward(float*, const float*, int64_t) override {}
+  void gelu_backward(float*, const float*, const float*, int64_t) override {}
+  void add(float*, const float*, const float*, int64_t) override {}
+  void add_inplace(float*, const float*, int64_t) override {}
+  void mul(float*, const float*, const float*, int64_t) override {}
+  void scale(float*, float, int64_t) override {}
+  void fill(float*, float, int64_t) override {}
+  void dropout_forward(float*, float*, const float*, int64_t, int64_t, float, uint64_t, uint64_t, int64_t) override {}
+  void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int64_t, int64_t,
+                         float) override {}
+  void layernorm_backward(float*, float*, float*, const float*, const float*, const float*, const float*,
+                          const float*, int64_t, int64_t) override {}
+  void log_softmax_forward(float*, const float*, int64_t, int64_t) override {}
+  void log_softmax_backward(float*, const float*, const float*, int64_t, int64_t) override {}
+  void causal_softmax_forward(float*, int64_t, int64_t) override {}
+  void causal_softmax_backward(float*, const float*, int64_t, int64_t, float) override {}
+  void maxpool2_forward(float*, int32_t*, const float*, int64_t, int64_t, int64_t) override {}
+  void maxpool2_backward(float*, const float*, const int32_t*, int64_t, int64_t, int64_t) override {}
+  void embedding_forward(float*, const int32_t*, const float*, const float*, int64_t, int64_t, int64_t) override {}
+  void embedding_backward(float*, float*, const float*, const int32_t*, int64_t, int64_t, int64_t) override {}
+  void nll_sum(const float*, const int32_t*, int64_t, int64_t, double* sum, int64_t* correct) override {
+    *sum = 0.0;
+    *correct = 0;
+  }
+  void nll_backward(float*, const int32_t*, int64_t, int64_t, float) override {}
+  void cross_entropy_backward(float*, const float*, const int32_t*, int64_t, int64_t, float) override {}
+  void adamw_step(float*, const float*, float*, float*, int64_t, const AdamWArgs&) override {}
+  void sgd_step(float*, const float*, float*, int64_t, const SgdArgs&) override {}
+  void adadelta_step(float*, const float*, float*, float*, int64_t, const AdadeltaArgs&) override {}
+  void cast(void*, DType, const void*, DType, int64_t) override {}
+  double sum_squares(const float*, int64_t) override { return 0.0; }
+  bool all_finite(const float*, int64_t) override { return true; }
+
+ private:
+  Device device_;
+};
+
+size_t page_rounded(size_t bytes) {
+  constexpr size_t kPage = 4096;
+  return std::max<size_t>(kPage, (bytes + kPage - 1) / kPage * kPage);
+}
+
+// Address space, zero-filled by the kernel on first read, committed only where written.
+void* reserve(size_t bytes) {
+  void* p = mmap(nullptr, page_rounded(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  return p;
+}
+
+void release(void* p, size_t bytes) { munmap(p, page_rounded(bytes)); }
+
+class MetaRuntime final : public DeviceRuntime {
+ public:
+  MetaRuntime(Device planned, MemoryTracker& tracker) : device_(planned), tracker_(tracker), kernels_(planned) {}
+  Device device() const override { return device_; }
+  std::string describe() const override { return "meta (" + std::string(device_name(device_)) + ", plan only)"; }
+  MemoryTracker& tracker() override { return tracker_; }
+  bool holds_values() const override { return false; }
+  void* allocate(size_t bytes, MemCategory category, Stream) override {
+    void* p = reserve(bytes);
+    tracker_.on_alloc(category, bytes);
+    return p;
+  }
+  void deallocate(void* ptr, size_t bytes, MemCategory category, Stream) override {
+    tracker_.on_free(category, bytes);
+    release(ptr, bytes);
+  }
+  // Pinned staging is untracked in every runtime; here it is address space like the rest.
+  void* allocate_pinned(size_t bytes) override {
+    void* p = reserve(bytes + sizeof(size_t));
+    *static_cast<size_t*>(p) = bytes;  // the size munmap needs, in the first (touched) page
+    return static_cast<char*>(p) + sizeof(size_t);
+  }
+  void free_pinned(void* ptr) override {
+    char* base = static_cast<char*>(ptr) - sizeof(size_t);
+    release(base, *reinterpret_cast<size_t*>(base) + sizeof(size_t));
+  }
+  bool is_device_pointer(const void*) const override { return false; }  // never asked: no device_comm in a plan
+  void copy_async(void* dst, const void*, size_t bytes, CopyKind kind, Stream) override {
+    // Host reads of device values see zeros. Reading an untouched page maps the zero page, so
+    // a large staging buffer that is already zero stays uncommitted.
+    if (kind != CopyKind::device_to_host || bytes == 0) return;
+    const auto* d = static_cast<const unsigned char*>(dst);
+    if (std::any_of(d, d + bytes, [](unsigned char b) { return b != 0; })) std::memset(dst, 0, bytes);
+  }
+  void memset_async(void*, int, size_t, Stream) override {}
+  Stream compute_stream() override { return {}; }
+  Stream comm_stream() override { return {}; }
+  std::unique_ptr<Event> record(Stream) override { return std::make_unique<DoneEvent>(); }
+  void wait(Stream, const Event&) override {}
+  void synchronize(const Event&, double) override {}
+  void synchronize(Stream) override {}
+  Kernels& kernels() override { return kernels_; }
+
+ private:
+  Device device_;
+  MemoryTracker& tracker_;
+  MetaKernels kernels_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceRuntime> make_meta_runtime(Device planned, MemoryTracker& tracker) {
+  return std::make_unique<MetaRuntime>(planned, tracker);
+}
+
+}  // namespace fsdp

@@ -1,0 +1,135 @@
+// plan_memory: the trainer on the meta device and a meta communicator (see plan.h); and the
+// plan's text.
+#include "train/plan.h"
+
+#include <cstdio>
+#include <string>
+
+#include "comm/meta_comm.h"
+#include "config/config.h"
+#include "tensor/error.h"
+#include "tensor/meta_runtime.h"
+#include "train/trainer.h"
+
+namespace fsdp {
+
+namespace {
+
+std::string grouped(int64_t v) {
+  std::string s = std::to_string(v < 0 ? -v : v), out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i && (s.size() - i) % 3 == 0) out += ',';
+    out += s[i];
+  }
+  return (v < 0 ? "-" : "") + out;
+}
+
+}  // namespace
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (b >= 1024.0 && i < 4) {
+    b /= 1024.0;
+    ++i;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, i == 0 ? "%.0f %s" : "%.2f %s", b, units[i]);
+  return buf;
+}
+
+MemoryPlan plan_memory(const Config& config, const PlanRequest& request) {
+  const int world = request.world_size;
+  if (world < 1) throw Error("memory plan: world size " + std::to_string(world) + " is not >= 1");
+  std::vector<int> nodes = request.node_color_of_rank;
+  if (nodes.empty()) {
+    const int per_node = request.ranks_per_node > 0 ? request.ranks_per_node : world;
+    for (int r = 0; r < world; ++r) nodes.push_back(r / per_node);
+  }
+  if (nodes.size() != static_cast<size_t>(world))
+    throw Error("memory plan: node colors of " + std::to_string(nodes.size()) + " ranks for " + std::to_string(world));
+  std::unique_ptr<Communicator> meta_world = make_meta_communicator(world, 0, {});
+  RunEnv env;
+  env.rank = 0;
+  env.world_size = world;
+  env.world = meta_world.get();
+  env.node_color = nodes[0];
+  env.node_color_of_rank = nodes;
+  env.planning = true;
+  env.make_runtime = [device = parse_device(config.train.device)](MemoryTracker& tracker, int) {
+    return make_meta_runtime(device, tracker);
+  };
+  env.train_data = request.train_data;
+  env.eval_data = request.eval_data;
+  Trainer trainer(config, env);
+  return trainer.plan();
+}
+
+std::string MemoryPlan::peaks_json() const {
+  std::string s = "{";
+  for (size_t i = 0; i < kMemCategoryCount; ++i) {
+    s += '"';
+    s += mem_category_name(static_cast<MemCategory>(i));
+    s += "\": ";
+    s += std::to_string(peak_bytes[i]);
+    s += ", ";
+  }
+  s += "\"total\": ";
+  s += std::to_string(total_peak_bytes);
+  s += '}';
+  return s;
+}
+
+std::string MemoryPlan::text() const {
+  std::string t;
+  char line[256];
+  auto add = [&](const char* fmt, auto... args) {
+    std::snprintf(line, sizeof line, fmt, args...);
+    t += line;
+  };
+  const double psi_bytes = 4.0 * static_cast<double>(num_params);
+  add("memory plan: %s, %s parameters (%s in f32), %s on %d rank%s: shard group N = %d, %d replica%s, %zu units\n",
+      model.c_str(), grouped(num_params).c_str(), human_bytes(psi_bytes).c_str(), strategy.c_str(), world_size,
+      world_size == 1 ? "" : "s", shard_group_size, replicas, replicas == 1 ? "" : "s", units.size());
+  add("  %-20s %14s %14s %14s\n", "unit", "params", "padded", "shard/rank");
+  for (const UnitPlan& u : units)
+    add("  %-20s %14s %14s %14s\n", u.name.c_str(), grouped(u.numel).c_str(), grouped(u.padded_numel).c_str(),
+        grouped(u.shard_numel).c_str());
+  add("per-rank memory, predicted peaks (each category's own peak, as mem_peak_bytes reports them):\n");
+  int64_t sum = 0;
+  for (size_t i = 0; i < kMemCategoryCount; ++i) {
+    sum += peak_bytes[i];
+    add("  %-12s %12s %17s\n", std::string(mem_category_name(static_cast<MemCategory>(i))).c_str(),
+        human_bytes(static_cast<double>(peak_bytes[i])).c_str(), grouped(peak_bytes[i]).c_str());
+  }
+  add("  %-12s %12s %17s  peak of the sum (mem_peak_bytes.total); sum of the peaks %s\n", "total",
+      human_bytes(static_cast<double>(total_peak_bytes)).c_str(), grouped(total_peak_bytes).c_str(),
+      grouped(sum).c_str());
+  // The grad shards are the params' size: what stays between steps is params + grads + optim
+  // shards, 16 Psi / N with Adam (padding included); full gradients and gathered units come on top.
+  const int64_t at_rest = 2 * peak(MemCategory::params) + peak(MemCategory::optim);
+  add("  model states between steps (param + grad shards + optimizer state): %s = %.2f x Psi/N bytes\n",
+      human_bytes(static_cast<double>(at_rest)).c_str(),
+      num_params ? static_cast<double>(at_rest * shard_group_size) / static_cast<double>(num_params) : 0.0);
+  add("communication per training step (size: whole arrays, nccl-tests convention; wire: bytes each rank sends;\n"
+      "  Psi = parameters x 4 bytes):\n");
+  int64_t size_sum = 0, wire_sum = 0;
+  auto psi = [&](int64_t b) { return psi_bytes > 0 ? static_cast<double>(b) / psi_bytes : 0.0; };
+  auto coll = [&](const char* name, const CollectiveCount& p) {
+    size_sum += p.bytes;
+    wire_sum += p.wire_bytes;
+    add("  %-15s %3lld calls over %3d ranks  size %11s = %.2f Psi  wire %11s = %.2f Psi\n", name,
+        static_cast<long long>(p.calls), p.group_size, human_bytes(static_cast<double>(p.bytes)).c_str(), psi(p.bytes),
+        human_bytes(static_cast<double>(p.wire_bytes)).c_str(), psi(p.wire_bytes));
+  };
+  coll("all_gather", all_gather);
+  coll("reduce_scatter", reduce_scatter);
+  coll("all_reduce", all_reduce);
+  add("  %-38s size %11s = %.2f Psi  wire %11s = %.2f Psi\n", "total",
+      human_bytes(static_cast<double>(size_sum)).c_str(), psi(size_sum),
+      human_bytes(static_cast<double>(wire_sum)).c_str(), psi(wire_sum));
+  for (const std::string& note : notes) t += "  note: " + note + "\n";
+  return t;
+}
+
+}  // namespace fsdp

@@ -1,0 +1,74 @@
+#pragma once
+// The memory and communication plan of a run: what `fsdp_app INPUT.yaml --plan` prints, what a
+// run checks against the memory of its node before allocating, and what every run's metrics set
+// beside the MemoryTracker's measured peaks. Per rank (rank 0, which gets the largest batch
+// slices), by MemoryTracker category, for any world size — not only the one running.
+//
+// How: the real Trainer, FSDP engine and layers run on the meta device (tensor/meta_runtime.h:
+// memory charged as on the planned device, nothing computed) with a meta communicator of the
+// planned size (comm/meta_comm.h: collectives complete at once, move nothing). Trainer::plan
+// runs the shortest sequence of the run's own calls that reaches every peak a whole run reaches.
+// So the peaks are the quantities the real tracker reports, by construction: per-category
+// peaks, and the peak of the total (not the sum of the category peaks).
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/fsdp.h"
+#include "tensor/memory.h"
+
+namespace fsdp {
+
+struct Config;
+class Dataset;
+
+struct PlanRequest {
+  int world_size = 1;
+  // The planned world's nodes: ranks_per_node consecutive ranks each (HYBRID's shard groups when
+  // fsdp.hybrid.shard_group_size is 0). 0: all ranks on one node. node_color_of_rank, when not
+  // empty, gives every rank's node instead (a run plans for its own launch).
+  int ranks_per_node = 0;
+  std::vector<int> node_color_of_rank;
+  // The datasets, when the caller has loaded them already (the trainer): not loaded again.
+  std::shared_ptr<const Dataset> train_data, eval_data;
+};
+
+struct UnitPlan {
+  std::string name;
+  int64_t numel = 0;         // parameters in the unit
+  int64_t padded_numel = 0;  // rounded up to a multiple of the shard group size N
+  int64_t shard_numel = 0;   // padded_numel / N: what each rank keeps
+};
+
+struct MemoryPlan {
+  std::string model;     // model.kind
+  std::string strategy;  // FULL_SHARD, ...
+  int world_size = 1;
+  int shard_group_size = 1;     // N: ranks sharing one copy of the parameters
+  int replicas = 1;             // world_size / N
+  int64_t num_params = 0;       // Psi
+  std::vector<UnitPlan> units;  // index 0 = root
+  // Predicted peaks, per rank, indexed by MemCategory: the MemoryTracker's peak_bytes(c) and
+  // peak_total_bytes() at the end of the run.
+  std::array<int64_t, kMemCategoryCount> peak_bytes{};
+  int64_t total_peak_bytes = 0;
+  // One training step's collectives (all micro-batches), FsdpEngine::step_traffic.
+  CollectiveCount all_gather, reduce_scatter, all_reduce;
+  std::vector<std::string> notes;  // assumptions the prediction rests on
+
+  int64_t peak(MemCategory c) const { return peak_bytes[static_cast<size_t>(c)]; }
+  // The printed plan: model and units, one line per category and per collective, totals.
+  std::string text() const;
+  // {"params": N, ..., "other": N, "total": N}: the shape of mem_peaks_json, for the metrics.
+  std::string peaks_json() const;
+};
+
+// Throws Error, as the run would, on a configuration the run rejects.
+MemoryPlan plan_memory(const Config& config, const PlanRequest& request);
+
+// "1.50 GiB".
+std::string human_bytes(double bytes);
+
+}  // namespace fsdp
