@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/agree.h"
 #include "comm/comm.h"
 #include "comm/mpi_env.h"
 #include "config/config.h"
@@ -120,12 +121,11 @@ int main(int argc, char** argv) {
     setup_error = describe(e);
     if (setup_error.empty()) setup_error = "unknown error";
   }
-  int failed = setup_error.empty() ? 0 : 1, any_failed = 0, all_failed = 0;
-  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Allreduce(&failed, &all_failed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (any_failed) {
-    if (failed && all_failed && mpi.rank() == 0) std::fprintf(stderr, "fsdp_app: %s\n", setup_error.c_str());
-    if (failed && !all_failed) std::fprintf(stderr, "fsdp_app: rank %d: %s\n", mpi.rank(), setup_error.c_str());
+  const fsdp::Agreement setup = fsdp::agree_on_error(MPI_COMM_WORLD, setup_error);
+  if (!setup.ok()) {
+    const bool failed = !setup_error.empty();
+    if (setup.all_failed() && mpi.rank() == 0) std::fprintf(stderr, "fsdp_app: %s\n", setup_error.c_str());
+    if (failed && !setup.all_failed()) std::fprintf(stderr, "fsdp_app: rank %d: %s\n", mpi.rank(), setup_error.c_str());
     return 1;
   }
   try {

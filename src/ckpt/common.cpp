@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "ckpt/internal.h"
+#include "comm/agree.h"
 #include "tensor/error.h"
 
 namespace fsdp::ckpt {
@@ -34,23 +35,7 @@ std::vector<char> Group::all_gather(const std::vector<char>& mine) const {
   return all;
 }
 
-void Group::agree(const std::string& error) const {
-  if (!parallel()) {
-    if (!error.empty()) throw Error(error);
-    return;
-  }
-  int mine = error.empty() ? size_ : rank_, first = size_;
-  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm_);
-  if (first == size_) return;
-  int one = error.empty() ? 0 : 1, failing = 0;
-  MPI_Allreduce(&one, &failing, 1, MPI_INT, MPI_SUM, comm_);
-  int len = rank_ == first ? static_cast<int>(error.size()) : 0;
-  MPI_Bcast(&len, 1, MPI_INT, first, comm_);
-  std::string text = rank_ == first ? error : std::string(len, '\0');
-  MPI_Bcast(text.data(), len, MPI_CHAR, first, comm_);
-  // Name the rank only when it matters: when some ranks got through.
-  throw Error(failing < size_ ? text + " (on rank " + std::to_string(first) + ")" : text);
-}
+void Group::agree(const std::string& error) const { agree_on_error(comm_, error).throw_if_failed(); }
 
 void Group::barrier() const {
   if (parallel()) MPI_Barrier(comm_);

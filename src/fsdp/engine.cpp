@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "ckpt/h5.h"
+#include "comm/agree.h"
 #include "fsdp/fsdp.h"
 #include "tensor/error.h"
 #include "tensor/kernels.h"
@@ -127,7 +128,6 @@ void FsdpEngine::load_full_weights(const std::string& path) {
   // may proceed: a bad file must not leave the other ranks waiting in a broadcast.
   std::vector<Param*> all;
   for (auto& u : units_) all.insert(all.end(), u->layout.params.begin(), u->layout.params.end());
-  int32_t status = 0;
   std::string message;
   std::unique_ptr<WeightFile> file;
   // A plan (the meta device) reads no file: it only allocates as the load does.
@@ -137,12 +137,11 @@ void FsdpEngine::load_full_weights(const std::string& path) {
       file = std::make_unique<WeightFile>(path);
       file->check(all);
     } catch (const Error& e) {
-      status = 1;
       message = e.what();
     }
   }
-  world_.broadcast(&status, 1, DType::i32, 0)->wait();
-  if (status != 0) throw Error(world_.rank() == 0 ? message : "model.init_from " + path + ": rank 0 could not read it");
+  // Rank 0's verdict, on every rank (all fail with rank 0's message).
+  if (const Agreement a = agree_on_error(world_, message); !a.ok()) throw Error(a.message);
   const int64_t r = mesh_.shard->rank();
   for (auto& u : units_) {
     // Every element is written before use: rank 0 reads the params and zeroes the padding, the

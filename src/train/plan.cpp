@@ -3,6 +3,7 @@
 #include "train/plan.h"
 
 #include <cstdio>
+#include <cstdint>
 #include <string>
 
 #include "comm/meta_comm.h"
@@ -63,6 +64,39 @@ MemoryPlan plan_memory(const Config& config, const PlanRequest& request) {
   env.eval_data = request.eval_data;
   Trainer trainer(config, env);
   return trainer.plan();
+}
+
+namespace {
+
+// Host memory this node can still give (MemAvailable), or 0 when /proc/meminfo does not say.
+int64_t host_available_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  long long kib = 0;
+  while (std::fgets(line, sizeof line, f))
+    // NOLINTNEXTLINE(cert-err34-c): a kernel file's fixed format; no match leaves kib 0
+    if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib * 1024;
+}
+
+}  // namespace
+
+void check_plan_fits(const MemoryPlan& plan, int ranks_on_node, Device device) {
+  if (device != Device::cpu) return;
+  const int64_t available = host_available_bytes();
+  if (available <= 0) return;
+  const auto ranks_here = static_cast<int64_t>(ranks_on_node);
+  const int64_t need = ranks_here * plan.total_peak_bytes;
+  if (need <= available) return;
+  throw Error("memory plan: " + std::to_string(ranks_here) + " rank" + (ranks_here == 1 ? "" : "s") +
+              " on this node would need " + std::to_string(ranks_here) + " x " +
+              human_bytes(static_cast<double>(plan.total_peak_bytes)) + " = " +
+              human_bytes(static_cast<double>(need)) + " at their peak, and the node has " +
+              human_bytes(static_cast<double>(available)) +
+              " available (MemAvailable); see fsdp_app --plan: shard more (FULL_SHARD, more ranks or nodes) or "
+              "lower train.batch_size");
 }
 
 std::string MemoryPlan::peaks_json() const {

@@ -18,6 +18,7 @@
 
 #include "fsdp/fsdp.h"
 #include "tensor/memory.h"
+#include "tensor/tensor.h"
 
 namespace fsdp {
 
@@ -67,6 +68,12 @@ struct MemoryPlan {
 
 // Throws Error, as the run would, on a configuration the run rejects.
 MemoryPlan plan_memory(const Config& config, const PlanRequest& request);
+
+// A run that cannot fit is refused before it allocates, with the numbers, instead of being
+// killed by the kernel's OOM killer minutes later: Error when ranks_on_node x the planned peak
+// exceeds the node's MemAvailable. Host memory only (device cpu): on a device run the tracker
+// mixes device memory and host staging, and the device's free memory is not asked for here.
+void check_plan_fits(const MemoryPlan& plan, int ranks_on_node, Device device);
 
 // "1.50 GiB".
 std::string human_bytes(double bytes);

@@ -19,6 +19,7 @@ class DeviceRuntime;
 class MemoryTracker;
 class Dataset;
 struct MemoryPlan;
+struct EvalOptions;
 struct CheckpointMeta;
 struct CheckpointStats;
 
@@ -74,6 +75,16 @@ class Trainer {
   StepResult train_step(int64_t step, double lr);
   // output.save_weights: every unit gathered in turn, written by rank 0.
   void write_weights();
+  // The loop's named calls (run() is the loop): the metrics line and progress of one step, the
+  // evaluation when train.eval_every says so, the periodic save, and the run's end (closing
+  // evaluation and save, save_weights, the done line).
+  void report_step(int64_t step, const StepResult& result, double step_s);
+  void maybe_evaluate(int64_t step);
+  void evaluate_and_report(int64_t step_done, int64_t epoch);
+  void maybe_checkpoint(int64_t steps_done);
+  void save_step(int64_t steps_done);
+  void finish();
+  EvalOptions eval_options() const;
   void resume(const std::string& path);
   // The root attributes of a checkpoint taken after `steps_done` steps.
   CheckpointMeta position(int64_t steps_done, double lr) const;

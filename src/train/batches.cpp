@@ -1,0 +1,84 @@
+#include "train/batches.h"
+
+#include <algorithm>
+
+#include "comm/agree.h"
+#include "config/config.h"
+#include "data/data.h"
+#include "tensor/device.h"
+#include "tensor/error.h"
+
+namespace fsdp {
+
+namespace {
+
+Datasets load_data(const Config& c) {
+  const DataConfig& d = c.data;
+  const bool lm = c.model.kind == "transformer";
+  if (d.kind == "fashion_mnist") {
+    if (lm) throw Error("data.kind fashion_mnist gives images; model.kind transformer needs tokens (data.kind text)");
+    std::string dir = d.path.empty() ? kFashionMnistDir : d.path;
+    return {load_fashion_mnist(dir, true), load_fashion_mnist(dir, false)};
+  }
+  if (d.kind == "text") {
+    if (!lm) throw Error("data.kind text gives tokens; model.kind " + c.model.kind + " needs images");
+    TextCorpusOptions o{d.path.empty() ? kTextCorpusDir : d.path, c.model.seq_len, d.eval_fraction};
+    return {load_text_corpus(o, true), load_text_corpus(o, false)};
+  }
+  SyntheticOptions o;
+  o.kind = lm ? "tokens" : "images";
+  o.samples = d.synthetic_samples;
+  o.vocab = c.model.vocab;
+  o.seq_len = c.model.seq_len;
+  o.seed = c.train.seed;
+  SyntheticOptions eval_o = o;
+  eval_o.samples = std::max<int64_t>(1, o.samples / 4);
+  return {make_synthetic(o, true), make_synthetic(eval_o, false)};
+}
+
+}  // namespace
+
+// Data is read by every rank on its own, so one rank can fail where the others succeed (a file
+// it may not read, a damaged local copy). The ranks that loaded go on into the mesh's
+// communicator splits, which the failed rank never joins: both would wait forever. So the ranks
+// agree on the outcome first (bounded by comm.timeout_s), and every rank fails with the first
+// failing rank's message, which fsdp_app's set-up error path then reports once.
+Datasets load_data_agreed(const Config& c, Communicator& world) {
+  Datasets data;
+  std::string error;
+  try {
+    data = load_data(c);
+  } catch (const std::bad_alloc&) {
+    error = "data: out of memory while loading";
+  } catch (const std::exception& e) {
+    error = *e.what() ? e.what() : "data: loading failed";
+  }
+  agree_on_error(world, error).throw_if_failed();
+  return data;
+}
+
+void load_batch(const Dataset& data, std::span<const int64_t> indices, BatchBuffers& b, MemoryTracker* mem) {
+  int64_t n = static_cast<int64_t>(indices.size());
+  Shape in = data.input_shape(), tg = data.target_shape();
+  in.insert(in.begin(), n);
+  tg.insert(tg.begin(), n);
+  ensure(b.inputs, in, data.input_dtype(), MemCategory::activations, mem);
+  ensure(b.targets, tg, DType::i32, MemCategory::activations, mem);
+  data.fill(indices, b.inputs, b.targets);
+}
+
+// A device run reads its batch from device buffers: the host batch (read and checked there)
+// is copied over, on the compute stream, once per micro-batch. Host runs use it as it is.
+const BatchBuffers& upload_batch(DeviceRuntime& rt, const BatchBuffers& host, BatchBuffers& dev) {
+  if (rt.device() == Device::cpu) return host;
+  ensure(dev.inputs, host.inputs.shape(), host.inputs.dtype(), MemCategory::activations, rt);
+  ensure(dev.targets, host.targets.shape(), host.targets.dtype(), MemCategory::activations, rt);
+  // Pageable host memory: the copies are synchronous for the host, so `host` may be refilled next.
+  rt.copy_async(dev.inputs.raw(), host.inputs.raw(), host.inputs.bytes(), CopyKind::host_to_device,
+                rt.compute_stream());
+  rt.copy_async(dev.targets.raw(), host.targets.raw(), host.targets.bytes(), CopyKind::host_to_device,
+                rt.compute_stream());
+  return dev;
+}
+
+}  // namespace fsdp

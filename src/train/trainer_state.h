@@ -1,0 +1,82 @@
+#pragma once
+// The trainer's state, shared by the files that implement Trainer: trainer.cpp (set-up, the
+// step, the loop, the plan) and save_resume.cpp (checkpoints and weights). Not for other users.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/comm.h"
+#include "config/config.h"
+#include "data/data.h"
+#include "fsdp/fsdp.h"
+#include "models/model.h"
+#include "optim/optim.h"
+#include "tensor/device.h"
+#include "tensor/memory.h"
+#include "train/batches.h"
+#include "train/loss_scaler.h"
+#include "train/metrics.h"
+#include "train/plan.h"
+#include "train/trainer.h"
+
+namespace fsdp {
+
+// TEST HOOKS for the fault-injection and crash-safety tests, read here and nowhere else (once,
+// at set-up). Unset (always, outside the tests): every field -1, nothing happens.
+//   FSDP_TEST_FAULT=skip_collective:RANK:STEP
+//     rank RANK leaves out the step-loss all_reduce of step STEP (1-based) and goes on. The other
+//     ranks then wait in it for a peer that never arrives, and the skipping rank waits in its next
+//     collective for peers that never get there: each side must end by comm.timeout_s.
+//   FSDP_TEST_KILL_RANK_DURING_SAVE=RANK[:STEP]
+//     rank RANK dies in the middle of every save, or only of the save after STEP.
+struct TestFault {
+  int rank = -1;  // skip_collective
+  int64_t step = -1;
+  int kill_rank_during_save = -1;
+  int64_t kill_save_step = -1;  // -1: every save
+};
+
+// What run() keeps between its named calls.
+struct Progress {
+  std::unique_ptr<MetricsFile> metrics;  // rank 0 writes; disabled elsewhere
+  bool tty = false;                      // redraw one progress line (rank 0 on a terminal)
+  TrainSummary summary;
+  double lr = 0.0;
+  double timed_s = 0.0;  // steps after the first (which pays for allocations)
+  int64_t timed_samples = 0;
+  int64_t last_eval_step = -1, last_saved_step = -1;
+};
+
+struct Trainer::State {
+  const Config c;  // a copy: the caller's Config may be gone before run()
+  RunEnv env;
+  MemoryTracker mem;
+  std::unique_ptr<DeviceRuntime> runtime;     // train.device: where tensors live, kernels run
+  std::unique_ptr<Communicator> local_world;  // when env.world is null
+  // A device run: comm.backend over the world's ranks, taking device buffers (NCCL natively,
+  // MPI/UCX through staging or CUDA-aware MPI). FSDP's shard and replicate groups split from it.
+  std::unique_ptr<Communicator> device_world;
+  Datasets data;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<FsdpEngine> engine;
+  std::unique_ptr<Optimizer> optimizer;
+  int64_t micro_global = 0, global_batch = 0, steps_per_epoch = 0, total_steps = 0;
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<LrSchedule> schedule;
+  LossScaler scaler;
+  BatchBuffers batch, dev_batch;  // this rank's micro-batch: host, and its copy on a device
+  std::vector<int> node_colors;   // every rank's node_color, in world order
+  MemoryPlan plan;                // predicted per-rank peaks, reported next to the measured ones
+  // Checkpoints: where this launch starts and what save_best compares against.
+  bool resumed = false;
+  int64_t start_step = 0;
+  double best_eval_loss = -1.0;
+  std::string resume_note;  // printed by rank 0 when the run starts
+  std::string last_good;    // the checkpoint resumed from or last written ("" when none)
+  TestFault fault;          // FSDP_TEST_* hooks (tests only)
+  Progress progress;        // run(): reporting, evaluation and checkpoint state
+  State(const Config& config, int world_size) : c(for_world_size(config, world_size)) {}
+};
+
+}  // namespace fsdp
