@@ -20,6 +20,7 @@
 #include "comm/mpi_env.h"
 #include "config/config.h"
 #include "train/plan.h"
+#include "test_faults.h"
 #include "train/trainer.h"
 
 namespace {
@@ -106,8 +107,10 @@ int main(int argc, char** argv) {
     // The world carries host values (losses, agreements, metrics). A device run moves its
     // parameters and gradients over a communicator of comm.backend on the device the trainer
     // opens; the world then stays MPI, which every backend bootstraps from anyway.
-    const std::string control = config.train.device == "cpu" ? config.comm.backend : "mpi";
+    const std::string control = config.train.device == fsdp::Device::cpu ? config.comm.backend : "mpi";
     world = fsdp::make_communicator(control, MPI_COMM_WORLD, {config.comm.timeout_s});
+    const fsdp_app::TestFaults faults = fsdp_app::test_faults_from_env(mpi.rank());  // tests only
+    if (faults.comm_faults) world = fsdp::make_faulty_communicator(std::move(world), faults.comm);
     fsdp::RunEnv env;
     env.rank = mpi.rank();
     env.world_size = mpi.size();
@@ -116,6 +119,7 @@ int main(int argc, char** argv) {
     env.node_color_of_rank = mpi.node_color_of_rank();
     env.local_rank = mpi.local_rank();
     env.mpi_comm = MPI_COMM_WORLD;
+    env.during_save = faults.during_save;
     trainer = std::make_unique<fsdp::Trainer>(config, env);
   } catch (const std::exception& e) {
     setup_error = describe(e);

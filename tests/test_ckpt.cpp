@@ -140,6 +140,14 @@ CheckpointMeta some_meta() {
 
 }  // namespace
 
+namespace {
+SaveOptions with_format(CheckpointFormat format) {
+  SaveOptions o;
+  o.format = format;
+  return o;
+}
+}  // namespace
+
 BOOST_AUTO_TEST_CASE(flat_ranges_select_exactly_those_elements_in_order) {
   H5Quiet quiet;
   for (const std::vector<hsize_t>& dims : std::vector<std::vector<hsize_t>>{{7}, {3, 4}, {2, 3, 4}, {2, 1, 3, 5}}) {
@@ -223,7 +231,7 @@ BOOST_AUTO_TEST_CASE(both_formats_load_into_another_unit_layout_exactly) {
     TempDir dir;
     ToyState a(kSpecs, {{0, 1}, {2}, {3}}, 4, {"exp_avg", "exp_avg_sq"});
     a.fill();
-    save_checkpoint(dir.file("c.h5"), a.st, some_meta(), {format}, MPI_COMM_NULL);
+    save_checkpoint(dir.file("c.h5"), a.st, some_meta(), with_format(format), MPI_COMM_NULL);
     // Other units, other order of units, other padding.
     ToyState b(kSpecs, {{3, 2}, {}, {0}, {1}}, 5, {"exp_avg", "exp_avg_sq"});
     CheckpointMeta m = load_checkpoint(dir.file("c.h5"), b.st, {true, "adamw"}, MPI_COMM_NULL);

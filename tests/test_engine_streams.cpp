@@ -63,6 +63,21 @@ std::vector<std::string> metric_losses(const std::string& path) {
   return losses;
 }
 
+// The done line's measured and planned peaks ({"params": N, ..., "total": N} each).
+std::pair<std::string, std::string> done_peaks(const std::string& path) {
+  std::ifstream f(path);
+  std::string line, done;
+  while (std::getline(f, line))
+    if (line.find("\"event\": \"done\"") != std::string::npos) done = line;
+  auto object = [&](const std::string& key) {
+    const size_t at = done.find("\"" + key + "\": {");
+    if (at == std::string::npos) return std::string();
+    const size_t open = done.find('{', at);
+    return done.substr(open, done.find('}', open) - open + 1);
+  };
+  return {object("mem_peak_bytes"), object("mem_plan_bytes")};
+}
+
 std::string file_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
@@ -75,6 +90,7 @@ struct RunResult {
   std::string weights;      // output.save_weights file's bytes, rank 0 only
   FakeDeviceCounts counts;  // device runs
   std::vector<std::string> device_errors;
+  std::pair<std::string, std::string> peaks;  // measured, planned (rank 0)
 };
 
 // One training run in this process. device: the fake device (train.device cuda); otherwise the
@@ -121,6 +137,7 @@ RunResult train_once(const std::string& yaml, std::vector<std::string> overrides
   if (world_rank() == 0) {
     r.losses = metric_losses(metrics);
     r.weights = file_bytes(weights);
+    r.peaks = done_peaks(metrics);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) {
@@ -163,6 +180,14 @@ void check_same(const std::string& name, const std::string& yaml, const std::vec
              std::to_string(host.summary.last_loss) + " on the host");
   report(host.summary.eval_loss == dev.summary.eval_loss, name + ": eval loss differs");
   report(host.summary.eval_accuracy == dev.summary.eval_accuracy, name + ": eval accuracy differs");
+  // The memory plan runs this step on the meta device (as cuda for the device run): its peaks are
+  // the measured ones to the byte, cpu_offload and the device's host staging included.
+  if (world_rank() == 0) {
+    for (const RunResult* r : {&host, &dev})
+      report(!r->peaks.first.empty() && r->peaks.first == r->peaks.second,
+             name + (r == &host ? ": host" : ": device") + " run: measured peaks " + r->peaks.first + ", planned " +
+                 r->peaks.second);
+  }
   report(dev.device_errors.empty(),
          name + ": the fake device saw a misuse: " + (dev.device_errors.empty() ? "" : dev.device_errors.front()));
   report(dev.counts.null_stream_ops == 0,

@@ -233,7 +233,7 @@ BOOST_AUTO_TEST_CASE(sgd_element_equals_optimizer) {
   for (Case c : {Case{0, 0, 0, false}, Case{0, 0, 1e-2, false}, Case{0.9, 0, 0, false}, Case{0.9, 0.1, 1e-3, false},
                  Case{0.9, 0, 1e-2, true}, Case{0.5, 0, 0, true}}) {
     OptimizerConfig config;
-    config.kind = "sgd";
+    config.kind = fsdp::OptimizerKind::sgd;
     config.lr = lr;
     config.momentum = c.momentum;
     config.dampening = c.dampening;
@@ -264,7 +264,7 @@ BOOST_AUTO_TEST_CASE(adadelta_element_equals_optimizer) {
   for (double wd : {0.0, 0.05}) {
     for (double lr : {1.0, 0.3}) {
       OptimizerConfig config;
-      config.kind = "adadelta";
+      config.kind = fsdp::OptimizerKind::adadelta;
       config.lr = lr;
       config.weight_decay = wd;
       config.rho = 0.9;
@@ -292,7 +292,7 @@ BOOST_AUTO_TEST_CASE(adamw_element_equals_optimizer) {
   for (double wd : {0.0, 0.01, 0.1}) {
     const double lr = 1e-3;
     OptimizerConfig config;
-    config.kind = "adamw";
+    config.kind = fsdp::OptimizerKind::adamw;
     config.lr = lr;
     config.weight_decay = wd;
     config.eps = 1e-8;

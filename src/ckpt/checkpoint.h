@@ -18,9 +18,11 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "config/enums.h"
 #include "nn/flat.h"
 #include "tensor/error.h"
 
@@ -28,7 +30,6 @@ namespace fsdp {
 
 constexpr int64_t kCheckpointFormatVersion = 1;
 
-enum class CheckpointFormat { consolidated, sharded };
 CheckpointFormat parse_checkpoint_format(const std::string& name);
 
 // The root attributes: what the run was and where it stands. Everything resume needs besides
@@ -82,9 +83,9 @@ struct CheckpointStats {
 struct SaveOptions {
   CheckpointFormat format = CheckpointFormat::consolidated;
   bool collective = false;  // MPI-IO collective transfers (default: independent)
-  // Fault injection for the crash-safety tests: this world rank SIGKILLs itself after writing
-  // its pieces, before the file is complete. -1: off.
-  int kill_rank = -1;
+  // Called on every rank after it wrote its pieces, before the file is complete: where the
+  // crash-safety tests kill a rank (fsdp_app's FSDP_TEST_KILL_RANK_DURING_SAVE). Empty: nothing.
+  std::function<void()> after_pieces_written;
 };
 
 // Collective over comm (MPI_COMM_NULL: this process alone, without MPI). Writes path.tmp, checks

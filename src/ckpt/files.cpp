@@ -31,9 +31,8 @@ std::vector<std::pair<int64_t, std::string>> step_files(const std::string& dir) 
 }  // namespace
 
 CheckpointFormat parse_checkpoint_format(const std::string& name) {
-  if (name == "consolidated") return CheckpointFormat::consolidated;
-  if (name == "sharded") return CheckpointFormat::sharded;
-  throw Error("checkpoint.format '" + name + "': expected consolidated or sharded");
+  if (const auto f = parse_name(kCheckpointFormats, name)) return *f;
+  throw Error("checkpoint.format '" + name + "': expected " + names_of(kCheckpointFormats));
 }
 
 std::string checkpoint_path(const std::string& dir, int64_t step) {

@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -310,11 +309,7 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st,
       error = "checkpoint: cannot write " + plan.datasets[d].path + " to " + tmp + " (" +
               io_reason(errno, tmp, w ? w->count * static_cast<int64_t>(sizeof(float)) : 0) + ")";
   }
-  if (options.kill_rank >= 0) {
-    int world_rank = 0;
-    if (g.parallel()) MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    if (world_rank == options.kill_rank) (void)std::raise(SIGKILL);  // no flush: it is collective
-  }
+  if (options.after_pieces_written) options.after_pieces_written();
   agree_or_discard(error);
 
   // checksum: every rank ends up with every piece's CRC and computes the same attributes.

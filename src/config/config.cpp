@@ -13,6 +13,9 @@
 // yaml_text alone reproduces the run exactly (a list of "--set" lines in a comment would not).
 #include "config/config.h"
 
+#include "config/backends.h"
+#include "tensor/device.h"  // device_name
+
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
@@ -23,6 +26,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -59,11 +63,42 @@ struct Betas {
   double* b1;
   double* b2;
 };
-struct EvalEvery {
-  std::string* text;
+struct EvalEveryTarget {
+  EvalEvery* dst;
 };
-using Target =
-    std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*, Betas, EvalEvery>;
+// An enumerated key: the value must be one of `names`; set(i) stores the i-th value.
+struct Choice {
+  std::vector<std::string> names;
+  std::function<void(size_t)> set;
+};
+using Target = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*, Betas,
+                            EvalEveryTarget, Choice>;
+
+// The choice of one enum's name table (config/enums.h).
+template <class E, size_t N>
+Choice choice(E* dst, const NameTable<E, N>& table) {
+  Choice c;
+  for (const auto& [value, name] : table) c.names.emplace_back(name);
+  c.set = [dst, &table](size_t i) { *dst = table[i].first; };
+  return c;
+}
+
+// A choice among values that name themselves (a subset of DType, Device).
+template <class E, class NameFn>
+Choice choice(E* dst, std::vector<E> values, NameFn name) {
+  Choice c;
+  for (E v : values) c.names.emplace_back(name(v));
+  c.set = [dst, values = std::move(values)](size_t i) { *dst = values[i]; };
+  return c;
+}
+
+// comm.backend: a string, one of the backends this build has.
+Choice backend_choice(std::string* dst) {
+  Choice c;
+  c.names = built_backend_names();
+  c.set = [dst, names = c.names](size_t i) { *dst = names[i]; };
+  return c;
+}
 
 struct Field {
   std::string path;  // dotted, as written in the YAML
@@ -80,9 +115,9 @@ std::vector<Field> schema(Config& c) {
   SchedulerConfig& s = t.scheduler;
   FsdpConfig& f = c.fsdp;
   MixedPrecisionConfig& mp = f.mixed_precision;
-  const std::vector<std::string> dtypes = {"f32", "bf16", "f16"};
+  const std::vector<DType> precisions = {DType::f32, DType::bf16, DType::f16};
   return {
-      {"model.kind", &m.kind, {}, {"mnist_cnn", "transformer"}},
+      {"model.kind", choice(&m.kind, kModelKinds)},
       {"model.vocab", &m.vocab, at_least(1)},
       {"model.d_model", &m.d_model, at_least(1)},
       {"model.n_layers", &m.n_layers, at_least(1)},
@@ -90,7 +125,7 @@ std::vector<Field> schema(Config& c) {
       {"model.d_ff", &m.d_ff, at_least(1)},
       {"model.seq_len", &m.seq_len, at_least(1)},
       {"model.init_from", &m.init_from},
-      {"data.kind", &c.data.kind, {}, {"fashion_mnist", "text", "synthetic"}},
+      {"data.kind", choice(&c.data.kind, kDataKinds)},
       {"data.path", &c.data.path},
       {"data.eval_fraction", &c.data.eval_fraction, {0, 1, true, true}},
       {"data.synthetic_samples", &c.data.synthetic_samples, at_least(1)},
@@ -102,13 +137,13 @@ std::vector<Field> schema(Config& c) {
       {"train.seed", &t.seed},
       {"train.grad_accum", &t.grad_accum, at_least(1)},
       {"train.clip_grad_norm", &t.clip_grad_norm, at_least(0)},
-      {"train.eval_every", EvalEvery{&t.eval_every}},
+      {"train.eval_every", EvalEveryTarget{&t.eval_every}},
       {"train.eval_batch_size", &t.eval_batch_size, at_least(1)},
       {"train.dropout", &t.dropout},
       {"train.shuffle", &t.shuffle},
       {"train.threads", &t.threads, at_least(0)},
-      {"train.device", &t.device, {}, {"cpu", "cuda"}},
-      {"train.optimizer.kind", &o.kind, {}, {"sgd", "adadelta", "adamw"}},
+      {"train.device", choice(&t.device, {Device::cpu, Device::cuda}, device_name)},
+      {"train.optimizer.kind", choice(&o.kind, kOptimizerKinds)},
       {"train.optimizer.lr", &o.lr, above(0)},
       {"train.optimizer.momentum", &o.momentum, at_least(0)},
       {"train.optimizer.dampening", &o.dampening},
@@ -117,39 +152,35 @@ std::vector<Field> schema(Config& c) {
       {"train.optimizer.rho", &o.rho, {0, 1}},
       {"train.optimizer.eps", &o.eps, above(0)},
       {"train.optimizer.betas", Betas{&o.beta1, &o.beta2}, {0, 1, false, true}},
-      {"train.scheduler.kind", &s.kind, {}, {"none", "step", "cosine"}},
+      {"train.scheduler.kind", choice(&s.kind, kSchedulerKinds)},
       {"train.scheduler.step_size", &s.step_size, at_least(1)},
       {"train.scheduler.gamma", &s.gamma, above(0)},
       {"train.scheduler.warmup_steps", &s.warmup_steps, at_least(0)},
       {"train.scheduler.total_steps", &s.total_steps, at_least(0)},
       {"train.scheduler.min_lr", &s.min_lr, at_least(0)},
-      {"fsdp.sharding_strategy",
-       &f.sharding_strategy,
-       {},
-       {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"}},
-      {"fsdp.auto_wrap.policy", &f.wrap_policy, {}, {"size_based", "transformer_layer", "manual"}},
+      {"fsdp.sharding_strategy", choice(&f.sharding_strategy, kStrategies)},
+      {"fsdp.auto_wrap.policy", choice(&f.wrap_policy, kWrapPolicies)},
       {"fsdp.auto_wrap.min_num_params", &f.min_num_params, at_least(0)},
       {"fsdp.auto_wrap.modules", &f.wrap_modules},
-      {"fsdp.mixed_precision.param_dtype", &mp.param_dtype, {}, dtypes},
-      {"fsdp.mixed_precision.reduce_dtype", &mp.reduce_dtype, {}, dtypes},
-      {"fsdp.mixed_precision.buffer_dtype", &mp.buffer_dtype, {}, dtypes},
+      {"fsdp.mixed_precision.param_dtype", choice(&mp.param_dtype, precisions, dtype_name)},
+      {"fsdp.mixed_precision.reduce_dtype", choice(&mp.reduce_dtype, precisions, dtype_name)},
+      {"fsdp.mixed_precision.buffer_dtype", choice(&mp.buffer_dtype, precisions, dtype_name)},
       {"fsdp.mixed_precision.init_loss_scale", &mp.init_loss_scale, above(0)},
-      {"fsdp.backward_prefetch", &f.backward_prefetch, {}, {"BACKWARD_PRE", "BACKWARD_POST", "none"}},
+      {"fsdp.backward_prefetch", choice(&f.backward_prefetch, kBackwardPrefetches)},
       {"fsdp.forward_prefetch", &f.forward_prefetch},
       {"fsdp.limit_all_gathers", &f.limit_all_gathers},
       {"fsdp.activation_checkpointing", &f.activation_checkpointing},
       {"fsdp.cpu_offload", &f.cpu_offload},
       {"fsdp.hybrid.shard_group_size", &f.shard_group_size, at_least(0)},
-      {"fsdp.debug.skip_replicate_reduce", &f.debug_skip_replicate_reduce},
-      {"comm.backend", &c.comm.backend, {}, {"mpi", "ucx", "nccl"}},
+      {"comm.backend", backend_choice(&c.comm.backend)},
       {"comm.timeout_s", &c.comm.timeout_s, above(0)},
       {"checkpoint.dir", &c.checkpoint.dir},
-      {"checkpoint.format", &c.checkpoint.format, {}, {"consolidated", "sharded"}},
+      {"checkpoint.format", choice(&c.checkpoint.format, kCheckpointFormats)},
       {"checkpoint.every_steps", &c.checkpoint.every_steps, at_least(0)},
       {"checkpoint.keep", &c.checkpoint.keep, at_least(1)},
       {"checkpoint.save_best", &c.checkpoint.save_best},
       {"checkpoint.resume", &c.checkpoint.resume},
-      {"checkpoint.io", &c.checkpoint.io, {}, {"independent", "collective"}},
+      {"checkpoint.io", choice(&c.checkpoint.io, kCheckpointIos)},
       {"output.metrics", &c.output.metrics},
       {"output.log_every", &c.output.log_every, at_least(1)},
       {"output.save_weights", &c.output.save_weights},
@@ -157,9 +188,9 @@ std::vector<Field> schema(Config& c) {
 }
 
 // The settings each optimizer takes, as in PyTorch's constructors (which reject the others).
-std::vector<std::string> optimizer_keys(const std::string& kind) {
-  if (kind == "sgd") return {"lr", "momentum", "dampening", "nesterov", "weight_decay"};
-  if (kind == "adadelta") return {"lr", "rho", "eps", "weight_decay"};
+std::vector<std::string> optimizer_keys(OptimizerKind kind) {
+  if (kind == OptimizerKind::sgd) return {"lr", "momentum", "dampening", "nesterov", "weight_decay"};
+  if (kind == OptimizerKind::adadelta) return {"lr", "rho", "eps", "weight_decay"};
   return {"lr", "betas", "eps", "weight_decay"};
 }
 
@@ -522,12 +553,23 @@ void Reader::convert(const Field& f, const YAML::Node& v) const {
                      *out[i] = *x;
                    }
                  },
-                 [&](EvalEvery dst) {
+                 [&](const Choice& dst) {
+                   if (!v.IsScalar() && !v.IsNull()) expected("a string");
+                   const std::string text = v.IsScalar() ? v.Scalar() : "";
+                   const auto it = std::ranges::find(dst.names, text);
+                   if (it == dst.names.end()) {
+                     const std::set<std::string> known(dst.names.begin(), dst.names.end());
+                     std::string hint = suggestion(text, known);
+                     fail(f.path, "expected one of [" + join(dst.names) + "], got " + describe(v) + hint);
+                   }
+                   dst.set(static_cast<size_t>(it - dst.names.begin()));
+                 },
+                 [&](EvalEveryTarget dst) {
                    const std::string s = v.IsScalar() ? v.Scalar() : "";
                    if (s == "epoch" || s == "never") {
-                     *dst.text = s;
+                     *dst.dst = {s == "epoch" ? EvalEvery::When::epoch : EvalEvery::When::never, 0};
                    } else if (const auto n = number<int64_t>(v); n && *n >= 1) {
-                     *dst.text = std::to_string(*n);  // canonical, so consumers can stoll it
+                     *dst.dst = {EvalEvery::When::steps, *n};
                    } else {
                      expected("'epoch', 'never' or a step count >= 1");
                    }
@@ -541,11 +583,12 @@ void Reader::check_optimizer(OptimizerConfig& o) const {
   const std::vector<std::string> own = optimizer_keys(o.kind);
   for (const auto& [path, g] : given_)
     if (path.starts_with(p) && path != p + "kind" && std::ranges::find(own, path.substr(p.size())) == own.end())
-      fail(path, "not a setting of optimizer " + o.kind + " (it takes " + join(own) + ")");
+      fail(path, "not a setting of optimizer " + std::string(enum_name(o.kind)) + " (it takes " +
+                     join(own) + ")");
   // PyTorch's defaults where they differ from the struct's (which are adadelta's).
-  if (o.kind == "sgd" && !given(p + "lr"))
+  if (o.kind == OptimizerKind::sgd && !given(p + "lr"))
     throw ConfigError(at(p + "kind") + ": " + p + "lr: required for sgd (PyTorch has no default)");
-  if (o.kind == "adamw") {
+  if (o.kind == OptimizerKind::adamw) {
     if (!given(p + "lr")) o.lr = 1e-3;
     if (!given(p + "eps")) o.eps = 1e-8;
     if (!given(p + "weight_decay")) o.weight_decay = 0.01;
@@ -562,22 +605,22 @@ void Reader::check_rules(const Config& c) const {
     fail(blame("model.d_model", "model.n_heads"), "model.d_model (" + std::to_string(m.d_model) +
                                                       ") must be divisible by model.n_heads (" +
                                                       std::to_string(m.n_heads) + ")");
-  if (c.data.kind == "text" && m.vocab > 256)
+  if (c.data.kind == DataKind::text && m.vocab > 256)
     fail("model.vocab", "must be <= 256 when data.kind is text (tokens are bytes), got " + std::to_string(m.vocab));
   if (c.train.epochs == 0 && c.train.steps == 0)
     fail(blame("train.epochs", "train.steps"),
          "train.epochs and train.steps are both 0; one of them must bound the run");
   // Both are about device memory: on cpu the shards are already host memory, and NCCL moves only
   // device buffers.
-  if (c.fsdp.cpu_offload && c.train.device != "cuda")
+  if (c.fsdp.cpu_offload && c.train.device != Device::cuda)
     fail(blame("fsdp.cpu_offload", "train.device"),
          "fsdp.cpu_offload needs train.device: cuda (on cpu the shards already live in host memory)");
-  if (c.comm.backend == "nccl" && c.train.device != "cuda")
+  if (c.comm.backend == "nccl" && c.train.device != Device::cuda)
     fail(blame("comm.backend", "train.device"),
          "comm.backend nccl needs train.device: cuda (NCCL moves device memory)");
   // Checkpoints and output.save_weights take any device: device shards, optimizer state and
   // gathered units are staged through host memory for HDF5 (train/checkpointing.h, trainer.cpp).
-  if (c.fsdp.wrap_policy == "manual" && c.fsdp.wrap_modules.empty())
+  if (c.fsdp.wrap_policy == WrapPolicy::manual && c.fsdp.wrap_modules.empty())
     fail("fsdp.auto_wrap.policy", "manual requires a non-empty fsdp.auto_wrap.modules list");
   const CheckpointConfig& k = c.checkpoint;
   if (k.dir.empty()) {
@@ -586,7 +629,7 @@ void Reader::check_rules(const Config& c) const {
     if (k.resume == "auto")
       fail("checkpoint.resume", "auto needs checkpoint.dir (it resumes from the newest file there)");
   }
-  if (k.save_best && c.train.eval_every == "never")
+  if (k.save_best && c.train.eval_every.never())
     fail(blame("checkpoint.save_best", "train.eval_every"),
          "checkpoint.save_best needs evaluations (train.eval_every is never)");
 }
@@ -631,6 +674,10 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   return c;
 }
 
+std::string EvalEvery::text() const {
+  return when == When::epoch ? "epoch" : when == When::never ? "never" : std::to_string(steps);
+}
+
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   struct Close {
     void operator()(std::FILE* f) const { (void)std::fclose(f); }  // opened for reading: nothing to lose
@@ -642,7 +689,16 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   char buf[1 << 16];
   for (size_t n = 0; (n = std::fread(buf, 1, sizeof buf, file.get())) > 0;) text.append(buf, n);
   if (std::ferror(file.get())) throw cannot_read();  // e.g. a directory: EISDIR
-  return parse_config(text, path, overrides);
+  Config c = parse_config(text, path, overrides);
+  // A file with no settings (empty, only comments, `{}`) would train the defaults without a word:
+  // almost always the wrong file or one truncated on its way. With --set overrides it is a way to
+  // give every key on the command line, and stays allowed.
+  if (overrides.empty()) {
+    const YAML::Node root = YAML::Load(text);  // parses: parse_config accepted it
+    if (root.IsNull() || (root.IsMap() && root.size() == 0))
+      throw ConfigError(path + ": empty input file: no settings (see input/ for examples)");
+  }
+  return c;
 }
 
 Config for_world_size(const Config& config, int world_size) {

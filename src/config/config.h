@@ -7,7 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "config/enums.h"
+#include "tensor/dtype.h"
 #include "tensor/error.h"
+#include "tensor/tensor.h"  // Device
 
 namespace fsdp {
 
@@ -17,7 +20,7 @@ class ConfigError : public Error {
 };
 
 struct ModelConfig {
-  std::string kind = "mnist_cnn";  // mnist_cnn | transformer
+  ModelKind kind = ModelKind::mnist_cnn;
   int64_t vocab = 256;             // transformer fields
   int64_t d_model = 512;
   int64_t n_layers = 8;
@@ -28,14 +31,14 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string kind = "fashion_mnist";  // fashion_mnist | text | synthetic
+  DataKind kind = DataKind::fashion_mnist;
   std::string path;                    // fashion_mnist: dir (default Debian's); text: file/folder
   double eval_fraction = 0.05;         // text: tail of the corpus held out, in (0, 1)
   int64_t synthetic_samples = 1024;    // synthetic: train samples (eval gets a quarter)
 };
 
 struct OptimizerConfig {
-  std::string kind = "adadelta";  // sgd | adadelta | adamw
+  OptimizerKind kind = OptimizerKind::adadelta;
   double lr = 1.0;
   double momentum = 0.0;      // sgd
   double dampening = 0.0;     // sgd
@@ -48,12 +51,24 @@ struct OptimizerConfig {
 };
 
 struct SchedulerConfig {
-  std::string kind = "none";  // none | step | cosine
+  SchedulerKind kind = SchedulerKind::none;
   int64_t step_size = 1;      // step: epochs between decays
   double gamma = 0.7;         // step
   int64_t warmup_steps = 0;   // cosine: linear warmup from 0
   int64_t total_steps = 0;    // cosine: 0 = the run's total steps
   double min_lr = 0.0;        // cosine floor
+};
+
+// train.eval_every: after each epoch ('epoch'), never ('never'), or every `steps` steps.
+struct EvalEvery {
+  enum class When { epoch, never, steps } when = When::epoch;
+  int64_t steps = 0;  // When::steps: >= 1
+  bool never() const { return when == When::never; }
+  // Whether an evaluation follows the step that made `steps_done` steps.
+  bool due(int64_t steps_done, bool epoch_end) const {
+    return when == When::epoch ? epoch_end : when == When::steps && steps_done % steps == 0;
+  }
+  std::string text() const;  // as written: "epoch", "never" or the count
 };
 
 struct TrainConfig {
@@ -70,48 +85,43 @@ struct TrainConfig {
   double clip_grad_norm = 0.0;  // 0 = off
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
-  std::string eval_every = "epoch";  // "epoch", "never", or a step count as text ("100")
+  EvalEvery eval_every;
   int64_t eval_batch_size = 1000;
   bool dropout = true;
   bool shuffle = true;
   int64_t threads = 0;         // 0 = leave OpenBLAS/OpenMP defaults
-  std::string device = "cpu";  // cpu | cuda: where tensors live and kernels run
+  Device device = Device::cpu;  // where tensors live and kernels run
 };
 
 struct MixedPrecisionConfig {
-  std::string param_dtype = "f32";  // f32 | bf16 | f16
-  std::string reduce_dtype = "f32";
-  std::string buffer_dtype = "f32";
+  DType param_dtype = DType::f32;  // f32 | bf16 | f16
+  DType reduce_dtype = DType::f32;
+  DType buffer_dtype = DType::f32;
   double init_loss_scale = 65536.0;  // f16 dynamic loss scaling starts here (GradScaler's 2^16)
 };
 
 struct FsdpConfig {
-  std::string sharding_strategy = "FULL_SHARD";  // FULL_SHARD | SHARD_GRAD_OP | NO_SHARD |
-                                                 // HYBRID_SHARD | HYBRID_SHARD_ZERO2
-  std::string wrap_policy = "size_based";        // auto_wrap.policy: size_based |
-                                                 // transformer_layer | manual
-  int64_t min_num_params = 100;                  // auto_wrap.min_num_params
-  std::vector<std::string> wrap_modules;         // auto_wrap.modules (manual)
+  Strategy sharding_strategy = Strategy::full_shard;
+  WrapPolicy wrap_policy = WrapPolicy::size_based;  // auto_wrap.policy
+  int64_t min_num_params = 100;                     // auto_wrap.min_num_params
+  std::vector<std::string> wrap_modules;            // auto_wrap.modules (manual)
   MixedPrecisionConfig mixed_precision;
-  std::string backward_prefetch = "BACKWARD_PRE";  // BACKWARD_PRE | BACKWARD_POST | none
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::pre;
   bool forward_prefetch = false;
   bool limit_all_gathers = true;
   bool activation_checkpointing = false;
   bool cpu_offload = false;
   int64_t shard_group_size = 0;  // hybrid.shard_group_size, 0 = ranks per node
-  // debug.skip_replicate_reduce: drops HYBRID's replicate all_reduce — only so a test can show
-  // that the equivalence check catches a gradient that never crosses the replicate group.
-  bool debug_skip_replicate_reduce = false;
 };
 
 struct CommConfig {
-  std::string backend = "mpi";  // mpi | ucx | nccl
+  std::string backend = "mpi";  // one this build has (config/backends.h: mpi, ucx, nccl)
   double timeout_s = 300.0;     // > 0
 };
 
 struct CheckpointConfig {
   std::string dir;
-  std::string format = "consolidated";  // consolidated | sharded
+  CheckpointFormat format = CheckpointFormat::consolidated;
   int64_t every_steps = 0;
   int64_t keep = 2;  // >= 1
   bool save_best = false;
@@ -119,7 +129,7 @@ struct CheckpointConfig {
   // MPI-IO transfers of a save: independent | collective. Independent is the default: each
   // rank's pieces are large contiguous ranges already, and on one node the two-phase exchange
   // of collective buffering only adds copies (jobs/bench-ckpt.sh measures both).
-  std::string io = "independent";
+  CheckpointIo io = CheckpointIo::independent;
 };
 
 struct OutputConfig {

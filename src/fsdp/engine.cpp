@@ -7,6 +7,7 @@
 #include "fsdp/fsdp.h"
 #include "tensor/error.h"
 #include "tensor/kernels.h"
+#include "tensor/meta_runtime.h"
 
 namespace fsdp {
 
@@ -42,7 +43,9 @@ FsdpEngine::FsdpEngine(Model& model, Communicator& world, ProcessMesh mesh, cons
   rt_ = runtime ? runtime : own_rt_.get();
   // Offloading means something only when compute is on a device: there the shards and the
   // optimizer state move to host memory (charged to the same tracker).
-  if (options.cpu_offload && rt_->device() != Device::cpu) host_rt_ = make_runtime(Device::cpu, mem, 0);
+  // A plan (the meta device) offloads to a meta host: charged as host memory, never allocated.
+  if (options.cpu_offload && rt_->device() != Device::cpu)
+    host_rt_ = rt_->holds_values() ? make_runtime(Device::cpu, mem, 0) : make_meta_runtime(Device::cpu, mem);
   shard_rt_ = host_rt_ ? host_rt_.get() : rt_;
   for (DType d : {options.param_dtype, options.reduce_dtype})
     if (d != DType::f32 && d != DType::bf16 && d != DType::f16)
@@ -393,7 +396,7 @@ void FsdpEngine::begin_step() {
 void FsdpEngine::finish_backward() {
   for (auto& p : pending_reductions_) complete(p);
   pending_reductions_.clear();
-  if (sync_grads_ && mesh_.replicate->size() > 1 && !options_.skip_replicate_reduce) {
+  if (sync_grads_ && mesh_.replicate->size() > 1) {
     // HYBRID and NO_SHARD: replicas of the same shard sum their gradients — one all_reduce over
     // every unit's shard at once, ordered on the stream that owns the shards.
     const Stream s = shard_rt_->compute_stream();

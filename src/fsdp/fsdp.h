@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/comm.h"
+#include "config/enums.h"
 #include "models/model.h"
 #include "nn/flat.h"
 #include "tensor/device.h"
@@ -23,14 +24,10 @@ namespace fsdp {
 
 struct FsdpConfig;
 
-enum class Strategy { full_shard, shard_grad_op, no_shard, hybrid_shard, hybrid_shard_zero2 };
-Strategy parse_strategy(const std::string& name);
-std::string_view strategy_name(Strategy s);
-enum class BackwardPrefetch { none, pre, post };
 
 struct FsdpOptions {
   Strategy strategy = Strategy::full_shard;
-  std::string wrap_policy = "size_based";  // size_based | transformer_layer | manual
+  WrapPolicy wrap_policy = WrapPolicy::size_based;
   int64_t min_num_params = 100;
   std::vector<std::string> wrap_modules;  // manual
   DType param_dtype = DType::f32;         // all_gather and compute precision of parameters
@@ -43,8 +40,6 @@ struct FsdpOptions {
   // Parameter and optimizer shards in host memory, stepped on the host; only gathered
   // parameters and gradients live on the device (fsdp.cpu_offload, device runs only).
   bool cpu_offload = false;
-  // Tests only: drop the replicate-group all_reduce (the HYBRID bug the tests must catch).
-  bool skip_replicate_reduce = false;
 };
 FsdpOptions fsdp_options(const FsdpConfig& config);
 

@@ -6,21 +6,18 @@ namespace fsdp {
 
 FsdpOptions fsdp_options(const FsdpConfig& c) {
   FsdpOptions o;
-  o.strategy = parse_strategy(c.sharding_strategy);
+  o.strategy = c.sharding_strategy;
   o.wrap_policy = c.wrap_policy;
   o.min_num_params = c.min_num_params;
   o.wrap_modules = c.wrap_modules;
-  o.param_dtype = parse_dtype(c.mixed_precision.param_dtype);
-  o.reduce_dtype = parse_dtype(c.mixed_precision.reduce_dtype);
-  o.backward_prefetch = c.backward_prefetch == "BACKWARD_PRE"    ? BackwardPrefetch::pre
-                        : c.backward_prefetch == "BACKWARD_POST" ? BackwardPrefetch::post
-                                                                 : BackwardPrefetch::none;
+  o.param_dtype = c.mixed_precision.param_dtype;
+  o.reduce_dtype = c.mixed_precision.reduce_dtype;
+  o.backward_prefetch = c.backward_prefetch;
   o.forward_prefetch = c.forward_prefetch;
   o.limit_all_gathers = c.limit_all_gathers;
   o.activation_checkpointing = c.activation_checkpointing;
   o.cpu_offload = c.cpu_offload;
   o.shard_group_size = static_cast<int>(c.shard_group_size);
-  o.skip_replicate_reduce = c.debug_skip_replicate_reduce;
   return o;
 }
 

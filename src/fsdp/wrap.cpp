@@ -12,16 +12,14 @@ std::vector<UnitSpec> apply_wrap_policy(Model& model, const FsdpOptions& options
   std::set<std::string> wanted(options.wrap_modules.begin(), options.wrap_modules.end());
   for (Layer* layer : model.layers()) {
     bool wrap = false;
-    if (options.wrap_policy == "size_based") {
-      // PyTorch's size_based_auto_wrap_policy applied to the top-level layers: a layer with at
-      // least min_num_params parameters becomes its own unit.
-      wrap = layer->num_params() > 0 && layer->num_params() >= options.min_num_params;
-    } else if (options.wrap_policy == "transformer_layer") {
-      wrap = layer->type() == "TransformerBlock";
-    } else if (options.wrap_policy == "manual") {
-      wrap = wanted.erase(layer->name()) > 0;
-    } else {
-      throw Error("fsdp.auto_wrap.policy '" + options.wrap_policy + "' is not size_based, transformer_layer or manual");
+    switch (options.wrap_policy) {
+      case WrapPolicy::size_based:
+        // PyTorch's size_based_auto_wrap_policy applied to the top-level layers: a layer with at
+        // least min_num_params parameters becomes its own unit.
+        wrap = layer->num_params() > 0 && layer->num_params() >= options.min_num_params;
+        break;
+      case WrapPolicy::transformer_layer: wrap = layer->type() == "TransformerBlock"; break;
+      case WrapPolicy::manual: wrap = wanted.erase(layer->name()) > 0; break;
     }
     if (wrap) {
       units.push_back({layer->name(), {layer}});

@@ -92,10 +92,10 @@ std::unique_ptr<Model> make_transformer(int64_t vocab, int64_t d_model, int64_t 
 }
 
 std::unique_ptr<Model> make_model(const ModelConfig& config) {
-  if (config.kind == "mnist_cnn") return make_mnist_cnn();
-  if (config.kind == "transformer")
+  if (config.kind == ModelKind::mnist_cnn) return make_mnist_cnn();
+  if (config.kind == ModelKind::transformer)
     return make_transformer(config.vocab, config.d_model, config.n_layers, config.n_heads, config.d_ff, config.seq_len);
-  throw Error("model.kind '" + config.kind + "' is not mnist_cnn or transformer");
+  throw Error("model.kind: not " + names_of(kModelKinds));
 }
 
 }  // namespace fsdp

@@ -7,6 +7,8 @@
 #include <memory>
 #include <span>
 #include <string>
+
+#include "config/enums.h"
 #include <vector>
 
 #include "tensor/memory.h"
@@ -52,7 +54,7 @@ class LrSchedule {
   double lr(int64_t step, int64_t epoch) const;
 
  private:
-  std::string kind_;
+  SchedulerKind kind_;
   double base_lr_, gamma_, min_lr_;
   int64_t step_size_, warmup_steps_, total_steps_;
 };

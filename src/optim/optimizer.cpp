@@ -35,7 +35,7 @@ class OptimizerBase : public Optimizer {
   void check(std::span<float> params, std::span<const float> grads) const {
     auto n = static_cast<size_t>(numel_);
     if (params.size() != n || grads.size() != n)
-      throw Error(c_.kind + " step: " + std::to_string(params.size()) + " params and " + std::to_string(grads.size()) +
+      throw Error(std::string(enum_name(c_.kind)) + " step: " + std::to_string(params.size()) + " params and " + std::to_string(grads.size()) +
                   " grads for an optimizer of " + std::to_string(numel_) + " elements");
   }
   OptimizerConfig c_;
@@ -138,18 +138,16 @@ class AdamW final : public OptimizerBase {
 // rather than as NaNs later.
 void validate(const OptimizerConfig& c) {
   auto require = [&](bool ok, const std::string& what) {
-    if (!ok) throw Error("optimizer " + c.kind + ": " + what);
+    if (!ok) throw Error("optimizer " + std::string(enum_name(c.kind)) + ": " + what);
   };
-  if (c.kind == "sgd") {
+  if (c.kind == OptimizerKind::sgd) {
     require(c.momentum >= 0, "momentum must be >= 0");
     require(!c.nesterov || (c.momentum > 0 && c.dampening == 0), "nesterov requires momentum > 0 and dampening == 0");
-  } else if (c.kind == "adadelta") {
+  } else if (c.kind == OptimizerKind::adadelta) {
     require(c.rho >= 0 && c.rho <= 1, "rho must be in [0, 1]");
-  } else if (c.kind == "adamw") {
+  } else {
     require(c.beta1 >= 0 && c.beta1 < 1, "beta1 must be in [0, 1)");
     require(c.beta2 >= 0 && c.beta2 < 1, "beta2 must be in [0, 1)");
-  } else {
-    throw Error("unknown optimizer kind '" + c.kind + "' (sgd | adadelta | adamw)");
   }
   require(c.lr >= 0, "lr must be >= 0");
   require(c.weight_decay >= 0, "weight_decay must be >= 0");
@@ -158,8 +156,8 @@ void validate(const OptimizerConfig& c) {
 
 std::unique_ptr<Optimizer> make_with(const OptimizerConfig& config, int64_t numel, const StateAlloc& alloc) {
   validate(config);
-  if (config.kind == "sgd") return std::make_unique<Sgd>(config, numel, alloc);
-  if (config.kind == "adadelta") return std::make_unique<Adadelta>(config, numel, alloc);
+  if (config.kind == OptimizerKind::sgd) return std::make_unique<Sgd>(config, numel, alloc);
+  if (config.kind == OptimizerKind::adadelta) return std::make_unique<Adadelta>(config, numel, alloc);
   return std::make_unique<AdamW>(config, numel, alloc);
 }
 

@@ -17,14 +17,12 @@ LrSchedule::LrSchedule(const SchedulerConfig& config, double base_lr, int64_t to
       step_size_(config.step_size),
       warmup_steps_(config.warmup_steps),
       total_steps_(config.total_steps > 0 ? config.total_steps : total_steps) {
-  if (kind_ != "none" && kind_ != "step" && kind_ != "cosine")
-    throw Error("unknown scheduler kind '" + kind_ + "' (none | step | cosine)");
-  if (kind_ == "step" && step_size_ < 1) throw Error("scheduler step_size must be >= 1");
-  if (kind_ == "cosine" && warmup_steps_ < 0) throw Error("scheduler warmup_steps must be >= 0");
+  if (kind_ == SchedulerKind::step && step_size_ < 1) throw Error("scheduler step_size must be >= 1");
+  if (kind_ == SchedulerKind::cosine && warmup_steps_ < 0) throw Error("scheduler warmup_steps must be >= 0");
 }
 
 double LrSchedule::lr(int64_t step, int64_t epoch) const {
-  if (kind_ == "step") {
+  if (kind_ == SchedulerKind::step) {
     // StepLR.step() without an epoch argument (the MNIST example) multiplies the current lr by
     // gamma at each decay; repeating that product, rather than base * pow(gamma, k), keeps the
     // value bit-identical to torch's.
@@ -32,7 +30,7 @@ double LrSchedule::lr(int64_t step, int64_t epoch) const {
     for (int64_t k = epoch / step_size_; k > 0; --k) lr *= gamma_;
     return lr;
   }
-  if (kind_ == "cosine") {
+  if (kind_ == SchedulerKind::cosine) {
     // step < W:  base * (step + 1) / W                     (reaches base on the last warmup step)
     // else:      t = min((step - W) / max(T - W, 1), 1)
     //            base - (base - min) * (1 - cos(pi * t)) / 2

@@ -14,14 +14,16 @@ namespace {
 
 Datasets load_data(const Config& c) {
   const DataConfig& d = c.data;
-  const bool lm = c.model.kind == "transformer";
-  if (d.kind == "fashion_mnist") {
+  const bool lm = c.model.kind == ModelKind::transformer;
+  if (d.kind == DataKind::fashion_mnist) {
     if (lm) throw Error("data.kind fashion_mnist gives images; model.kind transformer needs tokens (data.kind text)");
     std::string dir = d.path.empty() ? kFashionMnistDir : d.path;
     return {load_fashion_mnist(dir, true), load_fashion_mnist(dir, false)};
   }
-  if (d.kind == "text") {
-    if (!lm) throw Error("data.kind text gives tokens; model.kind " + c.model.kind + " needs images");
+  if (d.kind == DataKind::text) {
+    if (!lm)
+      throw Error("data.kind text gives tokens; model.kind " + std::string(enum_name(c.model.kind)) +
+                  " needs images");
     TextCorpusOptions o{d.path.empty() ? kTextCorpusDir : d.path, c.model.seq_len, d.eval_fraction};
     return {load_text_corpus(o, true), load_text_corpus(o, false)};
   }

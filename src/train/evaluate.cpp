@@ -35,10 +35,4 @@ EvalResult evaluate(Model& model, FsdpEngine& engine, const Dataset& data, const
   return {sums[0] / elems, sums[1] / elems};
 }
 
-bool eval_due(const std::string& every, int64_t step_done, bool epoch_end) {
-  if (every == "never") return false;
-  if (every == "epoch") return epoch_end;
-  return step_done % std::stoll(every) == 0;
-}
-
 }  // namespace fsdp

@@ -24,7 +24,4 @@ struct EvalOptions {
 EvalResult evaluate(Model& model, FsdpEngine& engine, const Dataset& data, const EvalOptions& options,
                     MemoryTracker& mem);
 
-// train.eval_every: "epoch", "never" or a step count.
-bool eval_due(const std::string& every, int64_t step_done, bool epoch_end);
-
 }  // namespace fsdp

@@ -57,7 +57,7 @@ MemoryPlan plan_memory(const Config& config, const PlanRequest& request) {
   env.node_color = nodes[0];
   env.node_color_of_rank = nodes;
   env.planning = true;
-  env.make_runtime = [device = parse_device(config.train.device)](MemoryTracker& tracker, int) {
+  env.make_runtime = [device = config.train.device](MemoryTracker& tracker, int) {
     return make_meta_runtime(device, tracker);
   };
   env.train_data = request.train_data;

@@ -50,7 +50,7 @@ void write_gathered_unit(WeightWriter* writer, const Unit& u, DeviceRuntime& rt,
 void Trainer::resume(const std::string& path) {
   State& s = *s_;
   LoadOptions options;
-  options.optimizer = s.c.train.optimizer.kind;
+  options.optimizer = std::string(enum_name(s.c.train.optimizer.kind));
   CheckpointStats stats;
   HostCheckpointState staged(*s.engine, *s.optimizer, s.mem);
   CheckpointMeta m = load_checkpoint(path, staged.state(), options, s.env.mpi_comm, &stats);
@@ -87,13 +87,13 @@ CheckpointMeta Trainer::position(int64_t steps_done, double lr) const {
   m.shard_group_size = s.engine->mesh().shard->size();
   m.global_batch_size = s.global_batch;
   m.seed = static_cast<int64_t>(c.train.seed);
-  m.strategy = c.fsdp.sharding_strategy;
+  m.strategy = std::string(enum_name(c.fsdp.sharding_strategy));
   m.backend = c.comm.backend;
-  m.wrap_policy = c.fsdp.wrap_policy;
-  m.model_kind = c.model.kind;
-  m.optimizer = c.train.optimizer.kind;
+  m.wrap_policy = std::string(enum_name(c.fsdp.wrap_policy));
+  m.model_kind = std::string(enum_name(c.model.kind));
+  m.optimizer = std::string(enum_name(c.train.optimizer.kind));
   m.optimizer_step = s.optimizer->step_count();
-  m.scheduler = c.train.scheduler.kind;
+  m.scheduler = std::string(enum_name(c.train.scheduler.kind));
   m.lr = lr;
   m.loss_scale = s.scaler.enabled ? s.scaler.scale : 0.0;
   m.loss_scale_good_steps = s.scaler.good_steps;
@@ -115,10 +115,9 @@ CheckpointStats Trainer::save(const std::string& path, int64_t steps_done, doubl
   staged.copy_from_device();
   if (s.env.planning) return {};  // a plan stages the state as a save does and writes nothing
   SaveOptions options;
-  options.format = parse_checkpoint_format(s.c.checkpoint.format);
-  options.collective = s.c.checkpoint.io == "collective";
-  if (s.fault.kill_save_step < 0 || s.fault.kill_save_step == steps_done)  // FSDP_TEST_KILL_RANK_DURING_SAVE
-    options.kill_rank = s.fault.kill_rank_during_save;
+  options.format = s.c.checkpoint.format;
+  options.collective = s.c.checkpoint.io == CheckpointIo::collective;
+  if (s.env.during_save) options.after_pieces_written = [&] { s.env.during_save(steps_done); };
   CheckpointStats stats;
   try {
     stats = save_checkpoint(path, staged.state(), position(steps_done, lr), options, s.env.mpi_comm);

@@ -31,24 +31,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-TestFault test_fault_from_env() {
-  TestFault f;
-  if (const char* text = std::getenv("FSDP_TEST_FAULT"); text && *text) {
-    long long step = -1;
-    // NOLINTNEXTLINE(cert-err34-c): a test hook's value, written by tests/fault; checked below
-    if (std::sscanf(text, "skip_collective:%d:%lld", &f.rank, &step) != 2 || f.rank < 0 || step < 1)
-      throw Error(std::string("FSDP_TEST_FAULT '") + text + "': expected skip_collective:RANK:STEP (a test hook)");
-    f.step = step;
-  }
-  if (const char* kill = std::getenv("FSDP_TEST_KILL_RANK_DURING_SAVE")) {
-    // NOLINTNEXTLINE(cert-err34-c): a test hook's value, written by the crash-safety tests
-    f.kill_rank_during_save = std::atoi(kill);
-    // NOLINTNEXTLINE(cert-err34-c): as above
-    if (const char* colon = std::strchr(kill, ':')) f.kill_save_step = std::atoll(colon + 1);
-  }
-  return f;
-}
-
 // Every rank's node color, in world order (the mesh and the mesh report need the whole list).
 std::vector<int> gather_node_colors(const RunEnv& env) {
   if (!env.node_color_of_rank.empty()) return env.node_color_of_rank;
@@ -74,9 +56,8 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
     openblas_set_num_threads(static_cast<int>(c.train.threads));
     omp_set_num_threads(static_cast<int>(c.train.threads));
   }
-  if (!s.env.planning) s.fault = test_fault_from_env();
   // The device before the data: "no CUDA device" should not wait for a dataset to load.
-  const Device device = parse_device(c.train.device);
+  const Device device = c.train.device;
   s.runtime = s.env.make_runtime ? s.env.make_runtime(s.mem, s.env.local_rank)
                                  : make_runtime(device, s.mem, s.env.local_rank);
   // Data first: a missing dataset should fail before minutes of model set-up.
@@ -98,7 +79,7 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
                     device);
   }
   s.model = make_model(c.model);
-  if (s.data.train->num_classes() > (c.model.kind == "transformer" ? c.model.vocab : 10))
+  if (s.data.train->num_classes() > (c.model.kind == ModelKind::transformer ? c.model.vocab : 10))
     throw Error("data has " + std::to_string(s.data.train->num_classes()) + " classes, more than the model's outputs");
 
   // Units, shards and the mesh; each rank materialises only its own slices.
@@ -201,13 +182,7 @@ Trainer::StepResult Trainer::train_step(int64_t step, double lr) {
     s.model->backward(ctx);
   }
   engine.finish_backward();
-  if (env.rank == s.fault.rank && step + 1 == s.fault.step) {  // FSDP_TEST_FAULT (tests only)
-    std::fprintf(stderr, "fsdp_app: rank %d: FSDP_TEST_FAULT: skipping the loss all_reduce of step %lld\n", env.rank,
-                 static_cast<long long>(step) + 1);
-    std::fflush(stderr);
-  } else {
-    env.world->all_reduce(&r.loss, &r.loss, 1, DType::f64, ReduceOp::sum)->wait();
-  }
+  env.world->all_reduce(&r.loss, &r.loss, 1, DType::f64, ReduceOp::sum)->wait();
 
   // With f16 loss scaling a non-finite step is the rule (the scaler skips it and lowers the
   // scale); otherwise it means divergence: stop before the optimizer writes it into the weights.
@@ -247,10 +222,11 @@ MemoryPlan Trainer::plan() {
   while (step < std::min<int64_t>(s.total_steps, 2)) step_once();
   const bool saves = !c.checkpoint.dir.empty();
   if (saves && c.checkpoint.every_steps > 0) save("", step, lr);
-  if (c.train.eval_every != "never" && s.total_steps > 0) {
+  if (!c.train.eval_every.never() && s.total_steps > 0) {
     evaluate_once();
-    const bool step_after_eval = c.train.eval_every == "epoch" ? s.total_steps > s.steps_per_epoch
-                                                               : std::stoll(c.train.eval_every) < s.total_steps;
+    const EvalEvery& every = c.train.eval_every;
+    const bool step_after_eval = every.when == EvalEvery::When::epoch ? s.total_steps > s.steps_per_epoch
+                                                                       : every.steps < s.total_steps;
     if (step_after_eval) {
       step_once();
       evaluate_once();
@@ -259,8 +235,8 @@ MemoryPlan Trainer::plan() {
   if (saves) save("", step, lr);
   if (!c.output.save_weights.empty()) write_weights();
 
-  plan.model = c.model.kind;
-  plan.strategy = std::string(strategy_name(engine.options().strategy));
+  plan.model = std::string(enum_name(c.model.kind));
+  plan.strategy = std::string(name_of(kStrategies, engine.options().strategy));
   plan.world_size = s.env.world_size;
   plan.shard_group_size = engine.mesh().shard->size();
   plan.replicas = engine.mesh().replicate->size();
@@ -314,7 +290,7 @@ void Trainer::report_step(int64_t step, const StepResult& r, double step_s) {
   p.summary.steps = done;
   p.summary.last_loss = r.loss;
   if (s.env.rank != 0) return;
-  const bool lm = c.model.kind == "transformer";
+  const bool lm = c.model.kind == ModelKind::transformer;
   const int64_t elems_per_sample = s.model->loss_elements_per_sample();
   const double rate = static_cast<double>(s.global_batch) / step_s;
   JsonLine j;
@@ -341,7 +317,7 @@ void Trainer::report_step(int64_t step, const StepResult& r, double step_s) {
 void Trainer::maybe_evaluate(int64_t step) {
   const State& s = *s_;
   const bool epoch_end = step % s.steps_per_epoch == s.steps_per_epoch - 1;
-  if (eval_due(s.c.train.eval_every, step + 1, epoch_end)) evaluate_and_report(step + 1, step / s.steps_per_epoch);
+  if (s.c.train.eval_every.due(step + 1, epoch_end)) evaluate_and_report(step + 1, step / s.steps_per_epoch);
 }
 
 void Trainer::evaluate_and_report(int64_t step_done, int64_t epoch) {
@@ -397,10 +373,10 @@ void Trainer::finish() {
   TrainSummary& summary = p.summary;
   const bool finished = summary.steps == s.total_steps;
   // The closing evaluation belongs to the end of training, not to a launch that stops early.
-  if (finished && c.train.eval_every != "never" && p.last_eval_step != summary.steps && s.total_steps > 0)
+  if (finished && !c.train.eval_every.never() && p.last_eval_step != summary.steps && s.total_steps > 0)
     evaluate_and_report(summary.steps, (s.total_steps - 1) / s.steps_per_epoch);
   if (!c.checkpoint.dir.empty() && summary.steps > s.start_step) save_step(summary.steps);
-  if (p.tty && c.train.eval_every == "never") std::printf("\n");
+  if (p.tty && c.train.eval_every.never()) std::printf("\n");
   summary.samples_per_s = p.timed_s > 0 ? static_cast<double>(p.timed_samples) / p.timed_s : 0.0;
   if (!c.output.save_weights.empty()) write_weights();
   if (s.env.rank != 0) return;

@@ -39,6 +39,9 @@ struct RunEnv {
   // A plan's trainer (plan_memory): no files read or written, no output, no plan of its own;
   // Trainer::plan instead of run.
   bool planning = false;
+  // Tests only (installed by fsdp_app from FSDP_TEST_KILL_RANK_DURING_SAVE): called on every
+  // rank in the middle of each save, after it wrote its pieces and before the file is complete.
+  std::function<void(int64_t steps_done)> during_save;
   // Datasets already loaded (a plan made by a trainer gets the trainer's): not loaded again.
   std::shared_ptr<const Dataset> train_data, eval_data;
 };

@@ -22,21 +22,6 @@
 
 namespace fsdp {
 
-// TEST HOOKS for the fault-injection and crash-safety tests, read here and nowhere else (once,
-// at set-up). Unset (always, outside the tests): every field -1, nothing happens.
-//   FSDP_TEST_FAULT=skip_collective:RANK:STEP
-//     rank RANK leaves out the step-loss all_reduce of step STEP (1-based) and goes on. The other
-//     ranks then wait in it for a peer that never arrives, and the skipping rank waits in its next
-//     collective for peers that never get there: each side must end by comm.timeout_s.
-//   FSDP_TEST_KILL_RANK_DURING_SAVE=RANK[:STEP]
-//     rank RANK dies in the middle of every save, or only of the save after STEP.
-struct TestFault {
-  int rank = -1;  // skip_collective
-  int64_t step = -1;
-  int kill_rank_during_save = -1;
-  int64_t kill_save_step = -1;  // -1: every save
-};
-
 // What run() keeps between its named calls.
 struct Progress {
   std::unique_ptr<MetricsFile> metrics;  // rank 0 writes; disabled elsewhere
@@ -74,7 +59,6 @@ struct Trainer::State {
   double best_eval_loss = -1.0;
   std::string resume_note;  // printed by rank 0 when the run starts
   std::string last_good;    // the checkpoint resumed from or last written ("" when none)
-  TestFault fault;          // FSDP_TEST_* hooks (tests only)
   Progress progress;        // run(): reporting, evaluation and checkpoint state
   State(const Config& config, int world_size) : c(for_world_size(config, world_size)) {}
 };

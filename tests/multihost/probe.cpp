@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   try {
     auto world = fsdp::make_communicator("mpi", MPI_COMM_WORLD, {60.0});
     fsdp::ProcessMesh mesh =
-        fsdp::make_mesh(*world, fsdp::parse_strategy(strategy), group_size, mpi.node_color_of_rank());
+        fsdp::make_mesh(*world, fsdp::parse_name(fsdp::kStrategies, strategy).value(), group_size, mpi.node_color_of_rank());
     char host[256] = {};
     gethostname(host, sizeof host - 1);
     line = "probe rank=" + std::to_string(mpi.rank()) + " size=" + std::to_string(mpi.size()) + " host=" + host +

@@ -1,0 +1,94 @@
+#pragma once
+// The input file's enumerated values, each as an enum with one table of its names. The table
+// is the only place a name is spelled: config validates against it (with "did you mean"), and the
+// banner, the plan and the checkpoint attributes print from it. A leaf header: the layers that
+// act on these values (fsdp, optim, models, ckpt) include it without depending on config.
+#include <array>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace fsdp {
+
+template <class E, size_t N>
+using NameTable = std::array<std::pair<E, std::string_view>, N>;
+
+template <class E, size_t N>
+constexpr std::string_view name_of(const NameTable<E, N>& table, E value) {
+  for (const auto& [e, name] : table)
+    if (e == value) return name;
+  return "?";
+}
+
+template <class E, size_t N>
+constexpr std::optional<E> parse_name(const NameTable<E, N>& table, std::string_view text) {
+  for (const auto& [e, name] : table)
+    if (name == text) return e;
+  return std::nullopt;
+}
+
+// "a, b or c": for messages.
+template <class E, size_t N>
+std::string names_of(const NameTable<E, N>& table) {
+  std::string out;
+  for (size_t i = 0; i < N; ++i) out += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::string(table[i].second);
+  return out;
+}
+
+enum class ModelKind { mnist_cnn, transformer };
+inline constexpr NameTable<ModelKind, 2> kModelKinds{{{ModelKind::mnist_cnn, "mnist_cnn"},
+                                                      {ModelKind::transformer, "transformer"}}};
+
+enum class DataKind { fashion_mnist, text, synthetic };
+inline constexpr NameTable<DataKind, 3> kDataKinds{
+    {{DataKind::fashion_mnist, "fashion_mnist"}, {DataKind::text, "text"}, {DataKind::synthetic, "synthetic"}}};
+
+enum class OptimizerKind { sgd, adadelta, adamw };
+inline constexpr NameTable<OptimizerKind, 3> kOptimizerKinds{
+    {{OptimizerKind::sgd, "sgd"}, {OptimizerKind::adadelta, "adadelta"}, {OptimizerKind::adamw, "adamw"}}};
+
+enum class SchedulerKind { none, step, cosine };
+inline constexpr NameTable<SchedulerKind, 3> kSchedulerKinds{
+    {{SchedulerKind::none, "none"}, {SchedulerKind::step, "step"}, {SchedulerKind::cosine, "cosine"}}};
+
+// FSDP's sharding strategies by the names PyTorch gives them.
+enum class Strategy { full_shard, shard_grad_op, no_shard, hybrid_shard, hybrid_shard_zero2 };
+inline constexpr NameTable<Strategy, 5> kStrategies{{{Strategy::full_shard, "FULL_SHARD"},
+                                                     {Strategy::shard_grad_op, "SHARD_GRAD_OP"},
+                                                     {Strategy::no_shard, "NO_SHARD"},
+                                                     {Strategy::hybrid_shard, "HYBRID_SHARD"},
+                                                     {Strategy::hybrid_shard_zero2, "HYBRID_SHARD_ZERO2"}}};
+
+enum class WrapPolicy { size_based, transformer_layer, manual };
+inline constexpr NameTable<WrapPolicy, 3> kWrapPolicies{{{WrapPolicy::size_based, "size_based"},
+                                                         {WrapPolicy::transformer_layer, "transformer_layer"},
+                                                         {WrapPolicy::manual, "manual"}}};
+
+enum class BackwardPrefetch { pre, post, none };
+inline constexpr NameTable<BackwardPrefetch, 3> kBackwardPrefetches{{{BackwardPrefetch::pre, "BACKWARD_PRE"},
+                                                                     {BackwardPrefetch::post, "BACKWARD_POST"},
+                                                                     {BackwardPrefetch::none, "none"}}};
+
+enum class CheckpointFormat { consolidated, sharded };
+inline constexpr NameTable<CheckpointFormat, 2> kCheckpointFormats{
+    {{CheckpointFormat::consolidated, "consolidated"}, {CheckpointFormat::sharded, "sharded"}}};
+
+// MPI-IO transfers of a save.
+enum class CheckpointIo { independent, collective };
+inline constexpr NameTable<CheckpointIo, 2> kCheckpointIos{
+    {{CheckpointIo::independent, "independent"}, {CheckpointIo::collective, "collective"}}};
+
+// Each enum's name, by overload: for messages and tests.
+inline std::string_view enum_name(ModelKind e) { return name_of(kModelKinds, e); }
+inline std::string_view enum_name(DataKind e) { return name_of(kDataKinds, e); }
+inline std::string_view enum_name(OptimizerKind e) { return name_of(kOptimizerKinds, e); }
+inline std::string_view enum_name(SchedulerKind e) { return name_of(kSchedulerKinds, e); }
+inline std::string_view enum_name(Strategy e) { return name_of(kStrategies, e); }
+inline std::string_view enum_name(WrapPolicy e) { return name_of(kWrapPolicies, e); }
+inline std::string_view enum_name(BackwardPrefetch e) { return name_of(kBackwardPrefetches, e); }
+inline std::string_view enum_name(CheckpointFormat e) { return name_of(kCheckpointFormats, e); }
+inline std::string_view enum_name(CheckpointIo e) { return name_of(kCheckpointIos, e); }
+
+}  // namespace fsdp
