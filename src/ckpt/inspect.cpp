@@ -183,6 +183,8 @@ CheckpointContents ckpt::read_sharded_index(hid_t file, const CheckpointMeta& me
   return Lister(file, meta, what).take();
 }
 
+// Long (about 120 lines) on purpose: one pass over the file that checks every tensor against the
+// index and its CRC in the order a reader meets them, so the whole contract reads in one place.
 CheckpointVerifyReport verify_checkpoint(const std::string& path) {
   CheckpointContents c = list_checkpoint(path);
   const std::string what = "checkpoint " + path;

@@ -47,6 +47,44 @@ void write_gathered_unit(WeightWriter* writer, const Unit& u, DeviceRuntime& rt,
 
 }  // namespace
 
+// The state a run starts from, once everything is allocated: a checkpoint (checkpoint.resume),
+// or model.init_from's weights, or the initial values init_shards drew.
+void Trainer::restore() {
+  State& s = *s_;
+  const Config& c = s.c;
+  if (s.env.planning) {
+    // A plan touches no file. A resume is assumed to find its file: what it costs is the staging
+    // of the state it loads (device shards), held while the file is read.
+    if (!c.checkpoint.resume.empty()) HostCheckpointState(*s.engine, *s.optimizer, s.mem).copy_to_device(true);
+    if (!c.model.init_from.empty()) s.engine->load_full_weights(c.model.init_from);  // reads nothing on meta
+    return;
+  }
+  // Resume last: it overwrites the shards and optimizer state just made. Collective, and its
+  // errors are agreed on inside, so a bad file is still a set-up error reported once.
+  if (!c.checkpoint.dir.empty()) prepare_checkpoint_dir(c.checkpoint.dir);
+  if (!c.checkpoint.resume.empty()) {
+    // auto: the newest complete file whose values are finite; a diverged one (written by an older
+    // version, or by another tool) is passed over with a note. Every rank sees the same list and
+    // the same load outcome (errors are agreed on inside the load), so all take the same branch.
+    const std::vector<std::string> paths = resolve_resume(c.checkpoint, s.env.mpi_comm, &s.resume_note);
+    for (size_t i = 0; i < paths.size() && !s.resumed; ++i) {
+      try {
+        resume(paths[i]);
+      } catch (const NonFiniteCheckpoint& e) {
+        if (c.checkpoint.resume != "auto") throw;
+        s.resume_note.append("checkpoint: skipping ").append(e.what()).append("\n");
+        // The shards now hold that file's values: only another complete load may follow.
+        if (i + 1 == paths.size())
+          throw Error("checkpoint.resume auto: every checkpoint in " + c.checkpoint.dir +
+                      " holds non-finite values; move them away to start fresh");
+      }
+    }
+  }
+  // model.init_from: rank 0 checks the file and tells everyone before any data moves, so a bad
+  // file fails every rank alike — a set-up error reported once. A resumed run has its weights.
+  if (!c.model.init_from.empty() && !s.resumed) s.engine->load_full_weights(c.model.init_from);
+}
+
 void Trainer::resume(const std::string& path) {
   State& s = *s_;
   LoadOptions options;

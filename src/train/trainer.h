@@ -88,6 +88,7 @@ class Trainer {
   void save_step(int64_t steps_done);
   void finish();
   EvalOptions eval_options() const;
+  void restore();  // the end of set-up: resume, or model.init_from (save_resume.cpp)
   void resume(const std::string& path);
   // The root attributes of a checkpoint taken after `steps_done` steps.
   CheckpointMeta position(int64_t steps_done, double lr) const;
