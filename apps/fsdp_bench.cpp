@@ -43,7 +43,7 @@
 
 #include "comm/comm.h"
 #include "comm/mpi_env.h"
-#include "comm/reduce.h"
+#include "mpi/mpi_types.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
@@ -89,49 +89,6 @@ double expected_sum(int nranks, size_t i, DType d) {
 // are <= 240 and sums <= 2 nranks).
 double sentinel(DType d) { return d == DType::u8 ? 255 : -77; }
 
-// ---- the raw MPI baseline's datatypes and ops (bf16/f16: user ops in f32, like the backend) ----
-
-template <DType D>
-// NOLINTNEXTLINE(readability-non-const-parameter): the signature is MPI_User_function's
-void half_sum(void* in, void* inout, int* len, MPI_Datatype*) {
-  fsdp::reduce_into(inout, in, static_cast<size_t>(*len), D, fsdp::ReduceOp::sum);
-}
-
-class RawMpiTypes {
- public:
-  explicit RawMpiTypes(DType dtype) {
-    switch (dtype) {
-      case DType::f32: type_ = MPI_FLOAT; break;
-      case DType::f64: type_ = MPI_DOUBLE; break;
-      case DType::i32: type_ = MPI_INT32_T; break;
-      case DType::i64: type_ = MPI_INT64_T; break;
-      case DType::u8: type_ = MPI_UINT8_T; break;
-      case DType::bf16:
-      case DType::f16:
-        MPI_Type_contiguous(1, MPI_UINT16_T, &type_);
-        MPI_Type_commit(&type_);
-        MPI_Op_create(dtype == DType::bf16 ? half_sum<DType::bf16> : half_sum<DType::f16>, 1, &op_);
-        owned_ = true;
-        return;
-    }
-    op_ = MPI_SUM;
-  }
-  ~RawMpiTypes() {
-    if (!owned_) return;
-    MPI_Op_free(&op_);
-    MPI_Type_free(&type_);
-  }
-  RawMpiTypes(const RawMpiTypes&) = delete;
-  RawMpiTypes& operator=(const RawMpiTypes&) = delete;
-  MPI_Datatype type() const { return type_; }
-  MPI_Op sum() const { return op_; }
-
- private:
-  MPI_Datatype type_ = MPI_DATATYPE_NULL;
-  MPI_Op op_ = MPI_OP_NULL;
-  bool owned_ = false;
-};
-
 void mpi_check(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
   char msg[MPI_MAX_ERROR_STRING];
@@ -152,7 +109,8 @@ struct Collective {
   void (*fill_in)(void* in, size_t count, DType d, int rank, int n);
   double (*expected)(size_t j, size_t count, DType d, int rank, int n);  // out[j]
   std::unique_ptr<fsdp::Work> (*issue)(fsdp::Communicator& c, const void* in, void* out, size_t count, DType d);
-  void (*raw)(const void* in, void* out, size_t count, const RawMpiTypes& t, MPI_Comm comm);
+  // The raw-MPI baseline; type and sum from mpi_types.h, as the MPI backend uses them.
+  void (*raw)(const void* in, void* out, size_t count, MPI_Datatype type, MPI_Op sum, MPI_Comm comm);
 };
 
 int to_int(size_t count) {
@@ -175,8 +133,8 @@ constexpr Collective kAllGather = {
     [](fsdp::Communicator& c, const void* in, void* out, size_t count, DType d) {
       return c.all_gather(in, out, count, d);
     },
-    [](const void* in, void* out, size_t count, const RawMpiTypes& t, MPI_Comm comm) {
-      mpi_check(MPI_Allgather(in, to_int(count), t.type(), out, to_int(count), t.type(), comm), "MPI_Allgather");
+    [](const void* in, void* out, size_t count, MPI_Datatype type, MPI_Op, MPI_Comm comm) {
+      mpi_check(MPI_Allgather(in, to_int(count), type, out, to_int(count), type, comm), "MPI_Allgather");
     },
 };
 
@@ -196,8 +154,8 @@ constexpr Collective kReduceScatter = {
     [](fsdp::Communicator& c, const void* in, void* out, size_t count, DType d) {
       return c.reduce_scatter(in, out, count, d, fsdp::ReduceOp::sum);
     },
-    [](const void* in, void* out, size_t count, const RawMpiTypes& t, MPI_Comm comm) {
-      mpi_check(MPI_Reduce_scatter_block(in, out, to_int(count), t.type(), t.sum(), comm), "MPI_Reduce_scatter_block");
+    [](const void* in, void* out, size_t count, MPI_Datatype type, MPI_Op sum, MPI_Comm comm) {
+      mpi_check(MPI_Reduce_scatter_block(in, out, to_int(count), type, sum, comm), "MPI_Reduce_scatter_block");
     },
 };
 
@@ -215,8 +173,8 @@ constexpr Collective kAllReduce = {
     [](fsdp::Communicator& c, const void* in, void* out, size_t count, DType d) {
       return c.all_reduce(in, out, count, d, fsdp::ReduceOp::sum);
     },
-    [](const void* in, void* out, size_t count, const RawMpiTypes& t, MPI_Comm comm) {
-      mpi_check(MPI_Allreduce(in, out, to_int(count), t.type(), t.sum(), comm), "MPI_Allreduce");
+    [](const void* in, void* out, size_t count, MPI_Datatype type, MPI_Op sum, MPI_Comm comm) {
+      mpi_check(MPI_Allreduce(in, out, to_int(count), type, sum, comm), "MPI_Allreduce");
     },
 };
 
@@ -424,7 +382,7 @@ class BenchBuffer {
 
 // One (op, size) on one backend, or on raw MPI when comm is null. rt: the device runtime of
 // --device cuda (raw MPI ignores it).
-Row measure(const Collective& c, size_t count, const Args& a, fsdp::Communicator* comm, const RawMpiTypes& raw,
+Row measure(const Collective& c, size_t count, const Args& a, fsdp::Communicator* comm, const fsdp::MpiHalfTypes& raw,
             MPI_Comm world, int rank, int n, fsdp::DeviceRuntime* rt) {
   const DType d = a.dtype;
   const size_t b = fsdp::dtype_bytes(d);
@@ -440,7 +398,7 @@ Row measure(const Collective& c, size_t count, const Args& a, fsdp::Communicator
     if (comm)
       c.issue(*comm, in.data(), out.data(), count, d)->wait();
     else
-      c.raw(in.host(), out.host(), count, raw, world);
+      c.raw(in.host(), out.host(), count, raw.datatype(d), raw.op(d, fsdp::ReduceOp::sum), world);
   };
   for (int i = 0; i < a.warmup; ++i) once();
   MPI_Barrier(world);
@@ -569,7 +527,8 @@ int run(const Args& a, MPI_Comm world, int rank, int n, fsdp::DeviceRuntime* rt)
     if (rank == 0) std::printf("# skipped backend %s: rank %d: %s\n", name.c_str(), first_failed, reason.c_str());
   }
 
-  RawMpiTypes raw(a.dtype);
+  // mpi-raw's datatypes and sum ops are the MPI backend's (bf16/f16: an f32 user op).
+  const fsdp::MpiHalfTypes raw;
   if (rank == 0) {
     std::printf("# fsdp_bench: nranks %d, hosts %zu (%s), dtype %s, iters %d, warmup %d, timeout %g s\n", n,
                 hosts.size(), join(hosts).c_str(), std::string(fsdp::dtype_name(a.dtype)).c_str(), a.iters, a.warmup,

@@ -32,15 +32,6 @@ namespace {
 //   all_gather: MPI_Iallgather (vader's single-copy CMA) against a shared-memory staging copy:
 //     ours 0.5-0.66x at 64 MiB, so all_gather stays MPI_Iallgather at every size.
 
-// MPI calls these pairwise (inout = inout op in), so a multi-step MPI reduction rounds to the
-// half type once per step; the shared-memory path reduces all n inputs in f32 and rounds once.
-template <DType D, ReduceOp Op>
-// NOLINTNEXTLINE(readability-non-const-parameter): the signature is MPI_User_function's
-void half_op(void* in, void* inout, int* len, MPI_Datatype*) {
-  const void* srcs[2] = {inout, in};
-  mpi_reduce_many(inout, srcs, 2, static_cast<size_t>(*len), D, Op);
-}
-
 int checked_count(size_t count, const char* collective) {
   if (count > static_cast<size_t>(INT_MAX))
     throw Error(std::string("mpi ") + collective + ": count " + std::to_string(count) + " exceeds MPI's int range");
@@ -197,49 +188,6 @@ class ShmWork final : public PollingWork {
 };
 
 }  // namespace
-
-MpiHalfTypes::MpiHalfTypes() {
-  MPI_Type_contiguous(1, MPI_UINT16_T, &bf16_);
-  MPI_Type_commit(&bf16_);
-  MPI_Type_contiguous(1, MPI_UINT16_T, &f16_);
-  MPI_Type_commit(&f16_);
-  MPI_Op_create(half_op<DType::bf16, ReduceOp::sum>, 1, &bf16_ops_[0]);
-  MPI_Op_create(half_op<DType::bf16, ReduceOp::max>, 1, &bf16_ops_[1]);
-  MPI_Op_create(half_op<DType::bf16, ReduceOp::min>, 1, &bf16_ops_[2]);
-  MPI_Op_create(half_op<DType::f16, ReduceOp::sum>, 1, &f16_ops_[0]);
-  MPI_Op_create(half_op<DType::f16, ReduceOp::max>, 1, &f16_ops_[1]);
-  MPI_Op_create(half_op<DType::f16, ReduceOp::min>, 1, &f16_ops_[2]);
-}
-
-MpiHalfTypes::~MpiHalfTypes() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
-  for (MPI_Op* ops : {bf16_ops_, f16_ops_})
-    for (int i = 0; i < 3; ++i) MPI_Op_free(&ops[i]);
-  MPI_Type_free(&bf16_);
-  MPI_Type_free(&f16_);
-}
-
-MPI_Datatype MpiHalfTypes::datatype(DType dtype) const {
-  switch (dtype) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
-    case DType::i32: return MPI_INT32_T;
-    case DType::i64: return MPI_INT64_T;
-    case DType::u8: return MPI_UINT8_T;
-    case DType::bf16: return bf16_;
-    case DType::f16: return f16_;
-  }
-  return MPI_DATATYPE_NULL;
-}
-
-MPI_Op MpiHalfTypes::op(DType dtype, ReduceOp op) const {
-  int i = op == ReduceOp::max ? 1 : op == ReduceOp::min ? 2 : 0;
-  if (dtype == DType::bf16) return bf16_ops_[i];
-  if (dtype == DType::f16) return f16_ops_[i];
-  return i == 1 ? MPI_MAX : i == 2 ? MPI_MIN : MPI_SUM;
-}
 
 MpiCommunicator::MpiCommunicator(MPI_Comm owned, std::shared_ptr<MpiHalfTypes> types,
                                  std::shared_ptr<ShmProgress> progress, std::shared_ptr<Watchdog> watchdog,
