@@ -23,6 +23,7 @@
 // for the check after the timed loop. Backends without native device buffers (mpi, ucx) take
 // them through comm/device_comm.h (staged through pinned host memory unless the MPI is
 // CUDA-aware), so their rows include those copies. mpi-raw always runs on host buffers.
+#include <getopt.h>
 #include <mpi.h>
 #include <unistd.h>
 
@@ -242,58 +243,76 @@ long parse_int(const std::string& opt, const std::string& v, long lo, long hi) {
   return n;
 }
 
+// Long-only options' getopt codes: past every char, so they never collide with a short option.
+enum LongOnly : int { kBackend = 256, kOp, kCsv, kTimeout, kDevice };
+
+// The option as the user typed it ("-b", "--minbytes"), for messages: getopt_long has just
+// consumed it with its value attached ("--minbytes=1K", "-b1K") or as the next argument.
+std::string typed_option(char** argv, int optind_now, const char* value) {
+  const char* last = argv[optind_now - 1];
+  if (value == last) return argv[optind_now - 2];
+  std::string opt(last, static_cast<size_t>(value - last));
+  if (!opt.empty() && opt.back() == '=') opt.pop_back();
+  return opt;
+}
+
+// Why getopt_long returned '?': an unknown option (optopt: its char; 0: a long one, as typed
+// in argv), or --help given a value.
+std::string rejected_option(char** argv, int optind_now, int optopt_now) {
+  if (optopt_now == 'h') return std::string(argv[optind_now - 1]) + ": takes no value (try --help)";
+  std::string opt = optopt_now != 0 ? std::string("-") + static_cast<char>(optopt_now) : argv[optind_now - 1];
+  return "unknown option '" + opt.substr(0, opt.find('=')) + "' (try --help)";
+}
+
 Args parse_args(int argc, char** argv) {
+  static const option kLong[] = {{"backend", required_argument, nullptr, kBackend},
+                                 {"op", required_argument, nullptr, kOp},
+                                 {"minbytes", required_argument, nullptr, 'b'},
+                                 {"maxbytes", required_argument, nullptr, 'e'},
+                                 {"stepfactor", required_argument, nullptr, 'f'},
+                                 {"iters", required_argument, nullptr, 'n'},
+                                 {"warmup_iters", required_argument, nullptr, 'w'},
+                                 {"datatype", required_argument, nullptr, 'd'},
+                                 {"csv", required_argument, nullptr, kCsv},
+                                 {"timeout", required_argument, nullptr, kTimeout},
+                                 {"device", required_argument, nullptr, kDevice},
+                                 {"help", no_argument, nullptr, 'h'},
+                                 {nullptr, 0, nullptr, 0}};
   Args a;
   std::string backend_list = "all", op_list = "all";
-  for (int i = 1; i < argc; ++i) {
-    std::string opt = argv[i], value;
-    bool inline_value = false;
-    if (opt.rfind("--", 0) == 0 && opt.find('=') != std::string::npos) {
-      value = opt.substr(opt.find('=') + 1);
-      opt.resize(opt.find('='));
-      inline_value = true;
-    }
-    if (opt == "-h" || opt == "--help") {
+  opterr = 0;  // every rank parses; the caller prints one line, on rank 0
+  // Leading ':': a missing value returns ':', told apart from an unknown option ('?').
+  int c = 0;
+  while ((c = getopt_long(argc, argv, ":hb:e:f:n:w:d:", kLong, nullptr)) != -1) {
+    if (c == '?') throw Error(rejected_option(argv, optind, optopt));
+    if (c == ':') throw Error(std::string(argv[optind - 1]) + " needs a value (try --help)");
+    if (c == 'h') {
       a.help = true;
       continue;
     }
-    static const std::set<std::string> kWithValue = {
-        "--backend",  "--op",       "-b",           "-e",      "-f",
-        "-n",         "-w",         "-d",           "--csv",   "--timeout",
-        "--minbytes", "--maxbytes", "--stepfactor", "--iters", "--warmup_iters",
-        "--datatype", "--device"};
-    if (!kWithValue.contains(opt)) throw Error("unknown option '" + opt + "' (try --help)");
-    if (!inline_value) {
-      if (i + 1 >= argc) throw Error(opt + " needs a value (try --help)");
-      value = argv[++i];
-    }
-    if (opt == "--backend")
-      backend_list = value;
-    else if (opt == "--op")
-      op_list = value;
-    else if (opt == "-b" || opt == "--minbytes")
-      a.min_bytes = parse_bytes(opt, value);
-    else if (opt == "-e" || opt == "--maxbytes")
-      a.max_bytes = parse_bytes(opt, value);
-    else if (opt == "-f" || opt == "--stepfactor")
-      a.factor = static_cast<uint64_t>(parse_int(opt, value, 2, 1 << 20));
-    else if (opt == "-n" || opt == "--iters")
-      a.iters = static_cast<int>(parse_int(opt, value, 1, 1 << 30));
-    else if (opt == "-w" || opt == "--warmup_iters")
-      a.warmup = static_cast<int>(parse_int(opt, value, 0, 1 << 30));
-    else if (opt == "-d" || opt == "--datatype")
-      a.dtype = fsdp::parse_dtype(value);
-    else if (opt == "--csv")
-      a.csv = value;
-    else if (opt == "--device")
-      a.device = fsdp::parse_device(value);
-    else if (opt == "--timeout") {
-      char* end = nullptr;
-      a.timeout_s = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end != '\0' || !(a.timeout_s > 0) || !std::isfinite(a.timeout_s))
-        throw Error("--timeout " + value + ": expected a positive number of seconds");
+    const std::string value = optarg, opt = typed_option(argv, optind, optarg);
+    switch (c) {
+      case kBackend: backend_list = value; break;
+      case kOp: op_list = value; break;
+      case 'b': a.min_bytes = parse_bytes(opt, value); break;
+      case 'e': a.max_bytes = parse_bytes(opt, value); break;
+      case 'f': a.factor = static_cast<uint64_t>(parse_int(opt, value, 2, 1 << 20)); break;
+      case 'n': a.iters = static_cast<int>(parse_int(opt, value, 1, 1 << 30)); break;
+      case 'w': a.warmup = static_cast<int>(parse_int(opt, value, 0, 1 << 30)); break;
+      case 'd': a.dtype = fsdp::parse_dtype(value); break;
+      case kCsv: a.csv = value; break;
+      case kDevice: a.device = fsdp::parse_device(value); break;
+      case kTimeout: {
+        char* end = nullptr;
+        a.timeout_s = std::strtod(value.c_str(), &end);
+        if (value.empty() || *end != '\0' || !(a.timeout_s > 0) || !std::isfinite(a.timeout_s))
+          throw Error("--timeout " + value + ": expected a positive number of seconds");
+        break;
+      }
+      default: throw Error("unknown option (try --help)");  // not in kLong: unreachable
     }
   }
+  if (optind < argc) throw Error("unexpected argument '" + std::string(argv[optind]) + "' (try --help)");
   if (a.min_bytes == 0) throw Error("-b 0: the smallest size must be at least 1 byte");
   if (a.max_bytes < a.min_bytes)
     throw Error("-e " + std::to_string(a.max_bytes) + " is smaller than -b " + std::to_string(a.min_bytes));
@@ -590,13 +609,13 @@ int main(int argc, char** argv) {
   fsdp::MpiSession mpi(&argc, &argv);
   const int rank = mpi.rank(), n = mpi.size();
   Args args;
-  // Option errors happen identically on every rank before any communication: each rank exits 1
-  // by itself and rank 0 prints the one line.
+  // Option errors happen identically on every rank before any communication: each rank exits 2
+  // (a usage error, as fsdp_ckpt's) by itself and rank 0 prints the one line.
   try {
     args = parse_args(argc, argv);
   } catch (const std::exception& e) {
     if (rank == 0) std::fprintf(stderr, "fsdp_bench: %s\n", e.what());
-    return 1;
+    return 2;
   }
   if (args.help) {
     if (rank == 0) std::fputs(kUsage, stdout);
