@@ -23,6 +23,7 @@
 // for the check after the timed loop. Backends without native device buffers (mpi, ucx) take
 // them through comm/device_comm.h (staged through pinned host memory unless the MPI is
 // CUDA-aware), so their rows include those copies. mpi-raw always runs on host buffers.
+#include <getopt.h>
 #include <mpi.h>
 #include <unistd.h>
 
@@ -43,7 +44,7 @@
 
 #include "comm/comm.h"
 #include "comm/mpi_env.h"
-#include "comm/reduce.h"
+#include "mpi/mpi_types.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
@@ -89,49 +90,6 @@ double expected_sum(int nranks, size_t i, DType d) {
 // are <= 240 and sums <= 2 nranks).
 double sentinel(DType d) { return d == DType::u8 ? 255 : -77; }
 
-// ---- the raw MPI baseline's datatypes and ops (bf16/f16: user ops in f32, like the backend) ----
-
-template <DType D>
-// NOLINTNEXTLINE(readability-non-const-parameter): the signature is MPI_User_function's
-void half_sum(void* in, void* inout, int* len, MPI_Datatype*) {
-  fsdp::reduce_into(inout, in, static_cast<size_t>(*len), D, fsdp::ReduceOp::sum);
-}
-
-class RawMpiTypes {
- public:
-  explicit RawMpiTypes(DType dtype) {
-    switch (dtype) {
-      case DType::f32: type_ = MPI_FLOAT; break;
-      case DType::f64: type_ = MPI_DOUBLE; break;
-      case DType::i32: type_ = MPI_INT32_T; break;
-      case DType::i64: type_ = MPI_INT64_T; break;
-      case DType::u8: type_ = MPI_UINT8_T; break;
-      case DType::bf16:
-      case DType::f16:
-        MPI_Type_contiguous(1, MPI_UINT16_T, &type_);
-        MPI_Type_commit(&type_);
-        MPI_Op_create(dtype == DType::bf16 ? half_sum<DType::bf16> : half_sum<DType::f16>, 1, &op_);
-        owned_ = true;
-        return;
-    }
-    op_ = MPI_SUM;
-  }
-  ~RawMpiTypes() {
-    if (!owned_) return;
-    MPI_Op_free(&op_);
-    MPI_Type_free(&type_);
-  }
-  RawMpiTypes(const RawMpiTypes&) = delete;
-  RawMpiTypes& operator=(const RawMpiTypes&) = delete;
-  MPI_Datatype type() const { return type_; }
-  MPI_Op sum() const { return op_; }
-
- private:
-  MPI_Datatype type_ = MPI_DATATYPE_NULL;
-  MPI_Op op_ = MPI_OP_NULL;
-  bool owned_ = false;
-};
-
 void mpi_check(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
   char msg[MPI_MAX_ERROR_STRING];
@@ -152,7 +110,8 @@ struct Collective {
   void (*fill_in)(void* in, size_t count, DType d, int rank, int n);
   double (*expected)(size_t j, size_t count, DType d, int rank, int n);  // out[j]
   std::unique_ptr<fsdp::Work> (*issue)(fsdp::Communicator& c, const void* in, void* out, size_t count, DType d);
-  void (*raw)(const void* in, void* out, size_t count, const RawMpiTypes& t, MPI_Comm comm);
+  // The raw-MPI baseline; type and sum from mpi_types.h, as the MPI backend uses them.
+  void (*raw)(const void* in, void* out, size_t count, MPI_Datatype type, MPI_Op sum, MPI_Comm comm);
 };
 
 int to_int(size_t count) {
@@ -175,8 +134,8 @@ constexpr Collective kAllGather = {
     [](fsdp::Communicator& c, const void* in, void* out, size_t count, DType d) {
       return c.all_gather(in, out, count, d);
     },
-    [](const void* in, void* out, size_t count, const RawMpiTypes& t, MPI_Comm comm) {
-      mpi_check(MPI_Allgather(in, to_int(count), t.type(), out, to_int(count), t.type(), comm), "MPI_Allgather");
+    [](const void* in, void* out, size_t count, MPI_Datatype type, MPI_Op, MPI_Comm comm) {
+      mpi_check(MPI_Allgather(in, to_int(count), type, out, to_int(count), type, comm), "MPI_Allgather");
     },
 };
 
@@ -196,8 +155,8 @@ constexpr Collective kReduceScatter = {
     [](fsdp::Communicator& c, const void* in, void* out, size_t count, DType d) {
       return c.reduce_scatter(in, out, count, d, fsdp::ReduceOp::sum);
     },
-    [](const void* in, void* out, size_t count, const RawMpiTypes& t, MPI_Comm comm) {
-      mpi_check(MPI_Reduce_scatter_block(in, out, to_int(count), t.type(), t.sum(), comm), "MPI_Reduce_scatter_block");
+    [](const void* in, void* out, size_t count, MPI_Datatype type, MPI_Op sum, MPI_Comm comm) {
+      mpi_check(MPI_Reduce_scatter_block(in, out, to_int(count), type, sum, comm), "MPI_Reduce_scatter_block");
     },
 };
 
@@ -215,8 +174,8 @@ constexpr Collective kAllReduce = {
     [](fsdp::Communicator& c, const void* in, void* out, size_t count, DType d) {
       return c.all_reduce(in, out, count, d, fsdp::ReduceOp::sum);
     },
-    [](const void* in, void* out, size_t count, const RawMpiTypes& t, MPI_Comm comm) {
-      mpi_check(MPI_Allreduce(in, out, to_int(count), t.type(), t.sum(), comm), "MPI_Allreduce");
+    [](const void* in, void* out, size_t count, MPI_Datatype type, MPI_Op sum, MPI_Comm comm) {
+      mpi_check(MPI_Allreduce(in, out, to_int(count), type, sum, comm), "MPI_Allreduce");
     },
 };
 
@@ -284,58 +243,76 @@ long parse_int(const std::string& opt, const std::string& v, long lo, long hi) {
   return n;
 }
 
+// Long-only options' getopt codes: past every char, so they never collide with a short option.
+enum LongOnly : int { kBackend = 256, kOp, kCsv, kTimeout, kDevice };
+
+// The option as the user typed it ("-b", "--minbytes"), for messages: getopt_long has just
+// consumed it with its value attached ("--minbytes=1K", "-b1K") or as the next argument.
+std::string typed_option(char** argv, int optind_now, const char* value) {
+  const char* last = argv[optind_now - 1];
+  if (value == last) return argv[optind_now - 2];
+  std::string opt(last, static_cast<size_t>(value - last));
+  if (!opt.empty() && opt.back() == '=') opt.pop_back();
+  return opt;
+}
+
+// Why getopt_long returned '?': an unknown option (optopt: its char; 0: a long one, as typed
+// in argv), or --help given a value.
+std::string rejected_option(char** argv, int optind_now, int optopt_now) {
+  if (optopt_now == 'h') return std::string(argv[optind_now - 1]) + ": takes no value (try --help)";
+  std::string opt = optopt_now != 0 ? std::string("-") + static_cast<char>(optopt_now) : argv[optind_now - 1];
+  return "unknown option '" + opt.substr(0, opt.find('=')) + "' (try --help)";
+}
+
 Args parse_args(int argc, char** argv) {
+  static const option kLong[] = {{"backend", required_argument, nullptr, kBackend},
+                                 {"op", required_argument, nullptr, kOp},
+                                 {"minbytes", required_argument, nullptr, 'b'},
+                                 {"maxbytes", required_argument, nullptr, 'e'},
+                                 {"stepfactor", required_argument, nullptr, 'f'},
+                                 {"iters", required_argument, nullptr, 'n'},
+                                 {"warmup_iters", required_argument, nullptr, 'w'},
+                                 {"datatype", required_argument, nullptr, 'd'},
+                                 {"csv", required_argument, nullptr, kCsv},
+                                 {"timeout", required_argument, nullptr, kTimeout},
+                                 {"device", required_argument, nullptr, kDevice},
+                                 {"help", no_argument, nullptr, 'h'},
+                                 {nullptr, 0, nullptr, 0}};
   Args a;
   std::string backend_list = "all", op_list = "all";
-  for (int i = 1; i < argc; ++i) {
-    std::string opt = argv[i], value;
-    bool inline_value = false;
-    if (opt.rfind("--", 0) == 0 && opt.find('=') != std::string::npos) {
-      value = opt.substr(opt.find('=') + 1);
-      opt.resize(opt.find('='));
-      inline_value = true;
-    }
-    if (opt == "-h" || opt == "--help") {
+  opterr = 0;  // every rank parses; the caller prints one line, on rank 0
+  // Leading ':': a missing value returns ':', told apart from an unknown option ('?').
+  int c = 0;
+  while ((c = getopt_long(argc, argv, ":hb:e:f:n:w:d:", kLong, nullptr)) != -1) {
+    if (c == '?') throw Error(rejected_option(argv, optind, optopt));
+    if (c == ':') throw Error(std::string(argv[optind - 1]) + " needs a value (try --help)");
+    if (c == 'h') {
       a.help = true;
       continue;
     }
-    static const std::set<std::string> kWithValue = {
-        "--backend",  "--op",       "-b",           "-e",      "-f",
-        "-n",         "-w",         "-d",           "--csv",   "--timeout",
-        "--minbytes", "--maxbytes", "--stepfactor", "--iters", "--warmup_iters",
-        "--datatype", "--device"};
-    if (!kWithValue.contains(opt)) throw Error("unknown option '" + opt + "' (try --help)");
-    if (!inline_value) {
-      if (i + 1 >= argc) throw Error(opt + " needs a value (try --help)");
-      value = argv[++i];
-    }
-    if (opt == "--backend")
-      backend_list = value;
-    else if (opt == "--op")
-      op_list = value;
-    else if (opt == "-b" || opt == "--minbytes")
-      a.min_bytes = parse_bytes(opt, value);
-    else if (opt == "-e" || opt == "--maxbytes")
-      a.max_bytes = parse_bytes(opt, value);
-    else if (opt == "-f" || opt == "--stepfactor")
-      a.factor = static_cast<uint64_t>(parse_int(opt, value, 2, 1 << 20));
-    else if (opt == "-n" || opt == "--iters")
-      a.iters = static_cast<int>(parse_int(opt, value, 1, 1 << 30));
-    else if (opt == "-w" || opt == "--warmup_iters")
-      a.warmup = static_cast<int>(parse_int(opt, value, 0, 1 << 30));
-    else if (opt == "-d" || opt == "--datatype")
-      a.dtype = fsdp::parse_dtype(value);
-    else if (opt == "--csv")
-      a.csv = value;
-    else if (opt == "--device")
-      a.device = fsdp::parse_device(value);
-    else if (opt == "--timeout") {
-      char* end = nullptr;
-      a.timeout_s = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end != '\0' || !(a.timeout_s > 0) || !std::isfinite(a.timeout_s))
-        throw Error("--timeout " + value + ": expected a positive number of seconds");
+    const std::string value = optarg, opt = typed_option(argv, optind, optarg);
+    switch (c) {
+      case kBackend: backend_list = value; break;
+      case kOp: op_list = value; break;
+      case 'b': a.min_bytes = parse_bytes(opt, value); break;
+      case 'e': a.max_bytes = parse_bytes(opt, value); break;
+      case 'f': a.factor = static_cast<uint64_t>(parse_int(opt, value, 2, 1 << 20)); break;
+      case 'n': a.iters = static_cast<int>(parse_int(opt, value, 1, 1 << 30)); break;
+      case 'w': a.warmup = static_cast<int>(parse_int(opt, value, 0, 1 << 30)); break;
+      case 'd': a.dtype = fsdp::parse_dtype(value); break;
+      case kCsv: a.csv = value; break;
+      case kDevice: a.device = fsdp::parse_device(value); break;
+      case kTimeout: {
+        char* end = nullptr;
+        a.timeout_s = std::strtod(value.c_str(), &end);
+        if (value.empty() || *end != '\0' || !(a.timeout_s > 0) || !std::isfinite(a.timeout_s))
+          throw Error("--timeout " + value + ": expected a positive number of seconds");
+        break;
+      }
+      default: throw Error("unknown option (try --help)");  // not in kLong: unreachable
     }
   }
+  if (optind < argc) throw Error("unexpected argument '" + std::string(argv[optind]) + "' (try --help)");
   if (a.min_bytes == 0) throw Error("-b 0: the smallest size must be at least 1 byte");
   if (a.max_bytes < a.min_bytes)
     throw Error("-e " + std::to_string(a.max_bytes) + " is smaller than -b " + std::to_string(a.min_bytes));
@@ -424,7 +401,7 @@ class BenchBuffer {
 
 // One (op, size) on one backend, or on raw MPI when comm is null. rt: the device runtime of
 // --device cuda (raw MPI ignores it).
-Row measure(const Collective& c, size_t count, const Args& a, fsdp::Communicator* comm, const RawMpiTypes& raw,
+Row measure(const Collective& c, size_t count, const Args& a, fsdp::Communicator* comm, const fsdp::MpiHalfTypes& raw,
             MPI_Comm world, int rank, int n, fsdp::DeviceRuntime* rt) {
   const DType d = a.dtype;
   const size_t b = fsdp::dtype_bytes(d);
@@ -440,7 +417,7 @@ Row measure(const Collective& c, size_t count, const Args& a, fsdp::Communicator
     if (comm)
       c.issue(*comm, in.data(), out.data(), count, d)->wait();
     else
-      c.raw(in.host(), out.host(), count, raw, world);
+      c.raw(in.host(), out.host(), count, raw.datatype(d), raw.op(d, fsdp::ReduceOp::sum), world);
   };
   for (int i = 0; i < a.warmup; ++i) once();
   MPI_Barrier(world);
@@ -569,7 +546,8 @@ int run(const Args& a, MPI_Comm world, int rank, int n, fsdp::DeviceRuntime* rt)
     if (rank == 0) std::printf("# skipped backend %s: rank %d: %s\n", name.c_str(), first_failed, reason.c_str());
   }
 
-  RawMpiTypes raw(a.dtype);
+  // mpi-raw's datatypes and sum ops are the MPI backend's (bf16/f16: an f32 user op).
+  const fsdp::MpiHalfTypes raw;
   if (rank == 0) {
     std::printf("# fsdp_bench: nranks %d, hosts %zu (%s), dtype %s, iters %d, warmup %d, timeout %g s\n", n,
                 hosts.size(), join(hosts).c_str(), std::string(fsdp::dtype_name(a.dtype)).c_str(), a.iters, a.warmup,
@@ -631,13 +609,13 @@ int main(int argc, char** argv) {
   fsdp::MpiSession mpi(&argc, &argv);
   const int rank = mpi.rank(), n = mpi.size();
   Args args;
-  // Option errors happen identically on every rank before any communication: each rank exits 1
-  // by itself and rank 0 prints the one line.
+  // Option errors happen identically on every rank before any communication: each rank exits 2
+  // (a usage error, as fsdp_ckpt's) by itself and rank 0 prints the one line.
   try {
     args = parse_args(argc, argv);
   } catch (const std::exception& e) {
     if (rank == 0) std::fprintf(stderr, "fsdp_bench: %s\n", e.what());
-    return 1;
+    return 2;
   }
   if (args.help) {
     if (rank == 0) std::fputs(kUsage, stdout);

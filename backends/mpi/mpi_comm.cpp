@@ -4,10 +4,8 @@
 
 #include <chrono>
 #include <climits>
-#include <cstdio>
 #include <cstring>
 #include <functional>
-#include <thread>
 #include <utility>
 
 #if __has_include(<mpi-ext.h>)
@@ -34,15 +32,6 @@ namespace {
 //   all_gather: MPI_Iallgather (vader's single-copy CMA) against a shared-memory staging copy:
 //     ours 0.5-0.66x at 64 MiB, so all_gather stays MPI_Iallgather at every size.
 
-// MPI calls these pairwise (inout = inout op in), so a multi-step MPI reduction rounds to the
-// half type once per step; the shared-memory path reduces all n inputs in f32 and rounds once.
-template <DType D, ReduceOp Op>
-// NOLINTNEXTLINE(readability-non-const-parameter): the signature is MPI_User_function's
-void half_op(void* in, void* inout, int* len, MPI_Datatype*) {
-  const void* srcs[2] = {inout, in};
-  mpi_reduce_many(inout, srcs, 2, static_cast<size_t>(*len), D, Op);
-}
-
 int checked_count(size_t count, const char* collective) {
   if (count > static_cast<size_t>(INT_MAX))
     throw Error(std::string("mpi ") + collective + ": count " + std::to_string(count) + " exceeds MPI's int range");
@@ -64,46 +53,35 @@ void drive_mpi() {
   MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
 }
 
-// Every wait of this backend: polls `step` (returns {done, moved}) until done or comm.timeout_s.
-// Ranks with a core each poll like MPI_Wait does, without yielding, for up to kSpinIdle of no
-// progress: PollingWork's yield after 64 polls gives the core away for a whole time slice when
-// the node is busy, and measured that way (other jobs running) an all_gather ran at 0.1-0.9x the
-// rate of MPI_Wait on the same request. The shared-memory pipeline on an oversubscribed node
-// (more ranks than CPUs they may run on) yields on every idle poll: the peer it waits for may
-// need this core. Long idle waits (a peer still computing) sleep so that they cost no CPU.
+// Every wait of this backend (comm.h's poll_until_deadline): `step` says whether the collective
+// is done and whether the shared-memory pipeline moved. Ranks with a core each poll like
+// MPI_Wait does, without yielding, for up to kSpinIdle of no progress: PollingWork's default
+// backoff gives the core away for a whole time slice when the node is busy, and measured that
+// way (other jobs running) an all_gather ran at 0.1-0.9x the rate of MPI_Wait on the same
+// request. The shared-memory pipeline on an oversubscribed node (more ranks than CPUs they may
+// run on) yields on every idle poll: the peer it waits for may need this core. Long idle waits
+// (a peer still computing) sleep so that they cost no CPU.
 constexpr auto kSpinIdle = std::chrono::milliseconds(50);
 constexpr auto kYieldIdle = std::chrono::seconds(1);
 
-// On expiry sets `timed_out` before throwing: the Work's destructor must then not wait again.
+// On expiry sets `timed_out` before the CommTimeout leaves: the Work's destructor must then not
+// wait again.
 template <class Step>
 void poll_until(const CollectiveDesc& desc, double timeout_s, bool oversubscribed, bool& timed_out, Step step) {
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
-  auto idle_since = start;
-  for (uint64_t polls = 1;; ++polls) {
-    const auto [done, moved] = step();
-    if (done) return;
-    const auto now = Clock::now();
-    if (moved) {
-      idle_since = now;
-      continue;
-    }
-    if (now > deadline) {
-      timed_out = true;
-      char secs[32];
-      std::snprintf(secs, sizeof secs, "%g", timeout_s);
-      throw CommTimeout(desc.text() + " did not complete within comm.timeout_s = " + secs +
-                        " s (a rank may have failed or skipped this collective)");
-    }
-    const auto idle = now - idle_since;
-    if ((polls & 31) == 0) drive_mpi();
-    if (!oversubscribed && idle < kSpinIdle) continue;
-    if (idle < kYieldIdle) {
-      sched_yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+  WaitBackoff backoff{.spin_polls = 0, .yield_polls = 0, .yield_time = kYieldIdle};
+  if (!oversubscribed) backoff.spin_time = kSpinIdle;
+  uint64_t polls = 0;
+  try {
+    poll_until_deadline(desc, timeout_s, backoff, [&] {
+      const PollResult r = step();
+      // Idle polls drive MPI's progress engine now and then: a peer blocked in an MPI
+      // collective issued after this one needs this rank's MPI progress.
+      if (!r.done && !r.moved && (++polls & 31) == 0) drive_mpi();
+      return r;
+    });
+  } catch (const CommTimeout&) {
+    timed_out = true;
+    throw;
   }
 }
 
@@ -145,7 +123,7 @@ class MpiWork final : public PollingWork {
     // measured 0.37-0.84x MPI_Wait's all_gather rate at np=4 on 2 cores (0.94-0.98x without).
     poll_until(desc_, timeout_s_, /*oversubscribed=*/false, timed_out_, [this] {
       const bool moved = progress_ && progress_->progress_all();
-      return std::pair<bool, bool>{test(), moved};
+      return PollResult{test(), moved};
     });
   }
   MPI_Request* request() { return &request_; }
@@ -193,7 +171,7 @@ class ShmWork final : public PollingWork {
   void wait() override {
     poll_until(desc_, timeout_s_, progress_->oversubscribed(), timed_out_, [this] {
       const bool moved = progress_->progress_all();
-      return std::pair<bool, bool>{finished(), moved};
+      return PollResult{finished(), moved};
     });
   }
 
@@ -210,49 +188,6 @@ class ShmWork final : public PollingWork {
 };
 
 }  // namespace
-
-MpiHalfTypes::MpiHalfTypes() {
-  MPI_Type_contiguous(1, MPI_UINT16_T, &bf16_);
-  MPI_Type_commit(&bf16_);
-  MPI_Type_contiguous(1, MPI_UINT16_T, &f16_);
-  MPI_Type_commit(&f16_);
-  MPI_Op_create(half_op<DType::bf16, ReduceOp::sum>, 1, &bf16_ops_[0]);
-  MPI_Op_create(half_op<DType::bf16, ReduceOp::max>, 1, &bf16_ops_[1]);
-  MPI_Op_create(half_op<DType::bf16, ReduceOp::min>, 1, &bf16_ops_[2]);
-  MPI_Op_create(half_op<DType::f16, ReduceOp::sum>, 1, &f16_ops_[0]);
-  MPI_Op_create(half_op<DType::f16, ReduceOp::max>, 1, &f16_ops_[1]);
-  MPI_Op_create(half_op<DType::f16, ReduceOp::min>, 1, &f16_ops_[2]);
-}
-
-MpiHalfTypes::~MpiHalfTypes() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
-  for (MPI_Op* ops : {bf16_ops_, f16_ops_})
-    for (int i = 0; i < 3; ++i) MPI_Op_free(&ops[i]);
-  MPI_Type_free(&bf16_);
-  MPI_Type_free(&f16_);
-}
-
-MPI_Datatype MpiHalfTypes::datatype(DType dtype) const {
-  switch (dtype) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
-    case DType::i32: return MPI_INT32_T;
-    case DType::i64: return MPI_INT64_T;
-    case DType::u8: return MPI_UINT8_T;
-    case DType::bf16: return bf16_;
-    case DType::f16: return f16_;
-  }
-  return MPI_DATATYPE_NULL;
-}
-
-MPI_Op MpiHalfTypes::op(DType dtype, ReduceOp op) const {
-  int i = op == ReduceOp::max ? 1 : op == ReduceOp::min ? 2 : 0;
-  if (dtype == DType::bf16) return bf16_ops_[i];
-  if (dtype == DType::f16) return f16_ops_[i];
-  return i == 1 ? MPI_MAX : i == 2 ? MPI_MIN : MPI_SUM;
-}
 
 MpiCommunicator::MpiCommunicator(MPI_Comm owned, std::shared_ptr<MpiHalfTypes> types,
                                  std::shared_ptr<ShmProgress> progress, std::shared_ptr<Watchdog> watchdog,

@@ -1,8 +1,8 @@
 #pragma once
 // The MPI backend: non-blocking MPI-3 collectives on a private duplicate of the bootstrap
-// communicator, user-defined ops for bf16/f16 (f32 arithmetic, one rounding per op). When all
-// ranks share one node, reduce_scatter and all_reduce run our own shared-memory pipeline
-// (mpi_shm.h) instead of OpenMPI's, where it measured faster (table in mpi_comm.cpp).
+// communicator, user-defined ops for bf16/f16 (mpi_types.h: f32 arithmetic, one rounding per
+// op). When all ranks share one node, reduce_scatter and all_reduce run our own shared-memory
+// pipeline (mpi_shm.h) instead of OpenMPI's, where it measured faster (table in mpi_comm.cpp).
 #include <mpi.h>
 
 #include <memory>
@@ -11,25 +11,9 @@
 #include "comm/mpi_env.h"
 #include "comm/watchdog.h"
 #include "mpi/mpi_shm.h"
+#include "mpi/mpi_types.h"
 
 namespace fsdp {
-
-// MPI handles that outlive any one communicator: derived types and ops for the half types.
-// Shared by a communicator and every communicator split from it.
-class MpiHalfTypes {
- public:
-  MpiHalfTypes();
-  ~MpiHalfTypes();
-  MpiHalfTypes(const MpiHalfTypes&) = delete;
-  MpiHalfTypes& operator=(const MpiHalfTypes&) = delete;
-  MPI_Datatype datatype(DType dtype) const;   // any DType
-  MPI_Op op(DType dtype, ReduceOp op) const;  // avg maps to sum (scaled afterwards)
-
- private:
-  MPI_Datatype bf16_ = MPI_DATATYPE_NULL, f16_ = MPI_DATATYPE_NULL;
-  MPI_Op bf16_ops_[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};  // sum, max, min
-  MPI_Op f16_ops_[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
-};
 
 class MpiCommunicator : public Communicator {
  public:

@@ -1,16 +1,12 @@
 #include "ucx/ucx_comm.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "comm/reduce.h"
@@ -529,34 +525,21 @@ class UcxWork final : public PollingWork, private ucx::Pollable {
     return poll(events);
   }
 
-  // PollingWork's policy (spin 64 polls, yield, then sleep 50 us per poll) counts polls from
-  // the start of the wait, so a long transfer spends most of it asleep while its peers wait
-  // for this rank to forward the next chunk. Here the count restarts whenever UCX reports
-  // events: a rank keeps polling while data moves and backs off (yield, then sleep) only once
-  // nothing has happened for a while, which still hands the core to a peer that shares it.
+  // PollingWork's wait (spin 64 polls, yield, then sleep 50 us per poll) counts polls from the
+  // start of the wait, so a long transfer spends most of it asleep while its peers wait for this
+  // rank to forward the next chunk. Here the count restarts whenever UCX reports events: a rank
+  // keeps polling while data moves and backs off (yield, then sleep) only once nothing has
+  // happened for a while, which still hands the core to a peer that shares it.
   void wait() override {
-    using Clock = std::chrono::steady_clock;
-    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
-    uint64_t idle = 0;
-    for (uint64_t polls = 1;; ++polls) {
-      unsigned events = 0;
-      if (poll(events)) return;
-      idle = events != 0 ? 0 : idle + 1;
-      if (idle >= kSpinPolls) {
-        if (idle < kYieldPolls) {
-          sched_yield();
-        } else {
-          std::this_thread::sleep_for(std::chrono::microseconds(50));
-        }
-      }
-      if ((polls & 63) == 0 && Clock::now() > deadline) {
-        char secs[32];
-        std::snprintf(secs, sizeof secs, "%g", timeout_s_);
-        timed_out_ = true;
-        // The same words as PollingWork::wait.
-        throw CommTimeout(desc_.text() + " did not complete within comm.timeout_s = " + secs +
-                          " s (a rank may have failed or skipped this collective)");
-      }
+    try {
+      poll_until_deadline(desc_, timeout_s_, kBackoff, [this] {
+        unsigned events = 0;
+        const bool done = poll(events);
+        return PollResult{done, events != 0};
+      });
+    } catch (const CommTimeout&) {
+      timed_out_ = true;
+      throw;
     }
   }
 
@@ -592,8 +575,8 @@ class UcxWork final : public PollingWork, private ucx::Pollable {
     }
   }
 
-  static constexpr uint64_t kSpinPolls = 1024;    // ~0.3 ms of idle polling
-  static constexpr uint64_t kYieldPolls = 16384;  // then yield; past this, sleep
+  // Spin 1024 idle polls (~0.3 ms), then yield until 16384, then sleep.
+  static constexpr WaitBackoff kBackoff{.spin_polls = 1024, .yield_polls = 16384};
 
   bool poll(unsigned& events) {
     if (!algo_ && !error_) return true;

@@ -21,30 +21,46 @@ std::string_view reduce_op_name(ReduceOp op) {
   return "?";
 }
 
-std::string CollectiveDesc::text() const {
-  return backend + " " + collective + " #" + std::to_string(seq) + " (count " + std::to_string(count) + ", " +
+std::string CollectiveDesc::text(std::string_view purpose) const {
+  std::string named = backend + " " + collective;
+  if (!purpose.empty()) named.append(" ").append(purpose);
+  return named + " #" + std::to_string(seq) + " (count " + std::to_string(count) + ", " +
          std::string(dtype_name(dtype)) + ")";
 }
 
+namespace {
+
+std::string timeout_text(const CollectiveDesc& desc, double timeout_s, std::string_view purpose) {
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%g", timeout_s);
+  return desc.text(purpose) + " did not complete within comm.timeout_s = " + secs +
+         " s (a rank may have failed or skipped this collective)";
+}
+
+}  // namespace
+
+CommTimeout::CommTimeout(const CollectiveDesc& desc, double timeout_s, std::string_view purpose)
+    : Error(timeout_text(desc, timeout_s, purpose)),
+      desc_(std::make_shared<const CollectiveDesc>(desc)),
+      timeout_s_(timeout_s) {}
+
+CommTimeout CommTimeout::for_purpose(std::string_view purpose) const {
+  if (!desc_) return CommTimeout(std::string(purpose) + ": " + what());
+  return {*desc_, timeout_s_, purpose};
+}
+
+namespace wait_detail {
+
+void throw_timeout(const CollectiveDesc& desc, double timeout_s) { throw CommTimeout(desc, timeout_s); }
+
+void yield_core() { sched_yield(); }
+
+void idle_sleep() { std::this_thread::sleep_for(std::chrono::microseconds(50)); }
+
+}  // namespace wait_detail
+
 void PollingWork::wait() {
-  using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
-  // Spin briefly for short collectives, then yield, then sleep: a rank that waits must give its
-  // core to the rank it waits for when they share one (oversubscribed runs, CI).
-  for (uint64_t polls = 0; !test(); ++polls) {
-    if (polls < 64) continue;
-    if (polls < 4096) {
-      sched_yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    if ((polls & 63) == 0 && Clock::now() > deadline) {
-      char secs[32];
-      std::snprintf(secs, sizeof secs, "%g", timeout_s_);
-      throw CommTimeout(desc_.text() + " did not complete within comm.timeout_s = " + secs +
-                        " s (a rank may have failed or skipped this collective)");
-    }
-  }
+  poll_until_deadline(desc_, timeout_s_, WaitBackoff{}, [this] { return PollResult{test(), false}; });
 }
 
 void PollingWork::wait_on(Stream) { wait(); }

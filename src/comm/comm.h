@@ -5,6 +5,7 @@
 // names the backend, collective, count, dtype and the communicator's sequence number.
 #include <mpi.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -21,11 +22,25 @@ namespace fsdp {
 enum class ReduceOp : uint8_t { sum, avg, max, min };
 std::string_view reduce_op_name(ReduceOp op);
 
+struct CollectiveDesc;
+
 // Thrown when a wait outlives comm.timeout_s: names what hung so a user can tell which rank
 // and which collective to look at.
 class CommTimeout : public Error {
  public:
-  using Error::Error;
+  using Error::Error;  // a timeout worded by its thrower (device events)
+  // "mpi all_gather #84 (count 80, f32) did not complete within comm.timeout_s = 20 s (...)";
+  // purpose, when given, follows the collective's name ("of unit blocks.3 (backward)").
+  CommTimeout(const CollectiveDesc& desc, double timeout_s, std::string_view purpose = {});
+  // The same timeout, its message naming what the collective was for: the FSDP engine adds the
+  // unit and phase, which the collective layer does not know. A timeout worded by its thrower
+  // gets the purpose in front.
+  CommTimeout for_purpose(std::string_view purpose) const;
+
+ private:
+  // shared_ptr: an exception's copy must not throw.
+  std::shared_ptr<const CollectiveDesc> desc_;
+  double timeout_s_ = 0;
 };
 
 struct CommOptions {
@@ -43,8 +58,80 @@ struct CollectiveDesc {
   size_t count = 0;
   DType dtype = DType::f32;
   uint64_t seq = 0;
-  std::string text() const;
+  // purpose, when given, follows the collective's name: "mpi all_gather of unit blocks.3
+  // (forward) #84 (count 80, f32)".
+  std::string text(std::string_view purpose = {}) const;
 };
+
+// What one poll of a wait saw: the collective is done; else whether anything moved. Backends
+// whose progress reports events (UCX, MPI's shared-memory pipeline) say so, and the wait's idle
+// clock restarts; a poll that cannot tell says false, and the wait backs off by its age.
+struct PollResult {
+  bool done = false;
+  bool moved = false;
+};
+
+// How a wait hands its core over while nothing moves: it polls flat out until idle for at least
+// spin_polls polls and spin_time, then yields after every poll until idle for yield_polls polls
+// and yield_time, then sleeps 50 us per poll (a long wait, such as a peer still computing, costs
+// no CPU). Yielding matters on oversubscribed nodes (CI, more ranks than cores): the rank waited
+// for may need this core. There one yield can take a whole time slice, so a phase measured in
+// polls lasts far longer than one measured in time: a rank that reaches the sleep phase after a
+// few yields answers its peers late (UCX rings ran 5-11x slower at np=3 on 2 cores with UCX's
+// thresholds as times instead of polls). The defaults are PollingWork's.
+struct WaitBackoff {
+  uint64_t spin_polls = 64;
+  std::chrono::nanoseconds spin_time{0};
+  uint64_t yield_polls = 4096;
+  std::chrono::nanoseconds yield_time{0};
+};
+
+namespace wait_detail {
+// poll_until_deadline's out-of-line parts.
+[[noreturn]] void throw_timeout(const CollectiveDesc& desc, double timeout_s);
+void yield_core();  // sched_yield
+void idle_sleep();  // 50 us: a long wait costs next to no CPU, a completion is seen within ~50 us
+}  // namespace wait_detail
+
+// The one wait loop of the collective layer: calls poll() (returning PollResult) until it reports
+// done; throws CommTimeout naming desc once timeout_s has passed. Backends keep their specifics
+// in poll() (what to progress, what counts as moving) and in the backoff they pass. A template,
+// so that poll() inlines: on an oversubscribed node the time an idle poll takes lengthens the
+// spin phase, which is latency for the peer waiting for this core.
+template <class Poll>
+void poll_until_deadline(const CollectiveDesc& desc, double timeout_s, const WaitBackoff& backoff, Poll&& poll) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  // In double: a huge comm.timeout_s must not overflow the clock's integer nanoseconds.
+  const auto deadline = start + std::chrono::duration<double>(timeout_s);
+  // A backoff counted in polls reads the clock every 64th poll only: an idle poll can cost little
+  // more than the read (UCX rings ran 1.75x slower at np=3 on 2 cores with a read per poll). One
+  // with time thresholds reads it every poll, as the MPI backend's loop did.
+  const bool timed = backoff.spin_time.count() > 0 || backoff.yield_time.count() > 0;
+  auto now = start, idle_since = start;
+  uint64_t idle_polls = 0;
+  for (uint64_t polls = 1;; ++polls) {
+    const PollResult r = poll();
+    if (r.done) return;
+    if (timed || (polls & 63) == 0) {
+      now = Clock::now();
+      if (now > deadline) wait_detail::throw_timeout(desc, timeout_s);
+    }
+    if (r.moved) {
+      idle_since = now;
+      idle_polls = 0;
+      continue;
+    }
+    ++idle_polls;
+    const auto idle = now - idle_since;
+    if (idle_polls < backoff.spin_polls || idle < backoff.spin_time) continue;
+    if (idle_polls < backoff.yield_polls || idle < backoff.yield_time) {
+      wait_detail::yield_core();
+    } else {
+      wait_detail::idle_sleep();
+    }
+  }
+}
 
 class Work {
  public:
@@ -54,8 +141,9 @@ class Work {
   virtual void wait_on(Stream) = 0;  // a device stream waits, the host does not
 };
 
-// Work whose wait() polls test() until done or the deadline, yielding the core between polls so
-// oversubscribed ranks make progress. Backends implement test() only.
+// Work whose wait() polls test() until done or the deadline (poll_until_deadline, the default
+// backoff), yielding the core between polls so oversubscribed ranks make progress. Backends
+// implement test() only.
 class PollingWork : public Work {
  public:
   PollingWork(CollectiveDesc desc, double timeout_s) : desc_(std::move(desc)), timeout_s_(timeout_s) {}

@@ -28,6 +28,19 @@ CopyKind copy_kind(const DeviceRuntime& to, const DeviceRuntime& from) {
   return dev_from ? CopyKind::device_to_host : CopyKind::host_to_host;
 }
 
+// The engine's waits: a CommTimeout comes back naming the unit and phase the collective was for
+// ("mpi all_gather of unit blocks.3 (backward prefetch) #84 ..."), which the collective layer's
+// message (backend, collective, sequence number) cannot tell a user. unit null: every unit's
+// shard at once (the replicate all_reduce).
+void wait_on_naming(Work& work, Stream stream, const Unit* unit, const char* phase) {
+  try {
+    work.wait_on(stream);
+  } catch (const CommTimeout& e) {
+    const std::string what = unit ? "unit " + unit->spec.name : std::string("every unit's grad shard");
+    throw e.for_purpose("of " + what + " (" + phase + ")");
+  }
+}
+
 }  // namespace
 
 void CollectiveCount::add(int64_t call_bytes, bool is_all_reduce) {
@@ -181,8 +194,9 @@ int FsdpEngine::index_of(const Unit& u) const {
   return -1;
 }
 
-void FsdpEngine::unshard(Unit& u) {
+void FsdpEngine::unshard(Unit& u, const char* phase) {
   if (u.state != UnitState::sharded) return;
+  u.gather_phase = phase;
   const int64_t n = mesh_.shard->size(), r = mesh_.shard->rank();
   const float* mine = shards_.f32() + u.shard_offset;
   if (n == 1 && options_.param_dtype == DType::f32 && !offloaded()) {
@@ -222,12 +236,12 @@ void FsdpEngine::unshard(Unit& u) {
   u.state = UnitState::gathering;
 }
 
-void FsdpEngine::wait_for_unshard(Unit& u) {
-  if (u.state == UnitState::sharded) unshard(u);
+void FsdpEngine::wait_for_unshard(Unit& u, const char* phase) {
+  if (u.state == UnitState::sharded) unshard(u, phase);
   if (u.state == UnitState::gathering) {
     // The compute stream waits for the all_gather (an event on device backends); host backends
     // complete it here, within comm.timeout_s.
-    u.pending_gather->wait_on(rt_->compute_stream());
+    wait_on_naming(*u.pending_gather, rt_->compute_stream(), &u, u.gather_phase);
     u.pending_gather.reset();
     u.staged_shard = Tensor();
     if (options_.param_dtype != DType::f32) {
@@ -240,14 +254,14 @@ void FsdpEngine::wait_for_unshard(Unit& u) {
 }
 
 void FsdpEngine::reshard(Unit& u) {
-  if (u.state == UnitState::gathering) wait_for_unshard(u);
+  if (u.state == UnitState::gathering) wait_for_unshard(u, u.gather_phase);
   if (mesh_.shard->size() == 1 && options_.param_dtype == DType::f32 && !offloaded()) return;  // nothing was gathered
   bind_data(u.layout, nullptr);
   u.gathered = Tensor();
   u.state = UnitState::sharded;
 }
 
-void FsdpEngine::prefetch(int unit_index) {
+void FsdpEngine::prefetch(int unit_index, const char* phase) {
   if (unit_index < 0) return;
   Unit& u = *units_[unit_index];
   if (u.state != UnitState::sharded) return;
@@ -257,7 +271,7 @@ void FsdpEngine::prefetch(int unit_index) {
     for (size_t i = 1; i < units_.size(); ++i) alive += units_[i]->state != UnitState::sharded;
     if (alive >= 2) return;
   }
-  unshard(u);
+  unshard(u, phase);
 }
 
 int FsdpEngine::next_in_backward(Module& layer) const {
@@ -272,10 +286,10 @@ int FsdpEngine::next_in_backward(Module& layer) const {
 void FsdpEngine::pre_forward(Module& layer) {
   Unit& u = unit_of(layer);
   if (u.forward_layers_left == 0) u.forward_layers_left = static_cast<int>(u.spec.layers.size());
-  wait_for_unshard(u);
+  wait_for_unshard(u, "forward");
   if (options_.forward_prefetch) {
     auto it = std::find(forward_order_.begin(), forward_order_.end(), index_of(u));
-    if (it != forward_order_.end() && it + 1 != forward_order_.end()) prefetch(*(it + 1));
+    if (it != forward_order_.end() && it + 1 != forward_order_.end()) prefetch(*(it + 1), "forward prefetch");
   }
 }
 
@@ -288,7 +302,7 @@ void FsdpEngine::pre_backward(Module& layer) {
   Unit& u = unit_of(layer);
   if (u.backward_layers_left == 0) {
     u.backward_layers_left = static_cast<int>(u.spec.layers.size());
-    wait_for_unshard(u);
+    wait_for_unshard(u, "backward");
     if (direct_grads()) {
       bind_grad(u.layout, grad_shards_.f32() + u.shard_offset);  // NO_SHARD: accumulate in place
     } else if (!u.full_grad.defined()) {
@@ -299,13 +313,13 @@ void FsdpEngine::pre_backward(Module& layer) {
       bind_grad(u.layout, u.full_grad.f32());
     }
   }
-  if (options_.backward_prefetch == BackwardPrefetch::pre) prefetch(next_in_backward(layer));
+  if (options_.backward_prefetch == BackwardPrefetch::pre) prefetch(next_in_backward(layer), "backward prefetch");
 }
 
 void FsdpEngine::post_backward(Module& layer) {
   Unit& u = unit_of(layer);
   if (--u.backward_layers_left > 0) return;
-  if (options_.backward_prefetch == BackwardPrefetch::post) prefetch(next_in_backward(layer));
+  if (options_.backward_prefetch == BackwardPrefetch::post) prefetch(next_in_backward(layer), "backward prefetch");
   post_backward(u);
 }
 
@@ -329,7 +343,7 @@ void FsdpEngine::post_backward(Unit& u) {
       comm_waits_for_compute();  // the full gradient is compute's output
       auto work = mesh_.shard->reduce_scatter(u.full_grad.f32(), grad_shards_.f32() + u.shard_offset, count, DType::f32,
                                               ReduceOp::sum, comm);
-      pending_reductions_.push_back({std::move(work), std::move(u.full_grad), Tensor(), u.shard_offset});
+      pending_reductions_.push_back({std::move(work), std::move(u.full_grad), Tensor(), u.shard_offset, &u});
     } else {
       // Reduce in reduce_dtype (bf16/f16: half the bytes) into a shard-size buffer, then add it
       // into the f32 grad shard. Completed at once: the staging buffers' lifetimes are what the
@@ -344,7 +358,7 @@ void FsdpEngine::post_backward(Unit& u) {
       comm_waits_for_compute();
       PendingReduction p{
           mesh_.shard->reduce_scatter(in.raw(), out.raw(), count, options_.reduce_dtype, ReduceOp::sum, comm),
-          std::move(in), std::move(out), u.shard_offset};
+          std::move(in), std::move(out), u.shard_offset, &u};
       complete(p);
     }
     u.full_grad = Tensor();
@@ -354,7 +368,7 @@ void FsdpEngine::post_backward(Unit& u) {
 
 void FsdpEngine::complete(PendingReduction& p) {
   const Stream compute = rt_->compute_stream();
-  p.work->wait_on(compute);
+  wait_on_naming(*p.work, compute, p.unit, "post_backward");
   if (!p.output.defined()) return;  // reduced straight into the grad shard
   const int64_t count = p.output.numel();
   float* dst = grad_shards_.f32() + p.shard_offset;
@@ -401,16 +415,15 @@ void FsdpEngine::finish_backward() {
     // every unit's shard at once, ordered on the stream that owns the shards.
     const Stream s = shard_rt_->compute_stream();
     traffic_.all_reduce.add(grad_shards_.numel() * static_cast<int64_t>(sizeof(float)), true);
-    mesh_.replicate
-        ->all_reduce(grad_shards_.raw(), grad_shards_.raw(), static_cast<size_t>(grad_shards_.numel()), DType::f32,
-                     ReduceOp::sum, s)
-        ->wait_on(s);
+    auto work = mesh_.replicate->all_reduce(grad_shards_.raw(), grad_shards_.raw(),
+                                            static_cast<size_t>(grad_shards_.numel()), DType::f32, ReduceOp::sum, s);
+    wait_on_naming(*work, s, nullptr, "replicate all_reduce");
   }
 }
 
 void FsdpEngine::for_each_gathered_unit(const std::function<void(const Unit&)>& fn) {
   for (auto& u : units_) {
-    wait_for_unshard(*u);
+    wait_for_unshard(*u, "full weights");
     fn(*u);
     reshard(*u);
   }

@@ -95,6 +95,9 @@ struct Unit {
   Tensor gathered_lowp;  // (padded_numel) param_dtype when it is not f32
   Tensor full_grad;      // (padded_numel) f32 gradients during backward
   std::unique_ptr<Work> pending_gather;
+  // Why the last all_gather was issued (forward, forward prefetch, backward, backward prefetch,
+  // full weights): a timeout waiting for it names this.
+  const char* gather_phase = "";
   Tensor staged_shard;  // cpu_offload: this rank's shard copied to the device for the all_gather
   int forward_layers_left = 0;
   int backward_layers_left = 0;
@@ -160,11 +163,11 @@ class FsdpEngine : public ModuleHooks {
   void post_backward(Module& layer) override;
 
  private:
-  void unshard(Unit& u);
-  void wait_for_unshard(Unit& u);
+  void unshard(Unit& u, const char* phase);
+  void wait_for_unshard(Unit& u, const char* phase);
   void reshard(Unit& u);
   void post_backward(Unit& u);
-  void prefetch(int unit_index);  // -1: nothing to prefetch
+  void prefetch(int unit_index, const char* phase);  // -1: nothing to prefetch
   int next_in_backward(Module& layer) const;
   bool keeps_params_after_forward(const Unit& u) const;
   Unit& unit_of(Module& layer);
@@ -198,6 +201,7 @@ class FsdpEngine : public ModuleHooks {
     Tensor input;   // the unit's full gradient, alive until the reduce_scatter is done
     Tensor output;  // low precision or cpu_offload: the reduced shard before it is added in
     int64_t shard_offset = 0;
+    const Unit* unit = nullptr;  // named by a timeout
   };
   // The compute stream waits for the reduction, then adds a low-precision or offloaded result
   // into the f32 grad shard.

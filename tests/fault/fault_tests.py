@@ -386,7 +386,9 @@ def skip_collective_case(backend):
     check_end(name, L, rc, t_fault, f"rank {FAULT_RANK} skipped the step-5 loss all_reduce", lo=TIMEOUT_S - 1)
     # Whichever side's deadline passes first ends the job: the peers in the skipped all_reduce, or
     # the skipping rank in its next collective (a polled wait's CommTimeout or the MPI watchdog).
-    line = check_message(name, L, rf"^fsdp_app: rank \d+: {backend} (all_reduce|all_gather|reduce_scatter|broadcast) #\d+ "
+    # An FSDP engine's collective also names its unit and phase ("all_gather of unit root (forward)").
+    line = check_message(name, L, rf"^fsdp_app: rank \d+: {backend} (all_reduce|all_gather|reduce_scatter|broadcast)"
+                                  r"( of [^#]+)? #\d+ "
                                   rf"\(count \d+, \w+\) did not complete within comm.timeout_s = {TIMEOUT_S} s "
                                   r"\(a rank may have failed(, hung)? or skipped this collective\)",
                          "the collective that timed out and comm.timeout_s")

@@ -1,0 +1,232 @@
+#define BOOST_TEST_MODULE wait
+#include <boost/test/unit_test.hpp>
+// Waits and their timeouts, without MPI: the collective layer's one poll loop
+// (comm.h poll_until_deadline) and the FSDP engine's timeout messages, which name the unit and
+// phase a collective was for (a fake shard group whose collectives hang after the first few).
+#include <chrono>
+#include <ctime>
+#include <memory>
+#include <string>
+
+#include "comm/comm.h"
+#include "comm/local.h"
+#include "fsdp/fsdp.h"
+#include "models/model.h"
+#include "tensor/error.h"
+#include "tensor/memory.h"
+
+namespace {
+
+using fsdp::CollectiveDesc;
+using fsdp::CommTimeout;
+using fsdp::DType;
+using fsdp::PollResult;
+using Clock = std::chrono::steady_clock;
+
+constexpr double kTimeout_s = 0.2;
+const std::string kTail =
+    " did not complete within comm.timeout_s = 0.2 s (a rank may have failed or skipped this collective)";
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// A collective no peer ever joins: its wait ends in CommTimeout after the comm's timeout.
+class HungWork : public fsdp::PollingWork {
+ public:
+  using PollingWork::PollingWork;
+  bool test() override { return false; }
+};
+
+// Rank 0 of a `size`-rank group whose first `gathers_ok` all_gathers complete at once (the output
+// is left as it was: these tests look at messages, not values) and whose other collectives hang.
+class HangingComm : public fsdp::Communicator {
+ public:
+  HangingComm(int size, int gathers_ok) : Communicator({kTimeout_s}), size_(size), gathers_ok_(gathers_ok) {}
+  std::string_view backend() const override { return "fake"; }
+  int rank() const override { return 0; }
+  int size() const override { return size_; }
+  std::unique_ptr<Communicator> split(int, int) const override { throw fsdp::Error("fake: no split"); }
+  std::unique_ptr<fsdp::Work> all_gather(const void*, void*, size_t count, DType dtype, fsdp::Stream) override {
+    if (gathers_ok_-- > 0) {
+      next_seq();
+      return std::make_unique<fsdp::DoneWork>();
+    }
+    return hung("all_gather", count, dtype);
+  }
+  std::unique_ptr<fsdp::Work> reduce_scatter(const void*, void*, size_t count, DType dtype, fsdp::ReduceOp,
+                                             fsdp::Stream) override {
+    return hung("reduce_scatter", count, dtype);
+  }
+  std::unique_ptr<fsdp::Work> all_reduce(const void*, void*, size_t count, DType dtype, fsdp::ReduceOp,
+                                         fsdp::Stream) override {
+    return hung("all_reduce", count, dtype);
+  }
+  std::unique_ptr<fsdp::Work> broadcast(void*, size_t count, DType dtype, int, fsdp::Stream) override {
+    return hung("broadcast", count, dtype);
+  }
+  void barrier() override { hung("barrier", 0, DType::u8)->wait(); }
+
+ private:
+  std::unique_ptr<fsdp::Work> hung(const char* collective, size_t count, DType dtype) {
+    return std::make_unique<HungWork>(CollectiveDesc{"fake", collective, count, dtype, next_seq()}, kTimeout_s);
+  }
+  int size_;
+  int gathers_ok_;
+};
+
+// A two-block transformer (units: root = embeddings + ln_f + head, blocks.0, blocks.1) under an
+// engine whose shard group is `shard` (replicate group: `replicate`, or one local rank).
+struct Rig {
+  explicit Rig(std::unique_ptr<fsdp::Communicator> shard, fsdp::FsdpOptions options = {},
+               std::unique_ptr<fsdp::Communicator> replicate = nullptr)
+      : model(fsdp::make_transformer(8, 8, 2, 2, 16, 4)), world(fsdp::make_local_communicator({kTimeout_s})) {
+    options.wrap_policy = fsdp::WrapPolicy::transformer_layer;
+    fsdp::ProcessMesh mesh{std::move(shard), replicate ? std::move(replicate) : fsdp::make_local_communicator()};
+    engine = std::make_unique<fsdp::FsdpEngine>(*model, *world, std::move(mesh), options, mem);
+  }
+  fsdp::Layer& layer(const std::string& name) {
+    for (fsdp::Layer* l : model->layers())
+      if (l->name() == name) return *l;
+    throw fsdp::Error("no layer " + name);
+  }
+  std::unique_ptr<fsdp::Model> model;
+  std::unique_ptr<fsdp::Communicator> world;
+  fsdp::MemoryTracker mem;
+  std::unique_ptr<fsdp::FsdpEngine> engine;
+};
+
+// The message of the CommTimeout `fn` throws ("" when it returns or throws something else).
+template <class F>
+std::string timeout_message(F&& fn) {
+  try {
+    fn();
+  } catch (const CommTimeout& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("not a CommTimeout: ") + e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(poll_until_deadline)
+
+BOOST_AUTO_TEST_CASE(returns_once_the_poll_says_done) {
+  int polls = 0;
+  fsdp::poll_until_deadline(CollectiveDesc{"fake", "all_gather", 80, DType::f32, 7}, kTimeout_s, {}, [&] {
+    return PollResult{++polls == 1000, false};
+  });
+  BOOST_TEST(polls == 1000);
+}
+
+BOOST_AUTO_TEST_CASE(times_out_with_the_collective_named) {
+  const auto t0 = Clock::now();
+  const std::string message = timeout_message([] {
+    fsdp::poll_until_deadline(CollectiveDesc{"fake", "all_gather", 80, DType::f32, 7}, kTimeout_s, {},
+                              [] { return PollResult{}; });
+  });
+  const double waited_s = seconds_since(t0);
+  BOOST_TEST(message == "fake all_gather #7 (count 80, f32)" + kTail);
+  BOOST_TEST(waited_s >= kTimeout_s);
+  BOOST_TEST(waited_s < kTimeout_s + 1.0);
+}
+
+// A collective that keeps reporting progress is still bounded by comm.timeout_s: progress may
+// come from other collectives of the family (UCX, MPI's shared-memory pipeline) while this one
+// hangs.
+BOOST_AUTO_TEST_CASE(moving_polls_still_time_out) {
+  const std::string message = timeout_message([] {
+    fsdp::poll_until_deadline(CollectiveDesc{"fake", "all_reduce", 5, DType::bf16, 2}, kTimeout_s, {}, [] {
+      return PollResult{false, true};
+    });
+  });
+  BOOST_TEST(message == "fake all_reduce #2 (count 5, bf16)" + kTail);
+}
+
+// Past the backoff's yield phase an idle wait sleeps: waiting for a peer still computing must
+// leave the core to it (oversubscribed nodes).
+BOOST_AUTO_TEST_CASE(long_idle_waits_sleep) {
+  const std::clock_t cpu0 = std::clock();
+  const auto t0 = Clock::now();
+  const double timeout_s = 0.5;
+  timeout_message([&] {
+    fsdp::poll_until_deadline(CollectiveDesc{"fake", "barrier", 0, DType::u8, 0}, timeout_s,
+                              {.spin_polls = 64, .yield_polls = 256}, [] { return PollResult{}; });
+  });
+  const double cpu_s = static_cast<double>(std::clock() - cpu0) / CLOCKS_PER_SEC, wall_s = seconds_since(t0);
+  BOOST_TEST_MESSAGE("idle wait of " << wall_s << " s used " << cpu_s << " s of CPU");
+  BOOST_TEST(cpu_s < 0.5 * wall_s);
+}
+
+BOOST_AUTO_TEST_CASE(for_purpose_names_what_the_collective_was_for) {
+  const CommTimeout e(CollectiveDesc{"mpi", "all_gather", 80, DType::f32, 84}, 20);
+  BOOST_TEST(std::string(e.for_purpose("of unit blocks.3 (backward prefetch)").what()) ==
+             "mpi all_gather of unit blocks.3 (backward prefetch) #84 (count 80, f32) did not complete within "
+             "comm.timeout_s = 20 s (a rank may have failed or skipped this collective)");
+  // A timeout worded by its thrower (a device event) keeps its words, the purpose in front.
+  const CommTimeout device("cuda event: not done after 20 s");
+  BOOST_TEST(std::string(device.for_purpose("of unit root (forward)").what()) ==
+             "of unit root (forward): cuda event: not done after 20 s");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(engine_timeouts)
+
+BOOST_AUTO_TEST_CASE(forward_gather) {
+  Rig rig(std::make_unique<HangingComm>(2, 0));
+  const std::string message = timeout_message([&] { rig.engine->pre_forward(*rig.model->layers()[0]); });
+  BOOST_CHECK_MESSAGE(message.rfind("fake all_gather of unit root (forward) #0 (count ", 0) == 0, message);
+  BOOST_CHECK_MESSAGE(message.find(kTail) != std::string::npos, message);
+}
+
+BOOST_AUTO_TEST_CASE(forward_prefetch) {
+  fsdp::FsdpOptions options;
+  options.forward_prefetch = true;
+  Rig rig(std::make_unique<HangingComm>(2, 1), options);  // the root's gather completes
+  rig.engine->pre_forward(*rig.model->layers()[0]);       // prefetches blocks.0
+  const std::string message = timeout_message([&] { rig.engine->pre_forward(rig.layer("blocks.0")); });
+  BOOST_CHECK_MESSAGE(message.rfind("fake all_gather of unit blocks.0 (forward prefetch) #1 (count ", 0) == 0, message);
+}
+
+BOOST_AUTO_TEST_CASE(backward_gather) {
+  fsdp::FsdpOptions options;
+  options.backward_prefetch = fsdp::BackwardPrefetch::none;
+  Rig rig(std::make_unique<HangingComm>(2, 1), options);
+  rig.engine->pre_backward(rig.layer("head"));  // the root: gathered
+  const std::string message = timeout_message([&] { rig.engine->pre_backward(rig.layer("blocks.1")); });
+  BOOST_CHECK_MESSAGE(message.rfind("fake all_gather of unit blocks.1 (backward) #1 (count ", 0) == 0, message);
+}
+
+BOOST_AUTO_TEST_CASE(backward_prefetch) {
+  fsdp::FsdpOptions options;
+  options.backward_prefetch = fsdp::BackwardPrefetch::pre;
+  Rig rig(std::make_unique<HangingComm>(2, 1), options);
+  rig.engine->pre_backward(rig.layer("head"));  // the root gathered; prefetches blocks.1
+  const std::string message = timeout_message([&] { rig.engine->pre_backward(rig.layer("blocks.1")); });
+  BOOST_CHECK_MESSAGE(message.rfind("fake all_gather of unit blocks.1 (backward prefetch) #1 (count ", 0) == 0,
+                      message);
+}
+
+BOOST_AUTO_TEST_CASE(post_backward_reduce_scatter) {
+  fsdp::FsdpOptions options;
+  options.backward_prefetch = fsdp::BackwardPrefetch::none;
+  Rig rig(std::make_unique<HangingComm>(2, 100), options);
+  rig.engine->begin_step();
+  rig.engine->pre_backward(rig.layer("blocks.1"));   // gather #0
+  rig.engine->post_backward(rig.layer("blocks.1"));  // reduce_scatter #1, waited for in finish_backward
+  const std::string message = timeout_message([&] { rig.engine->finish_backward(); });
+  BOOST_CHECK_MESSAGE(message.rfind("fake reduce_scatter of unit blocks.1 (post_backward) #1 (count ", 0) == 0,
+                      message);
+  BOOST_CHECK_MESSAGE(message.find(kTail) != std::string::npos, message);
+}
+
+BOOST_AUTO_TEST_CASE(replicate_all_reduce) {
+  Rig rig(fsdp::make_local_communicator({kTimeout_s}), {}, std::make_unique<HangingComm>(2, 0));
+  rig.engine->begin_step();
+  const std::string message = timeout_message([&] { rig.engine->finish_backward(); });
+  BOOST_CHECK_MESSAGE(
+      message.rfind("fake all_reduce of every unit's grad shard (replicate all_reduce) #0 (count ", 0) == 0, message);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
