@@ -19,8 +19,8 @@
 #include "comm/comm.h"
 #include "comm/mpi_env.h"
 #include "config/config.h"
-#include "train/plan.h"
 #include "test_faults.h"
+#include "train/plan.h"
 #include "train/trainer.h"
 
 namespace {

@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/agree.h"
 #include "comm/comm.h"
 #include "comm/mpi_env.h"
 #include "mpi/mpi_types.h"
@@ -524,26 +525,16 @@ int run(const Args& a, MPI_Comm world, int rank, int n, fsdp::DeviceRuntime* rt)
     } catch (const std::exception& e) {
       reason = e.what();
     }
-    // The lowest rank where it failed tells rank 0 why, so the skip line carries the reason.
-    int mine = comm ? n : rank, first_failed = n;
-    MPI_Allreduce(&mine, &first_failed, 1, MPI_INT, MPI_MIN, world);
+    // The lowest rank where it failed tells every rank why, so the skip line carries the reason.
+    if (!comm && reason.empty()) reason = "could not start";
+    const fsdp::Agreement agreed = fsdp::agree_on_error(world, comm ? "" : reason);
     comm.reset();
-    if (first_failed == n) {
+    if (agreed.ok()) {
       started.push_back(name);
       continue;
     }
-    if (first_failed != 0) {
-      if (rank == first_failed) MPI_Send(reason.data(), static_cast<int>(reason.size()), MPI_CHAR, 0, 0, world);
-      if (rank == 0) {
-        MPI_Status st;
-        int len = 0;
-        MPI_Probe(first_failed, 0, world, &st);
-        MPI_Get_count(&st, MPI_CHAR, &len);
-        reason.assign(static_cast<size_t>(len), '\0');
-        MPI_Recv(reason.data(), len, MPI_CHAR, first_failed, 0, world, MPI_STATUS_IGNORE);
-      }
-    }
-    if (rank == 0) std::printf("# skipped backend %s: rank %d: %s\n", name.c_str(), first_failed, reason.c_str());
+    if (rank == 0)
+      std::printf("# skipped backend %s: rank %d: %s\n", name.c_str(), agreed.first_failed, agreed.message.c_str());
   }
 
   // mpi-raw's datatypes and sum ops are the MPI backend's (bf16/f16: an f32 user op).
@@ -632,11 +623,12 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
       why = e.what();
     }
-    int mine = runtime ? n : rank, first_failed = n;
-    MPI_Allreduce(&mine, &first_failed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (first_failed != n) {
-      if (rank == 0 && first_failed == 0) std::fprintf(stderr, "fsdp_bench: %s\n", why.c_str());
-      if (rank == first_failed && rank != 0) std::fprintf(stderr, "fsdp_bench: rank %d: %s\n", rank, why.c_str());
+    if (!runtime && why.empty()) why = "no CUDA device";
+    const fsdp::Agreement agreed = fsdp::agree_on_error(MPI_COMM_WORLD, runtime ? "" : why);
+    if (!agreed.ok()) {
+      if (rank == 0 && agreed.first_failed == 0) std::fprintf(stderr, "fsdp_bench: %s\n", agreed.message.c_str());
+      if (rank == 0 && agreed.first_failed != 0)
+        std::fprintf(stderr, "fsdp_bench: rank %d: %s\n", agreed.first_failed, agreed.message.c_str());
       return 1;
     }
   }

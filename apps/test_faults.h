@@ -21,7 +21,7 @@ namespace fsdp_app {
 
 struct TestFaults {
   fsdp::CommFaults comm;
-  bool comm_faults = false;  // install the decorator
+  bool comm_faults = false;                             // install the decorator
   std::function<void(int64_t steps_done)> during_save;  // empty: none
 };
 

@@ -1,8 +1,8 @@
 #define BOOST_TEST_MODULE config
 #include <unistd.h>
 
-#include <boost/test/unit_test.hpp>
 #include <algorithm>
+#include <boost/test/unit_test.hpp>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -33,23 +33,25 @@ std::string dump(const Config& c) {
   const auto& o = t.optimizer;
   const auto& sc = t.scheduler;
   const auto& f = c.fsdp;
-  s << fsdp::enum_name(m.kind) << ' ' << m.vocab << ' ' << m.d_model << ' ' << m.n_layers << ' ' << m.n_heads << ' ' << m.d_ff << ' '
-    << m.seq_len << ' ' << m.init_from << '\n'
-    << fsdp::enum_name(c.data.kind) << ' ' << c.data.path << ' ' << c.data.eval_fraction << ' ' << c.data.synthetic_samples << '\n'
+  s << fsdp::enum_name(m.kind) << ' ' << m.vocab << ' ' << m.d_model << ' ' << m.n_layers << ' ' << m.n_heads << ' '
+    << m.d_ff << ' ' << m.seq_len << ' ' << m.init_from << '\n'
+    << fsdp::enum_name(c.data.kind) << ' ' << c.data.path << ' ' << c.data.eval_fraction << ' '
+    << c.data.synthetic_samples << '\n'
     << t.batch_size << ' ' << t.epochs << ' ' << t.steps << ' ' << t.seed << ' ' << t.grad_accum << ' '
-    << t.clip_grad_norm << ' ' << t.eval_every.text() << ' ' << t.eval_batch_size << ' ' << t.dropout << ' ' << t.shuffle
-    << ' ' << t.threads << '\n'
-    << fsdp::enum_name(o.kind) << ' ' << o.lr << ' ' << o.momentum << ' ' << o.dampening << ' ' << o.nesterov << ' ' << o.weight_decay
-    << ' ' << o.rho << ' ' << o.eps << ' ' << o.beta1 << ' ' << o.beta2 << '\n'
-    << fsdp::enum_name(sc.kind) << ' ' << sc.step_size << ' ' << sc.gamma << ' ' << sc.warmup_steps << ' ' << sc.total_steps << ' '
-    << sc.min_lr << '\n'
-    << fsdp::enum_name(f.sharding_strategy) << ' ' << fsdp::enum_name(f.wrap_policy) << ' ' << f.min_num_params << ' ' << f.wrap_modules.size() << ' '
-    << fsdp::dtype_name(f.mixed_precision.param_dtype) << ' ' << fsdp::dtype_name(f.mixed_precision.reduce_dtype) << ' '
-    << fsdp::dtype_name(f.mixed_precision.buffer_dtype) << ' ' << fsdp::enum_name(f.backward_prefetch) << ' ' << f.forward_prefetch << ' ' << f.limit_all_gathers << ' '
+    << t.clip_grad_norm << ' ' << t.eval_every.text() << ' ' << t.eval_batch_size << ' ' << t.dropout << ' '
+    << t.shuffle << ' ' << t.threads << '\n'
+    << fsdp::enum_name(o.kind) << ' ' << o.lr << ' ' << o.momentum << ' ' << o.dampening << ' ' << o.nesterov << ' '
+    << o.weight_decay << ' ' << o.rho << ' ' << o.eps << ' ' << o.beta1 << ' ' << o.beta2 << '\n'
+    << fsdp::enum_name(sc.kind) << ' ' << sc.step_size << ' ' << sc.gamma << ' ' << sc.warmup_steps << ' '
+    << sc.total_steps << ' ' << sc.min_lr << '\n'
+    << fsdp::enum_name(f.sharding_strategy) << ' ' << fsdp::enum_name(f.wrap_policy) << ' ' << f.min_num_params << ' '
+    << f.wrap_modules.size() << ' ' << fsdp::dtype_name(f.mixed_precision.param_dtype) << ' '
+    << fsdp::dtype_name(f.mixed_precision.reduce_dtype) << ' ' << fsdp::dtype_name(f.mixed_precision.buffer_dtype)
+    << ' ' << fsdp::enum_name(f.backward_prefetch) << ' ' << f.forward_prefetch << ' ' << f.limit_all_gathers << ' '
     << f.activation_checkpointing << ' ' << f.cpu_offload << ' ' << f.shard_group_size << '\n'
     << c.comm.backend << ' ' << c.comm.timeout_s << '\n'
-    << c.checkpoint.dir << ' ' << fsdp::enum_name(c.checkpoint.format) << ' ' << c.checkpoint.every_steps << ' ' << c.checkpoint.keep
-    << ' ' << c.checkpoint.save_best << ' ' << c.checkpoint.resume << '\n'
+    << c.checkpoint.dir << ' ' << fsdp::enum_name(c.checkpoint.format) << ' ' << c.checkpoint.every_steps << ' '
+    << c.checkpoint.keep << ' ' << c.checkpoint.save_best << ' ' << c.checkpoint.resume << '\n'
     << c.output.metrics << ' ' << c.output.log_every << '\n';
   for (const auto& name : f.wrap_modules) s << name << ' ';
   return s.str();
@@ -400,7 +402,8 @@ BOOST_AUTO_TEST_CASE(enumerations_list_the_allowed_values) {
   std::string built;
   for (const std::string& b : fsdp::built_backend_names()) built += (built.empty() ? "" : ", ") + b;
   BOOST_TEST(built.find("mpi") == 0u);
-  BOOST_TEST(error_of("comm: {backend: gloo}") == "in.yaml:1: comm.backend: expected one of [" + built + "], got 'gloo'");
+  BOOST_TEST(error_of("comm: {backend: gloo}") ==
+             "in.yaml:1: comm.backend: expected one of [" + built + "], got 'gloo'");
 }
 
 BOOST_AUTO_TEST_CASE(manual_wrap_policy_needs_modules) {

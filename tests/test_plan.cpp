@@ -86,11 +86,12 @@ void check_plan_against_run(const std::string& yaml, const std::vector<std::stri
     auto cat = static_cast<MemCategory>(i);
     BOOST_TEST_MESSAGE(label << fsdp::mem_category_name(cat) << ": planned " << plan.peak_bytes[i] << " measured "
                              << m.peak[i]);
-    BOOST_TEST(plan.peak_bytes[i] == m.peak[i], label << fsdp::mem_category_name(cat) << " planned "
-                                                      << plan.peak_bytes[i] << " measured " << m.peak[i]);
+    BOOST_TEST(plan.peak_bytes[i] == m.peak[i],
+               label << fsdp::mem_category_name(cat) << " planned " << plan.peak_bytes[i] << " measured " << m.peak[i]);
   }
   BOOST_TEST_MESSAGE(label << "total: planned " << plan.total_peak_bytes << " measured " << m.total);
-  BOOST_TEST(plan.total_peak_bytes == m.total, label << "total planned " << plan.total_peak_bytes << " measured " << m.total);
+  BOOST_TEST(plan.total_peak_bytes == m.total,
+             label << "total planned " << plan.total_peak_bytes << " measured " << m.total);
 }
 
 // Evaluation between steps (eval_every 3 of 6 steps) and a short last eval batch (50 eval

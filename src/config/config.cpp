@@ -583,8 +583,7 @@ void Reader::check_optimizer(OptimizerConfig& o) const {
   const std::vector<std::string> own = optimizer_keys(o.kind);
   for (const auto& [path, g] : given_)
     if (path.starts_with(p) && path != p + "kind" && std::ranges::find(own, path.substr(p.size())) == own.end())
-      fail(path, "not a setting of optimizer " + std::string(enum_name(o.kind)) + " (it takes " +
-                     join(own) + ")");
+      fail(path, "not a setting of optimizer " + std::string(enum_name(o.kind)) + " (it takes " + join(own) + ")");
   // PyTorch's defaults where they differ from the struct's (which are adadelta's).
   if (o.kind == OptimizerKind::sgd && !given(p + "lr"))
     throw ConfigError(at(p + "kind") + ": " + p + "lr: required for sgd (PyTorch has no default)");

@@ -21,7 +21,7 @@ class ConfigError : public Error {
 
 struct ModelConfig {
   ModelKind kind = ModelKind::mnist_cnn;
-  int64_t vocab = 256;             // transformer fields
+  int64_t vocab = 256;  // transformer fields
   int64_t d_model = 512;
   int64_t n_layers = 8;
   int64_t n_heads = 8;  // d_model % n_heads == 0
@@ -32,9 +32,9 @@ struct ModelConfig {
 
 struct DataConfig {
   DataKind kind = DataKind::fashion_mnist;
-  std::string path;                    // fashion_mnist: dir (default Debian's); text: file/folder
-  double eval_fraction = 0.05;         // text: tail of the corpus held out, in (0, 1)
-  int64_t synthetic_samples = 1024;    // synthetic: train samples (eval gets a quarter)
+  std::string path;                  // fashion_mnist: dir (default Debian's); text: file/folder
+  double eval_fraction = 0.05;       // text: tail of the corpus held out, in (0, 1)
+  int64_t synthetic_samples = 1024;  // synthetic: train samples (eval gets a quarter)
 };
 
 struct OptimizerConfig {
@@ -52,11 +52,11 @@ struct OptimizerConfig {
 
 struct SchedulerConfig {
   SchedulerKind kind = SchedulerKind::none;
-  int64_t step_size = 1;      // step: epochs between decays
-  double gamma = 0.7;         // step
-  int64_t warmup_steps = 0;   // cosine: linear warmup from 0
-  int64_t total_steps = 0;    // cosine: 0 = the run's total steps
-  double min_lr = 0.0;        // cosine floor
+  int64_t step_size = 1;     // step: epochs between decays
+  double gamma = 0.7;        // step
+  int64_t warmup_steps = 0;  // cosine: linear warmup from 0
+  int64_t total_steps = 0;   // cosine: 0 = the run's total steps
+  double min_lr = 0.0;       // cosine floor
 };
 
 // train.eval_every: after each epoch ('epoch'), never ('never'), or every `steps` steps.
@@ -89,7 +89,7 @@ struct TrainConfig {
   int64_t eval_batch_size = 1000;
   bool dropout = true;
   bool shuffle = true;
-  int64_t threads = 0;         // 0 = leave OpenBLAS/OpenMP defaults
+  int64_t threads = 0;          // 0 = leave OpenBLAS/OpenMP defaults
   Device device = Device::cpu;  // where tensors live and kernels run
 };
 

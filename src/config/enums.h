@@ -33,13 +33,14 @@ constexpr std::optional<E> parse_name(const NameTable<E, N>& table, std::string_
 template <class E, size_t N>
 std::string names_of(const NameTable<E, N>& table) {
   std::string out;
-  for (size_t i = 0; i < N; ++i) out += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::string(table[i].second);
+  for (size_t i = 0; i < N; ++i)
+    out += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::string(table[i].second);
   return out;
 }
 
 enum class ModelKind { mnist_cnn, transformer };
-inline constexpr NameTable<ModelKind, 2> kModelKinds{{{ModelKind::mnist_cnn, "mnist_cnn"},
-                                                      {ModelKind::transformer, "transformer"}}};
+inline constexpr NameTable<ModelKind, 2> kModelKinds{
+    {{ModelKind::mnist_cnn, "mnist_cnn"}, {ModelKind::transformer, "transformer"}}};
 
 enum class DataKind { fashion_mnist, text, synthetic };
 inline constexpr NameTable<DataKind, 3> kDataKinds{

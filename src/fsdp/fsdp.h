@@ -24,7 +24,6 @@ namespace fsdp {
 
 struct FsdpConfig;
 
-
 struct FsdpOptions {
   Strategy strategy = Strategy::full_shard;
   WrapPolicy wrap_policy = WrapPolicy::size_based;

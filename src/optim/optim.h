@@ -8,8 +8,8 @@
 #include <span>
 #include <string>
 
-#include "config/enums.h"
 #include <vector>
+#include "config/enums.h"
 
 #include "tensor/memory.h"
 #include "tensor/tensor.h"

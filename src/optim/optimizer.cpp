@@ -31,12 +31,12 @@ struct StateAlloc {
 class OptimizerBase : public Optimizer {
  protected:
   OptimizerBase(OptimizerConfig config, int64_t numel, Kernels& kernels)
-      : c_(std::move(config)), numel_(numel), kernels_(kernels) {}
+      : c_(config), numel_(numel), kernels_(kernels) {}
   void check(std::span<float> params, std::span<const float> grads) const {
     auto n = static_cast<size_t>(numel_);
     if (params.size() != n || grads.size() != n)
-      throw Error(std::string(enum_name(c_.kind)) + " step: " + std::to_string(params.size()) + " params and " + std::to_string(grads.size()) +
-                  " grads for an optimizer of " + std::to_string(numel_) + " elements");
+      throw Error(std::string(enum_name(c_.kind)) + " step: " + std::to_string(params.size()) + " params and " +
+                  std::to_string(grads.size()) + " grads for an optimizer of " + std::to_string(numel_) + " elements");
   }
   OptimizerConfig c_;
   int64_t numel_;

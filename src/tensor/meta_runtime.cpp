@@ -24,8 +24,8 @@ class MetaKernels final : public Kernels {
   Device device() const override { return device_; }
   void gemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t, float, float*,
             int64_t) override {}
-  void gemm_strided_batched(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, int64_t,
-                            const float*, int64_t, int64_t, float, float*, int64_t, int64_t, int64_t) override {}
+  void gemm_strided_batched(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, int64_t, const float*,
+                            int64_t, int64_t, float, float*, int64_t, int64_t, int64_t) override {}
   void gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*, int64_t,
                  float, float*, int64_t) override {}
   void linear_forward(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t) override {}
@@ -47,8 +47,8 @@ class MetaKernels final : public Kernels {
   void dropout_forward(float*, float*, const float*, int64_t, int64_t, float, uint64_t, uint64_t, int64_t) override {}
   void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int64_t, int64_t,
                          float) override {}
-  void layernorm_backward(float*, float*, float*, const float*, const float*, const float*, const float*,
-                          const float*, int64_t, int64_t) override {}
+  void layernorm_backward(float*, float*, float*, const float*, const float*, const float*, const float*, const float*,
+                          int64_t, int64_t) override {}
   void log_softmax_forward(float*, const float*, int64_t, int64_t) override {}
   void log_softmax_backward(float*, const float*, const float*, int64_t, int64_t) override {}
   void causal_softmax_forward(float*, int64_t, int64_t) override {}
@@ -81,8 +81,8 @@ size_t page_rounded(size_t bytes) {
 
 // Address space, zero-filled by the kernel on first read, committed only where written.
 void* reserve(size_t bytes) {
-  void* p = mmap(nullptr, page_rounded(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                 -1, 0);
+  void* p =
+      mmap(nullptr, page_rounded(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
   return p;
 }

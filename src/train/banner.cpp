@@ -25,9 +25,9 @@ void print_banner(const RunDescription& run) {
         "fsdp_app: %s, %lld parameters, %s on %d rank%s (%s, %zu units), %s, %lld train / %lld eval samples, %lld "
         "steps (%lld per epoch)\n",
         std::string(enum_name(c.model.kind)).c_str(), static_cast<long long>(model.num_params()),
-        std::string(enum_name(c.fsdp.sharding_strategy)).c_str(),
-        env.world_size, env.world_size == 1 ? "" : "s", c.comm.backend.c_str(), engine.units().size(),
-        std::string(enum_name(c.data.kind)).c_str(), static_cast<long long>(run.train_samples), static_cast<long long>(run.eval_samples),
+        std::string(enum_name(c.fsdp.sharding_strategy)).c_str(), env.world_size, env.world_size == 1 ? "" : "s",
+        c.comm.backend.c_str(), engine.units().size(), std::string(enum_name(c.data.kind)).c_str(),
+        static_cast<long long>(run.train_samples), static_cast<long long>(run.eval_samples),
         static_cast<long long>(run.total_steps), static_cast<long long>(run.steps_per_epoch));
   if (env.world_size > 1) {
     // The nodes MPI found (MPI_COMM_TYPE_SHARED: node_color), each named by its first rank's

@@ -22,8 +22,7 @@ Datasets load_data(const Config& c) {
   }
   if (d.kind == DataKind::text) {
     if (!lm)
-      throw Error("data.kind text gives tokens; model.kind " + std::string(enum_name(c.model.kind)) +
-                  " needs images");
+      throw Error("data.kind text gives tokens; model.kind " + std::string(enum_name(c.model.kind)) + " needs images");
     TextCorpusOptions o{d.path.empty() ? kTextCorpusDir : d.path, c.model.seq_len, d.eval_fraction};
     return {load_text_corpus(o, true), load_text_corpus(o, false)};
   }

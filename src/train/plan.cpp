@@ -2,8 +2,8 @@
 // plan's text.
 #include "train/plan.h"
 
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include "comm/meta_comm.h"
@@ -92,9 +92,8 @@ void check_plan_fits(const MemoryPlan& plan, int ranks_on_node, Device device) {
   if (need <= available) return;
   throw Error("memory plan: " + std::to_string(ranks_here) + " rank" + (ranks_here == 1 ? "" : "s") +
               " on this node would need " + std::to_string(ranks_here) + " x " +
-              human_bytes(static_cast<double>(plan.total_peak_bytes)) + " = " +
-              human_bytes(static_cast<double>(need)) + " at their peak, and the node has " +
-              human_bytes(static_cast<double>(available)) +
+              human_bytes(static_cast<double>(plan.total_peak_bytes)) + " = " + human_bytes(static_cast<double>(need)) +
+              " at their peak, and the node has " + human_bytes(static_cast<double>(available)) +
               " available (MemAvailable); see fsdp_app --plan: shard more (FULL_SHARD, more ranks or nodes) or "
               "lower train.batch_size");
 }

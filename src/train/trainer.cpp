@@ -58,8 +58,8 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
   }
   // The device before the data: "no CUDA device" should not wait for a dataset to load.
   const Device device = c.train.device;
-  s.runtime = s.env.make_runtime ? s.env.make_runtime(s.mem, s.env.local_rank)
-                                 : make_runtime(device, s.mem, s.env.local_rank);
+  s.runtime =
+      s.env.make_runtime ? s.env.make_runtime(s.mem, s.env.local_rank) : make_runtime(device, s.mem, s.env.local_rank);
   // Data first: a missing dataset should fail before minutes of model set-up.
   if (s.env.train_data && s.env.eval_data)
     s.data = {s.env.train_data, s.env.eval_data};
@@ -160,7 +160,8 @@ Trainer::StepResult Trainer::train_step(int64_t step, double lr) {
   auto number = [](double v) {
     return std::isnan(v) ? std::string("nan") : std::isinf(v) ? (v > 0 ? "inf" : "-inf") : std::to_string(v);
   };
-  if (!s.scaler.enabled && !std::isfinite(r.loss)) throw AgreedError(diverged(step + 1, "the loss is " + number(r.loss)));
+  if (!s.scaler.enabled && !std::isfinite(r.loss))
+    throw AgreedError(diverged(step + 1, "the loss is " + number(r.loss)));
   r.applied = s.scaler.update(engine);  // false: an f16 overflow, the step is skipped
   if (r.applied) {
     if (c.train.clip_grad_norm > 0.0) r.grad_norm = engine.clip_grad_norm(c.train.clip_grad_norm);
@@ -195,8 +196,8 @@ MemoryPlan Trainer::plan() {
   if (!c.train.eval_every.never() && s.total_steps > 0) {
     evaluate_once();
     const EvalEvery& every = c.train.eval_every;
-    const bool step_after_eval = every.when == EvalEvery::When::epoch ? s.total_steps > s.steps_per_epoch
-                                                                       : every.steps < s.total_steps;
+    const bool step_after_eval =
+        every.when == EvalEvery::When::epoch ? s.total_steps > s.steps_per_epoch : every.steps < s.total_steps;
     if (step_after_eval) {
       step_once();
       evaluate_once();

@@ -26,8 +26,8 @@ struct CheckpointStats;
 struct RunEnv {
   int rank = 0;
   int world_size = 1;
-  Communicator* world = nullptr;      // comm.backend over all ranks; null: a local one-rank run
-  int node_color = 0;                 // equal on ranks of one node (hybrid sharding)
+  Communicator* world = nullptr;  // comm.backend over all ranks; null: a local one-rank run
+  int node_color = 0;             // equal on ranks of one node (hybrid sharding)
   // Every rank's node_color. Empty: the trainer gathers them over `world`.
   std::vector<int> node_color_of_rank;
   int local_rank = 0;                 // rank within the node

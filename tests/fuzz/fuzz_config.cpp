@@ -20,32 +20,32 @@ std::string num(double v) {
 std::string summary(const fsdp::Config& c) {
   std::ostringstream s;
   const auto& m = c.model;
-  s << fsdp::enum_name(m.kind) << ' ' << m.vocab << ' ' << m.d_model << ' ' << m.n_layers << ' ' << m.n_heads << ' ' << m.d_ff << ' '
-    << m.seq_len << ' ' << m.init_from << '|';
-  s << fsdp::enum_name(c.data.kind) << ' ' << c.data.path << ' ' << num(c.data.eval_fraction) << ' ' << c.data.synthetic_samples << '|';
+  s << fsdp::enum_name(m.kind) << ' ' << m.vocab << ' ' << m.d_model << ' ' << m.n_layers << ' ' << m.n_heads << ' '
+    << m.d_ff << ' ' << m.seq_len << ' ' << m.init_from << '|';
+  s << fsdp::enum_name(c.data.kind) << ' ' << c.data.path << ' ' << num(c.data.eval_fraction) << ' '
+    << c.data.synthetic_samples << '|';
   const auto& t = c.train;
   s << t.batch_size << ' ' << t.global_batch_size << ' ' << t.epochs << ' ' << t.steps << ' ' << t.stop_after_steps
     << ' ' << t.seed << ' ' << t.grad_accum << ' ' << num(t.clip_grad_norm) << ' ' << t.eval_every.text() << ' '
     << t.eval_batch_size << ' ' << t.dropout << t.shuffle << ' ' << t.threads << '|';
   const auto& o = t.optimizer;
-  s << fsdp::enum_name(o.kind) << ' ' << num(o.lr) << ' ' << num(o.momentum) << ' ' << num(o.dampening) << ' ' << o.nesterov << ' '
-    << num(o.weight_decay) << ' ' << num(o.rho) << ' ' << num(o.eps) << ' ' << num(o.beta1) << ' ' << num(o.beta2)
-    << '|';
+  s << fsdp::enum_name(o.kind) << ' ' << num(o.lr) << ' ' << num(o.momentum) << ' ' << num(o.dampening) << ' '
+    << o.nesterov << ' ' << num(o.weight_decay) << ' ' << num(o.rho) << ' ' << num(o.eps) << ' ' << num(o.beta1) << ' '
+    << num(o.beta2) << '|';
   const auto& sc = t.scheduler;
-  s << fsdp::enum_name(sc.kind) << ' ' << sc.step_size << ' ' << num(sc.gamma) << ' ' << sc.warmup_steps << ' ' << sc.total_steps << ' '
-    << num(sc.min_lr) << '|';
+  s << fsdp::enum_name(sc.kind) << ' ' << sc.step_size << ' ' << num(sc.gamma) << ' ' << sc.warmup_steps << ' '
+    << sc.total_steps << ' ' << num(sc.min_lr) << '|';
   const auto& f = c.fsdp;
   s << fsdp::enum_name(f.sharding_strategy) << ' ' << fsdp::enum_name(f.wrap_policy) << ' ' << f.min_num_params << ' ';
   for (const auto& w : f.wrap_modules) s << w << ',';
   s << ' ' << fsdp::dtype_name(f.mixed_precision.param_dtype) << ' ' << fsdp::dtype_name(f.mixed_precision.reduce_dtype)
     << ' ' << fsdp::dtype_name(f.mixed_precision.buffer_dtype) << ' ' << num(f.mixed_precision.init_loss_scale) << ' '
-    << fsdp::enum_name(f.backward_prefetch)
-    << ' ' << f.forward_prefetch << f.limit_all_gathers << f.activation_checkpointing << f.cpu_offload << ' '
-    << f.shard_group_size << '|';
+    << fsdp::enum_name(f.backward_prefetch) << ' ' << f.forward_prefetch << f.limit_all_gathers
+    << f.activation_checkpointing << f.cpu_offload << ' ' << f.shard_group_size << '|';
   s << c.comm.backend << ' ' << num(c.comm.timeout_s) << '|';
   const auto& k = c.checkpoint;
-  s << k.dir << ' ' << fsdp::enum_name(k.format) << ' ' << k.every_steps << ' ' << k.keep << ' ' << k.save_best << ' ' << k.resume << ' '
-    << fsdp::enum_name(k.io) << '|';
+  s << k.dir << ' ' << fsdp::enum_name(k.format) << ' ' << k.every_steps << ' ' << k.keep << ' ' << k.save_best << ' '
+    << k.resume << ' ' << fsdp::enum_name(k.io) << '|';
   s << c.output.metrics << ' ' << c.output.log_every << ' ' << c.output.save_weights;
   return s.str();
 }

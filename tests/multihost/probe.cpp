@@ -40,8 +40,8 @@ int main(int argc, char** argv) {
   int rc = 0;
   try {
     auto world = fsdp::make_communicator("mpi", MPI_COMM_WORLD, {60.0});
-    fsdp::ProcessMesh mesh =
-        fsdp::make_mesh(*world, fsdp::parse_name(fsdp::kStrategies, strategy).value(), group_size, mpi.node_color_of_rank());
+    fsdp::ProcessMesh mesh = fsdp::make_mesh(*world, fsdp::parse_name(fsdp::kStrategies, strategy).value(), group_size,
+                                             mpi.node_color_of_rank());
     char host[256] = {};
     gethostname(host, sizeof host - 1);
     line = "probe rank=" + std::to_string(mpi.rank()) + " size=" + std::to_string(mpi.size()) + " host=" + host +
