@@ -82,8 +82,6 @@ std::string describe(const std::exception& e) {
 
 int main(int argc, char** argv) {
   fsdp::MpiSession mpi(&argc, &argv);
-  // Declared before the trainer: the trainer's engine uses the communicator until it is gone.
-  std::unique_ptr<fsdp::Communicator> world;
   std::unique_ptr<fsdp::Trainer> trainer;
   std::string setup_error;
   try {
@@ -104,22 +102,20 @@ int main(int argc, char** argv) {
       if (mpi.rank() == 0) std::fputs(text.c_str(), stdout);
       return 0;
     }
-    // The world carries host values (losses, agreements, metrics). A device run moves its
-    // parameters and gradients over a communicator of comm.backend on the device the trainer
-    // opens; the world then stays MPI, which every backend bootstraps from anyway.
-    const std::string control = config.train.device == fsdp::Device::cpu ? config.comm.backend : "mpi";
-    world = fsdp::make_communicator(control, MPI_COMM_WORLD, {config.comm.timeout_s});
+    // The trainer makes the run's communicators (train/communicators.h) over MPI_COMM_WORLD.
     const fsdp_app::TestFaults faults = fsdp_app::test_faults_from_env(mpi.rank());  // tests only
-    if (faults.comm_faults) world = fsdp::make_faulty_communicator(std::move(world), faults.comm);
     fsdp::RunEnv env;
     env.rank = mpi.rank();
     env.world_size = mpi.size();
-    env.world = world.get();
     env.node_color = mpi.node_color();
     env.node_color_of_rank = mpi.node_color_of_rank();
     env.local_rank = mpi.local_rank();
     env.mpi_comm = MPI_COMM_WORLD;
     env.during_save = faults.during_save;
+    if (faults.comm_faults)
+      env.decorate_world = [comm = faults.comm](std::unique_ptr<fsdp::Communicator> world) {
+        return fsdp::make_faulty_communicator(std::move(world), comm);
+      };
     trainer = std::make_unique<fsdp::Trainer>(config, env);
   } catch (const std::exception& e) {
     setup_error = describe(e);

@@ -30,7 +30,7 @@ struct StateAlloc {
 
 class OptimizerBase : public Optimizer {
  protected:
-  OptimizerBase(OptimizerConfig config, int64_t numel, Kernels& kernels)
+  OptimizerBase(const OptimizerConfig& config, int64_t numel, Kernels& kernels)
       : c_(config), numel_(numel), kernels_(kernels) {}
   void check(std::span<float> params, std::span<const float> grads) const {
     auto n = static_cast<size_t>(numel_);

@@ -16,7 +16,6 @@
 #include <span>
 
 #include "ckpt/checkpoint.h"
-#include "comm/local.h"
 #include "tensor/error.h"
 #include "train/banner.h"
 #include "train/checkpointing.h"
@@ -48,10 +47,6 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
   State& s = *s_;
   const Config& c = s.c;
   s.env = env_in;
-  if (!s.env.world) {
-    s.local_world = make_local_communicator({c.comm.timeout_s});
-    s.env.world = s.local_world.get();
-  }
   if (c.train.threads > 0 && !s.env.planning) {
     openblas_set_num_threads(static_cast<int>(c.train.threads));
     omp_set_num_threads(static_cast<int>(c.train.threads));
@@ -60,6 +55,8 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
   const Device device = c.train.device;
   s.runtime =
       s.env.make_runtime ? s.env.make_runtime(s.mem, s.env.local_rank) : make_runtime(device, s.mem, s.env.local_rank);
+  s.comms = make_run_communicators(c, s.env.mpi_comm, *s.runtime, !s.env.world, s.env.decorate_world);
+  if (!s.env.world) s.env.world = s.comms.world.get();
   // Data first: a missing dataset should fail before minutes of model set-up.
   if (s.env.train_data && s.env.eval_data)
     s.data = {s.env.train_data, s.env.eval_data};
@@ -84,13 +81,7 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
 
   // Units, shards and the mesh; each rank materialises only its own slices.
   FsdpOptions fo = fsdp_options(c.fsdp);
-  Communicator* data_world = s.env.world;
-  if (s.runtime->device() != Device::cpu && s.env.mpi_comm != MPI_COMM_NULL) {
-    CommOptions co{c.comm.timeout_s};
-    co.runtime = s.runtime.get();
-    s.device_world = make_communicator(c.comm.backend, s.env.mpi_comm, co);
-    data_world = s.device_world.get();
-  }
+  Communicator* data_world = s.comms.device ? s.comms.device.get() : s.env.world;
   ProcessMesh mesh = make_mesh(*data_world, fo.strategy, fo.shard_group_size, node_colors);
   s.engine = std::make_unique<FsdpEngine>(*s.model, *s.env.world, std::move(mesh), fo, s.mem, s.runtime.get());
   s.engine->init_shards(c.train.seed);

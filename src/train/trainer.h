@@ -26,7 +26,7 @@ struct CheckpointStats;
 struct RunEnv {
   int rank = 0;
   int world_size = 1;
-  Communicator* world = nullptr;  // comm.backend over all ranks; null: a local one-rank run
+  Communicator* world = nullptr;  // host values over all ranks; null: made by the trainer
   int node_color = 0;             // equal on ranks of one node (hybrid sharding)
   // Every rank's node_color. Empty: the trainer gathers them over `world`.
   std::vector<int> node_color_of_rank;
@@ -42,6 +42,8 @@ struct RunEnv {
   // Tests only (installed by fsdp_app from FSDP_TEST_KILL_RANK_DURING_SAVE): called on every
   // rank in the middle of each save, after it wrote its pieces and before the file is complete.
   std::function<void(int64_t steps_done)> during_save;
+  // Applied to the world the trainer makes (fsdp_app's FSDP_TEST_FAULT decorator); may be empty.
+  std::function<std::unique_ptr<Communicator>(std::unique_ptr<Communicator>)> decorate_world;
   // Datasets already loaded (a plan made by a trainer gets the trainer's): not loaded again.
   std::shared_ptr<const Dataset> train_data, eval_data;
 };

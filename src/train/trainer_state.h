@@ -15,6 +15,7 @@
 #include "tensor/device.h"
 #include "tensor/memory.h"
 #include "train/batches.h"
+#include "train/communicators.h"
 #include "train/loss_scaler.h"
 #include "train/metrics.h"
 #include "train/plan.h"
@@ -38,10 +39,9 @@ struct Trainer::State {
   RunEnv env;
   MemoryTracker mem;
   std::unique_ptr<DeviceRuntime> runtime;     // train.device: where tensors live, kernels run
-  std::unique_ptr<Communicator> local_world;  // when env.world is null
-  // A device run: comm.backend over the world's ranks, taking device buffers (NCCL natively,
-  // MPI/UCX through staging or CUDA-aware MPI). FSDP's shard and replicate groups split from it.
-  std::unique_ptr<Communicator> device_world;
+  // The world when env.world is null, and a device run's data-plane world (train/communicators.h):
+  // FSDP's shard and replicate groups split from the device world, or from the world on a cpu run.
+  RunCommunicators comms;
   Datasets data;
   std::unique_ptr<Model> model;
   std::unique_ptr<FsdpEngine> engine;

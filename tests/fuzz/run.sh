@@ -54,7 +54,11 @@ declare -A extra=(
 #   ours   anything else.
 classify() {
   local out frames frame
-  if out=$(ASAN_OPTIONS="$3" timeout 60 "$1" -timeout=5 -malloc_limit_mb=1024 "$2" 2>&1); then
+  # -rss_limit_mb=8192: an out-of-memory replayed under the default 2 GB RSS limit may trip that
+  # limit before the one huge malloc (libhdf5's H5T__conv_vlen asking 21 GB for a damaged vlen
+  # attribute, after 2.2 GB of smaller pieces), and an RSS report has no stack of the culprit; the
+  # malloc limit reports the allocating frames.
+  if out=$(ASAN_OPTIONS="$3" timeout 60 "$1" -timeout=5 -malloc_limit_mb=1024 -rss_limit_mb=8192 "$2" 2>&1); then
     echo alone
     return
   fi
