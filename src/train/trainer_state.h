@@ -38,7 +38,7 @@ struct Trainer::State {
   const Config c;  // a copy: the caller's Config may be gone before run()
   RunEnv env;
   MemoryTracker mem;
-  std::unique_ptr<DeviceRuntime> runtime;     // train.device: where tensors live, kernels run
+  std::unique_ptr<DeviceRuntime> runtime;  // train.device: where tensors live, kernels run
   // The world when env.world is null, and a device run's data-plane world (train/communicators.h):
   // FSDP's shard and replicate groups split from the device world, or from the world on a cpu run.
   RunCommunicators comms;
