@@ -193,6 +193,10 @@ class DeferredKernels final : public Kernels {
   void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) override {
     defer(&Kernels::gelu_backward, dx, dy, x, n);
   }
+  void gelu_tanh_forward(float* y, const float* x, int64_t n) override { defer(&Kernels::gelu_tanh_forward, y, x, n); }
+  void gelu_tanh_backward(float* dx, const float* dy, const float* x, int64_t n) override {
+    defer(&Kernels::gelu_tanh_backward, dx, dy, x, n);
+  }
   void add(float* y, const float* a, const float* b, int64_t n) override { defer(&Kernels::add, y, a, b, n); }
   void add_inplace(float* y, const float* x, int64_t n) override { defer(&Kernels::add_inplace, y, x, n); }
   void mul(float* y, const float* a, const float* b, int64_t n) override { defer(&Kernels::mul, y, a, b, n); }
@@ -221,6 +225,29 @@ class DeferredKernels final : public Kernels {
   }
   void causal_softmax_backward(float* dP, const float* P, int64_t planes, int64_t T, float scale) override {
     defer(&Kernels::causal_softmax_backward, dP, P, planes, T, scale);
+  }
+  void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C,
+                       float eps) override {
+    defer(&Kernels::rmsnorm_forward, y, rstd, x, w, rows, C, eps);
+  }
+  void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd,
+                        int64_t rows, int64_t C) override {
+    defer(&Kernels::rmsnorm_backward, dx, dw, dy, x, w, rstd, rows, C);
+  }
+  void attention_softmax_forward(float* P, const float* bias, const int32_t* key_valid, bool causal, int64_t B,
+                                 int64_t H, int64_t Tq, int64_t Tk) override {
+    defer(&Kernels::attention_softmax_forward, P, bias, key_valid, causal, B, H, Tq, Tk);
+  }
+  void softmax_backward(float* dP, const float* P, int64_t rows, int64_t Tk) override {
+    defer(&Kernels::softmax_backward, dP, P, rows, Tk);
+  }
+  void relative_bias_forward(float* bias, const float* table, const int32_t* bucket, int64_t H, int64_t Tq,
+                             int64_t Tk) override {
+    defer(&Kernels::relative_bias_forward, bias, table, bucket, H, Tq, Tk);
+  }
+  void relative_bias_backward(float* dtable, const float* dS, const int32_t* bucket, int64_t B, int64_t H, int64_t Tq,
+                              int64_t Tk) override {
+    defer(&Kernels::relative_bias_backward, dtable, dS, bucket, B, H, Tq, Tk);
   }
   void maxpool2_forward(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W) override {
     defer(&Kernels::maxpool2_forward, y, argmax, x, planes, H, W);

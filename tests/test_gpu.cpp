@@ -20,6 +20,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -28,6 +29,7 @@
 #include "tensor/dtype.h"
 #include "tensor/kernels.h"
 #include "tensor/memory.h"
+#include "tensor/t5_buckets.h"
 
 using namespace fsdp;
 
@@ -655,6 +657,193 @@ BOOST_AUTO_TEST_CASE(log_softmax_backward_bound) {
     }
   }
   within(dx, g.download(gdx, n), tol, "log_softmax_backward");
+}
+
+// ---- The T5 kernels (kernels.h).
+
+// Tanh GELU: kernel_math.h's formula on both sides; only tanhf differs (glibc < 1 ulp, CUDA
+// <= 2 ulp), an error dt <= 4 eps |t| <= 4 eps. Forward 0.5 x (1 + t): dt times 0.5 |x| (where
+// 1 + t cancels, far more than ulps of y), plus a few roundings of y. Backward
+// 0.5 (1 + t) + 0.5 x (1 - t^2) d: dt times (0.5 + |x| d), d = sqrt(2/pi) (1 + 0.134 x^2),
+// plus a few roundings of each term; all times |dy|.
+BOOST_AUTO_TEST_CASE(gelu_tanh) {
+  Gpu g;
+  Kernels& cpu = cpu_kernels();
+  const int64_t n = 10000;
+  auto x = randn(n, 1000, 3.0f), dy = randn(n, 1001);
+  x[0] = 0.0f;
+  x[1] = -12.0f;
+  x[2] = 12.0f;
+  std::vector<float> y(n), dx(n), tol(n);
+  float* gx = g.upload(x);
+  float* gdy = g.upload(dy);
+  float* gy = g.upload(y);
+  cpu.gelu_tanh_forward(y.data(), x.data(), n);
+  g.k().gelu_tanh_forward(gy, gx, n);
+  for (int64_t i = 0; i < n; ++i) tol[i] = 8 * kEps * (0.5f * std::fabs(x[i]) + std::fabs(y[i]));
+  within(y, g.download(gy, n), tol, "gelu_tanh_forward");
+  cpu.gelu_tanh_backward(dx.data(), dy.data(), x.data(), n);
+  g.k().gelu_tanh_backward(gy, gdy, gx, n);
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]), d = 0.7978846f * (1.0f + 0.134145f * a * a);
+    tol[i] = 8 * kEps * std::fabs(dy[i]) * (1.0f + a * d + 0.5f * a * d);
+  }
+  within(dx, g.download(gy, n), tol, "gelu_tanh_backward");
+}
+
+// RMS norm: the f64 sums of squares differ only in order (each term x*x is exact in f64), so
+// rstd and y agree but for a rare f32 rounding boundary: 4 eps relative. Backward on the host's
+// rstd: dw is the same fmaf chain in the same row order, bitwise; dx's f64 dot as the forward,
+// then the same f32 operations: 4 eps of |dx| and of the x k term.
+BOOST_AUTO_TEST_CASE(rmsnorm) {
+  Gpu g;
+  Kernels& cpu = cpu_kernels();
+  for (int64_t C : {int64_t{37}, int64_t{300}}) {
+    BOOST_TEST_CONTEXT("C " << C) {
+      const int64_t rows = 45;
+      const auto n = static_cast<size_t>(rows * C);
+      auto x = randn(n, 1100 + C, 2.0f), w = randn(C, 1200 + C), dy = randn(n, 1300 + C);
+      std::vector<float> y(n), rstd(rows), tol(n);
+      float* gx = g.upload(x);
+      float* gw = g.upload(w);
+      float* gy = g.upload(y);
+      float* gr = g.upload(rstd);
+      cpu.rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), rows, C, 1e-6f);
+      g.k().rmsnorm_forward(gy, gr, gx, gw, rows, C, 1e-6f);
+      std::vector<float> rtol(rows);
+      for (int64_t r = 0; r < rows; ++r) rtol[r] = 4 * kEps * rstd[r];
+      within(rstd, g.download(gr, rows), rtol, "rmsnorm rstd");
+      for (size_t i = 0; i < n; ++i) tol[i] = 4 * kEps * std::fabs(y[i]);
+      within(y, g.download(gy, n), tol, "rmsnorm y");
+
+      auto dw = small_ints(C, 1400 + C, -5, 5);
+      std::vector<float> dx(n, 7.0f);
+      float* grh = g.upload(rstd);
+      float* gdy = g.upload(dy);
+      float* gdx = g.upload(dx);
+      float* gdw = g.upload(dw);
+      cpu.rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), rows, C);
+      g.k().rmsnorm_backward(gdx, gdw, gdy, gx, gw, grh, rows, C);
+      same_bits(dw, g.download(gdw, C), "rmsnorm dw");
+      for (int64_t r = 0; r < rows; ++r) {
+        double d = 0.0;
+        for (int64_t c = 0; c < C; ++c) d += double(dy[r * C + c] * w[c]) * x[r * C + c];
+        const double k = d / C * rstd[r] * rstd[r];
+        for (int64_t c = 0; c < C; ++c) {
+          const size_t i = r * C + c;
+          tol[i] = static_cast<float>(4 * kEps * (std::fabs(dx[i]) + 2 * rstd[r] * std::fabs(x[i] * k)));
+        }
+      }
+      within(dx, g.download(gdx, n), tol, "rmsnorm dx");
+      // dx null: dw only.
+      float* gdw2 = g.upload(small_ints(C, 1400 + C, -5, 5));
+      g.k().rmsnorm_backward(nullptr, gdw2, gdy, gx, gw, grh, rows, C);
+      same_bits(dw, g.download(gdw2, C), "rmsnorm dw (dx null)");
+    }
+  }
+}
+
+// Attention softmax with a bias and a key mask, Tq != Tk, causal or not, rows shorter and longer
+// than the 256-thread block. Sample 2 masks every key: uniform rows, bitwise 1/Tk on both. The
+// bound of causal_softmax for a row with m unmasked keys, (2m + 8) eps relative (scores + bias is
+// one f32 add on both sides, so the max and differences are the same); masked entries exactly 0.
+BOOST_AUTO_TEST_CASE(attention_softmax) {
+  Gpu g;
+  Kernels& cpu = cpu_kernels();
+  const int64_t B = 3, H = 2;
+  for (int64_t Tk : {int64_t{37}, int64_t{300}}) {
+    for (bool causal : {false, true}) {
+      BOOST_TEST_CONTEXT("Tk " << Tk << " causal " << causal) {
+        const int64_t Tq = Tk - 5, rows = B * H * Tq;
+        const auto n = static_cast<size_t>(rows * Tk);
+        const auto seed = static_cast<uint32_t>(1500 + Tk + causal);
+        auto S = randn(n, seed, 3.0f), bias = randn(H * Tq * Tk, seed + 1);
+        std::vector<int32_t> kv(B * Tk, 1);
+        for (int64_t j = 0; j < Tk; j += 3) kv[j] = 0;  // sample 0: every third key masked
+        std::fill(kv.begin() + 2 * Tk, kv.end(), 0);    // sample 2: all masked
+        std::vector<float> P = S;
+        float* gP = g.upload(S);
+        float* gbias = g.upload(bias);
+        int32_t* gkv = g.upload(kv);
+        cpu.attention_softmax_forward(P.data(), bias.data(), kv.data(), causal, B, H, Tq, Tk);
+        g.k().attention_softmax_forward(gP, gbias, gkv, causal, B, H, Tq, Tk);
+        std::vector<float> tol(n);
+        std::vector<int64_t> unmasked(rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = r % Tq, b = r / (H * Tq);
+          int64_t m = 0;
+          for (int64_t j = 0; j < Tk; ++j) m += kv[b * Tk + j] != 0 && !(causal && j > i);
+          unmasked[r] = m;
+          for (int64_t j = 0; j < Tk; ++j) tol[r * Tk + j] = static_cast<float>(2 * m + 8) * kEps * P[r * Tk + j];
+        }
+        within(P, g.download(gP, n), tol, "attention_softmax_forward");
+        // No bias, no key mask: the plain (causal) softmax of the scores.
+        std::vector<float> P2 = S;
+        float* gP2 = g.upload(S);
+        cpu.attention_softmax_forward(P2.data(), nullptr, nullptr, causal, B, H, Tq, Tk);
+        g.k().attention_softmax_forward(gP2, nullptr, nullptr, causal, B, H, Tq, Tk);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t m = causal ? std::min(r % Tq + 1, Tk) : Tk;
+          for (int64_t j = 0; j < Tk; ++j) tol[r * Tk + j] = static_cast<float>(2 * m + 8) * kEps * P2[r * Tk + j];
+        }
+        within(P2, g.download(gP2, n), tol, "attention_softmax_forward (no bias, no mask)");
+
+        // Backward on the host's P: causal_softmax_backward's bound with s = 1.
+        auto dP = randn(n, seed + 2);
+        std::vector<float> dS = dP;
+        float* gPh = g.upload(P);
+        float* gdP = g.upload(dP);
+        cpu.softmax_backward(dS.data(), P.data(), rows, Tk);
+        g.k().softmax_backward(gdP, gPh, rows, Tk);
+        for (int64_t r = 0; r < rows; ++r) {
+          double dot_mag = 0.0;
+          for (int64_t j = 0; j < Tk; ++j) dot_mag += std::fabs(double(P[r * Tk + j]) * dP[r * Tk + j]);
+          for (int64_t j = 0; j < Tk; ++j) {
+            const size_t k = r * Tk + j;
+            tol[k] = static_cast<float>(std::fabs(P[k]) * double(Tk) * kEps * dot_mag + 4.0 * kEps * std::fabs(dS[k]));
+          }
+        }
+        within(dS, g.download(gdP, n), tol, "softmax_backward (random)");
+        // Exact grid (as causal_softmax): bitwise.
+        auto Pq = small_ints(n, seed + 3, 0, 16, 1.0f / 16), dPq = small_ints(n, seed + 4, -16, 16, 1.0f / 8);
+        float* gPq = g.upload(Pq);
+        float* gdPq = g.upload(dPq);
+        cpu.softmax_backward(dPq.data(), Pq.data(), rows, Tk);
+        g.k().softmax_backward(gdPq, gPq, rows, Tk);
+        same_bits(dPq, g.download(gdPq, n), "softmax_backward (exact grid)");
+      }
+    }
+  }
+}
+
+// Relative position bias: the forward is a gather (bitwise); the backward sums integers, exact in
+// any order, so the device's atomics must give the host's bits.
+BOOST_AUTO_TEST_CASE(relative_bias) {
+  Gpu g;
+  Kernels& cpu = cpu_kernels();
+  const int64_t B = 2, H = 4, nb = 32;
+  for (auto [Tq, Tk, bidirectional] : {std::tuple<int64_t, int64_t, bool>{37, 53, true}, {300, 300, false}}) {
+    BOOST_TEST_CONTEXT("Tq " << Tq << " Tk " << Tk) {
+      std::vector<int32_t> bucket(Tq * Tk);
+      t5_relative_buckets(bucket.data(), Tq, Tk, bidirectional, nb, 128);
+      auto table = randn(nb * H, 1600 + Tq);
+      const auto nbias = static_cast<size_t>(H * Tq * Tk);
+      std::vector<float> bias(nbias);
+      int32_t* gbucket = g.upload(bucket);
+      float* gtable = g.upload(table);
+      float* gbias = g.upload(bias);
+      cpu.relative_bias_forward(bias.data(), table.data(), bucket.data(), H, Tq, Tk);
+      g.k().relative_bias_forward(gbias, gtable, gbucket, H, Tq, Tk);
+      same_bits(bias, g.download(gbias, nbias), "relative_bias_forward");
+
+      auto dS = small_ints(B * nbias, 1700 + Tq, -50, 50), dtable = small_ints(nb * H, 1800 + Tq, -50, 50);
+      float* gdS = g.upload(dS);
+      float* gdtable = g.upload(dtable);
+      cpu.relative_bias_backward(dtable.data(), dS.data(), bucket.data(), B, H, Tq, Tk);
+      g.k().relative_bias_backward(gdtable, gdS, gbucket, B, H, Tq, Tk);
+      same_bits(dtable, g.download(gdtable, nb * H), "relative_bias_backward");
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(allocator_and_stream_order) {

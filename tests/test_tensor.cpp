@@ -5,15 +5,20 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "tensor/dtype.h"
 #include "tensor/error.h"
+#include "tensor/kernels.h"
 #include "tensor/memory.h"
 #include "tensor/ops.h"
 #include "tensor/rng.h"
+#include "tensor/t5_buckets.h"
 #include "tensor/tensor.h"
 
 using namespace fsdp;
@@ -1050,3 +1055,474 @@ BOOST_AUTO_TEST_CASE(gemm_bf16_equals_sgemm_on_widened_operands) {
     }
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The kernels a Hugging Face T5 needs (kernels.h), on the host: exact small cases, double
+// references and finite differences of the f32 kernels.
+namespace {
+
+// Central differences of `loss` w.r.t. values[k] for each k in idx against analytic[k]:
+// |fd - an| <= atol + rtol * max(|fd|, |an|) (test_nn.cpp's check, without its retries).
+void fd_check(const std::function<double()>& loss, float* values, const std::vector<float>& analytic,
+              const std::vector<int64_t>& idx, const char* what, double eps = 1e-2, double atol = 2e-4,
+              double rtol = 2e-3) {
+  int failures = 0;
+  for (int64_t k : idx) {
+    const float v = values[k];
+    const float vp = v + static_cast<float>(eps), vm = v - static_cast<float>(eps);
+    values[k] = vp;
+    const double lp = loss();
+    values[k] = vm;
+    const double lm = loss();
+    values[k] = v;
+    const double fd = (lp - lm) / (static_cast<double>(vp) - vm), an = analytic[static_cast<size_t>(k)];
+    if (std::fabs(fd - an) > atol + rtol * std::max(std::fabs(fd), std::fabs(an)) && failures++ < 10)
+      BOOST_ERROR(what << " [" << k << "]: analytic " << an << " vs fd " << fd);
+  }
+  BOOST_TEST(failures == 0, what << ": " << failures << " of " << idx.size() << " elements off");
+}
+
+std::vector<int64_t> indices(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+double dot(const std::vector<float>& a, const std::vector<float>& b) { return naive_dot(a, b); }
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(t5_kernels)
+
+BOOST_AUTO_TEST_CASE(rmsnorm_exact_values) {
+  Kernels& k = cpu_kernels();
+  // Row 0: mean x^2 = 1 -> rstd 1; row 1: mean 4 -> rstd 0.5, y = w; row 2: zeros with
+  // eps = 0.25 -> rstd 2, y = 0. Every value exact.
+  const int64_t rows = 3, C = 4;
+  std::vector<float> x = {1, -1, 1, -1, 2, 2, 2, -2, 0, 0, 0, 0}, w = {2.0f, 0.5f, -1.0f, 3.0f};
+  std::vector<float> y(rows * C), rstd(rows);
+  k.rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), 2, C, 0.0f);
+  k.rmsnorm_forward(y.data() + 2 * C, rstd.data() + 2, x.data() + 2 * C, w.data(), 1, C, 0.25f);
+  BOOST_TEST(rstd == (std::vector<float>{1.0f, 0.5f, 2.0f}));
+  BOOST_TEST(y == (std::vector<float>{2.0f, -0.5f, -1.0f, -3.0f, 2.0f, 0.5f, -1.0f, -3.0f, 0, 0, 0, 0}));
+  // Backward of row 0 with dy = 1 (rstd 1): g = w, sum g x = 2 - 0.5 - 1 - 3 = -2.5,
+  // k = -2.5 / 4 = -0.625, dx = g - x k = {2.625, -0.125, -0.375, 2.375}; dw += x * rstd * dy = x.
+  std::vector<float> dy(C, 1.0f), dx(C, 9.0f), dw = {0.5f, 0.5f, 0.5f, 0.5f};
+  k.rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), 1, C);
+  BOOST_TEST(dx == (std::vector<float>{2.625f, -0.125f, -0.375f, 2.375f}));
+  BOOST_TEST(dw == (std::vector<float>{1.5f, -0.5f, 1.5f, -0.5f}));
+}
+
+BOOST_AUTO_TEST_CASE(rmsnorm_vs_double_and_gradients) {
+  Kernels& k = cpu_kernels();
+  const int64_t rows = 5, C = 13;
+  const float eps = 1e-6f;
+  auto x = random_vec(rows * C, 21, -2.0f, 2.0f), w = random_vec(C, 22, 0.5f, 1.5f);
+  auto R = random_vec(rows * C, 23);  // loss = sum(y * R)
+  std::vector<float> y(rows * C), rstd(rows);
+  k.rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), rows, C, eps);
+  for (int64_t r = 0; r < rows; ++r) {
+    double ms = 0.0;
+    for (int64_t c = 0; c < C; ++c) ms += static_cast<double>(x[r * C + c]) * x[r * C + c];
+    const double s = 1.0 / std::sqrt(ms / C + eps);
+    BOOST_TEST(std::fabs(rstd[r] - s) <= 1e-6 * s);
+    for (int64_t c = 0; c < C; ++c) {
+      const double want = w[c] * x[r * C + c] * s;
+      BOOST_TEST(std::fabs(y[r * C + c] - want) <= 2e-6 * (1.0 + std::fabs(want)));
+    }
+  }
+  std::vector<float> dx(rows * C), dw(C, 0.25f), dw_no_dx(C, 0.25f);
+  k.rmsnorm_backward(dx.data(), dw.data(), R.data(), x.data(), w.data(), rstd.data(), rows, C);
+  k.rmsnorm_backward(nullptr, dw_no_dx.data(), R.data(), x.data(), w.data(), rstd.data(), rows, C);
+  BOOST_TEST(dw == dw_no_dx);     // dx null: skipped, dw the same
+  for (auto& v : dw) v -= 0.25f;  // dw accumulates: remove the starting value
+  auto loss = [&] {
+    std::vector<float> yy(rows * C), ss(rows);
+    k.rmsnorm_forward(yy.data(), ss.data(), x.data(), w.data(), rows, C, eps);
+    return dot(yy, R);
+  };
+  fd_check(loss, x.data(), dx, indices(rows * C), "rmsnorm dx");
+  fd_check(loss, w.data(), dw, indices(C), "rmsnorm dw", 1e-2, 2e-4, 1e-3);
+}
+
+BOOST_AUTO_TEST_CASE(gelu_tanh_values_and_gradient) {
+  Kernels& k = cpu_kernels();
+  // HF NewGELUActivation on these f32 inputs, and autograd's dy/dx, printed by torch 1.13 (CPU).
+  std::vector<float> x = {-6.0f, -3.0f, -1.5f, -0.5f, -0.125f, 0.0f, 0.125f, 0.5f, 1.0f, 1.5f, 3.0f, 6.0f};
+  const std::vector<float> torch_y = {
+      -0.0f,         -0.00363743305f, -0.100428432f, -0.154285997f, -0.0562827997f, 0.0f,
+      0.0687171966f, 0.345714003f,    0.841192007f,  1.39957154f,   2.99636269f,    6.0f};
+  const std::vector<float> torch_dydx = {0.0f,         -0.0115842968f, -0.127710804f, 0.132630095f, 0.400784582f, 0.5f,
+                                         0.599215388f, 0.86736989f,    1.08296406f,   1.12771082f,  1.01158428f,  1.0f};
+  const auto n = static_cast<int64_t>(x.size());
+  std::vector<float> y(n), dx(n), ones(n, 1.0f);
+  k.gelu_tanh_forward(y.data(), x.data(), n);
+  k.gelu_tanh_backward(dx.data(), ones.data(), x.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    // torch's tanh is Sleef's (1 ulp) where ours is glibc's: allow 2 ulp of y, plus the tanh
+    // error carried through 0.5 x (1 + t) where 1 + t cancels (x << 0).
+    const float ulp = std::numeric_limits<float>::epsilon();
+    BOOST_TEST(std::fabs(y[i] - torch_y[i]) <= 2 * ulp * (std::fabs(torch_y[i]) + 0.5f * std::fabs(x[i])),
+               "x " << x[i] << " y " << y[i] << " torch " << torch_y[i]);
+    BOOST_TEST(std::fabs(dx[i] - torch_dydx[i]) <= 8 * ulp * (1.0f + std::fabs(x[i])),
+               "x " << x[i] << " dx " << dx[i] << " torch " << torch_dydx[i]);
+  }
+  BOOST_TEST(y[5] == 0.0f);
+  BOOST_TEST(dx[5] == 0.5f);                         // t = 0: exactly 0.5 (1 + 0)
+  BOOST_TEST(y[11] == 6.0f);                         // tanh rounds to 1
+  BOOST_TEST((y[0] == 0.0f && std::signbit(y[0])));  // -3 * (1 - 1) = -0, as torch
+  // Against the formula in double, and finite differences of the f32 forward.
+  auto xs = random_vec(200, 24, -4.0f, 4.0f), R = random_vec(200, 25);
+  std::vector<float> ys(200), dxs(200);
+  k.gelu_tanh_forward(ys.data(), xs.data(), 200);
+  k.gelu_tanh_backward(dxs.data(), R.data(), xs.data(), 200);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double v = xs[i], t = std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v));
+    BOOST_TEST(std::fabs(ys[i] - 0.5 * v * (1.0 + t)) <= 1e-6 * (1.0 + std::fabs(v)));
+  }
+  auto loss = [&] {
+    std::vector<float> yy(200);
+    k.gelu_tanh_forward(yy.data(), xs.data(), 200);
+    return dot(yy, R);
+  };
+  fd_check(loss, xs.data(), dxs, indices(200), "gelu_tanh dx");
+}
+
+namespace {
+// Softmax rows as the kernel defines them (kernels.h), in double.
+std::vector<double> attention_reference(const std::vector<float>& S, const std::vector<float>* bias,
+                                        const std::vector<int32_t>* key_valid, bool causal, int64_t B, int64_t H,
+                                        int64_t Tq, int64_t Tk) {
+  std::vector<double> P(S.size());
+  for (int64_t r = 0; r < B * H * Tq; ++r) {
+    const int64_t i = r % Tq, h = (r / Tq) % H, b = r / (H * Tq);
+    auto valid = [&](int64_t j) { return !(causal && j > i) && (!key_valid || (*key_valid)[b * Tk + j] != 0); };
+    double mx = -1e300, z = 0.0;
+    bool any = false;
+    std::vector<double> s(Tk);
+    for (int64_t j = 0; j < Tk; ++j) {
+      s[j] = S[r * Tk + j] + (bias ? (*bias)[(h * Tq + i) * Tk + j] : 0.0);
+      if (valid(j)) mx = std::max(mx, s[j]), any = true;
+    }
+    for (int64_t j = 0; j < Tk; ++j) z += valid(j) ? std::exp(s[j] - mx) : 0.0;
+    for (int64_t j = 0; j < Tk; ++j) P[r * Tk + j] = !any ? 1.0 / Tk : valid(j) ? std::exp(s[j] - mx) / z : 0.0;
+  }
+  return P;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(attention_softmax_exact_values) {
+  Kernels& k = cpu_kernels();
+  // B = 2, H = 1, Tq = 4, Tk = 4, equal scores: each row is uniform over its unmasked keys.
+  // Sample 0 masks key 3; sample 1 masks every key (uniform 1/4 over all four, even causal).
+  const int64_t B = 2, H = 1, Tq = 4, Tk = 4;
+  std::vector<int32_t> kv = {1, 1, 1, 0, 0, 0, 0, 0};
+  const float t = 1.0f / 3.0f;
+  for (bool causal : {false, true}) {
+    std::vector<float> P(B * H * Tq * Tk, 0.75f);
+    k.attention_softmax_forward(P.data(), nullptr, kv.data(), causal, B, H, Tq, Tk);
+    std::vector<float> want = causal ? std::vector<float>{1, 0, 0, 0, 0.5f, 0.5f, 0, 0, t, t, t, 0, t, t, t, 0}
+                                     : std::vector<float>{t, t, t, 0, t, t, t, 0, t, t, t, 0, t, t, t, 0};
+    want.insert(want.end(), 16, 0.25f);
+    BOOST_TEST(P == want, "causal " << causal);
+  }
+  // The bias is added before the softmax: scores {1, 2} + bias {1, 0} are equal -> 1/2 each; no
+  // key mask, not causal. Without the bias: the same scores give e / (1 + e) on key 1.
+  std::vector<float> P = {1.0f, 2.0f}, bias = {1.0f, 0.0f};
+  k.attention_softmax_forward(P.data(), bias.data(), nullptr, false, 1, 1, 1, 2);
+  BOOST_TEST(P == (std::vector<float>{0.5f, 0.5f}));
+  P = {1.0f, 2.0f};
+  k.attention_softmax_forward(P.data(), nullptr, nullptr, false, 1, 1, 1, 2);
+  BOOST_TEST(std::fabs(P[1] - std::exp(1.0) / (1.0 + std::exp(1.0))) < 1e-7);
+}
+
+BOOST_AUTO_TEST_CASE(attention_softmax_masks_and_gradients) {
+  Kernels& k = cpu_kernels();
+  const int64_t B = 3, H = 2, Tq = 5, Tk = 7, n = B * H * Tq * Tk;
+  // Sample 0: keys 2 and 6 masked; sample 1: all valid; sample 2: only key 0 valid, so in the
+  // causal case every row of it keeps key 0 and none is fully masked; sample 2 with key 0
+  // masked as well (kv_all_masked) makes every one of its rows fully masked.
+  std::vector<int32_t> kv = {1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0};
+  std::vector<int32_t> kv_none = kv;
+  std::fill(kv_none.begin() + 2 * Tk, kv_none.end(), 0);
+  const auto S0 = random_vec(n, 31, -3.0f, 3.0f);
+  auto bias = random_vec(H * Tq * Tk, 32, -2.0f, 2.0f);
+  const auto R = random_vec(n, 33);
+  for (bool causal : {false, true}) {
+    for (const std::vector<int32_t>* mask : {&kv, &kv_none}) {
+      for (bool with_bias : {true, false}) {
+        BOOST_TEST_CONTEXT("causal " << causal << " fully masked sample " << (mask == &kv_none) << " bias "
+                                     << with_bias) {
+          const float* bp = with_bias ? bias.data() : nullptr;
+          std::vector<float> P = S0;
+          k.attention_softmax_forward(P.data(), bp, mask->data(), causal, B, H, Tq, Tk);
+          const auto want = attention_reference(S0, with_bias ? &bias : nullptr, mask, causal, B, H, Tq, Tk);
+          std::vector<bool> full(static_cast<size_t>(B * H * Tq), false);  // rows with every key masked
+          for (int64_t r = 0; r < B * H * Tq; ++r) {
+            const int64_t i = r % Tq, b = r / (H * Tq);
+            double sum = 0.0;
+            bool any = false;
+            for (int64_t j = 0; j < Tk; ++j) {
+              const bool masked = (causal && j > i) || (*mask)[b * Tk + j] == 0;
+              any = any || !masked;
+              const float p = P[r * Tk + j];
+              sum += p;
+              BOOST_TEST(std::fabs(p - want[r * Tk + j]) <= 1e-6 * want[r * Tk + j] + 1e-7);
+            }
+            full[r] = !any;
+            if (full[r]) {
+              for (int64_t j = 0; j < Tk; ++j) BOOST_TEST(P[r * Tk + j] == 1.0f / Tk);
+            } else {
+              for (int64_t j = 0; j < Tk; ++j)
+                if ((causal && j > i) || (*mask)[b * Tk + j] == 0) BOOST_TEST(P[r * Tk + j] == 0.0f);
+            }
+            BOOST_TEST(std::fabs(sum - 1.0) <= 1e-6);
+          }
+          // Backward: dS = dL/dscores for loss = sum(P * R), checked by finite differences on the
+          // scores (masked ones: exactly 0, as the forward ignores them) and, summed over the
+          // batch, on the bias. Fully masked rows are left out of the differences: the forward is
+          // constant there, while dS is what torch's autograd gives through HF's additive mask,
+          // P (dP - sum P dP) with the uniform P, checked directly.
+          std::vector<float> dS = R;
+          k.softmax_backward(dS.data(), P.data(), B * H * Tq, Tk);
+          std::vector<int64_t> idx;
+          for (int64_t r = 0; r < B * H * Tq; ++r) {
+            if (!full[r]) {
+              for (int64_t j = 0; j < Tk; ++j) idx.push_back(r * Tk + j);
+              continue;
+            }
+            double d = 0.0;
+            for (int64_t j = 0; j < Tk; ++j) d += static_cast<double>(P[r * Tk + j]) * R[r * Tk + j];
+            for (int64_t j = 0; j < Tk; ++j) BOOST_TEST(std::fabs(dS[r * Tk + j] - (R[r * Tk + j] - d) / Tk) <= 1e-6);
+          }
+          for (int64_t r = 0; r < B * H * Tq; ++r)
+            for (int64_t j = 0; j < Tk; ++j)
+              if (!full[r] && ((causal && j > r % Tq) || (*mask)[(r / (H * Tq)) * Tk + j] == 0))
+                BOOST_TEST(dS[r * Tk + j] == 0.0f);
+          std::vector<float> S = S0;
+          auto loss = [&] {
+            std::vector<float> PP = S;
+            k.attention_softmax_forward(PP.data(), bp, mask->data(), causal, B, H, Tq, Tk);
+            double l = 0.0;
+            for (int64_t r = 0; r < B * H * Tq; ++r)
+              if (!full[r])
+                for (int64_t j = 0; j < Tk; ++j) l += static_cast<double>(PP[r * Tk + j]) * R[r * Tk + j];
+            return l;
+          };
+          fd_check(loss, S.data(), dS, idx, "attention softmax d scores", 1e-2, 2e-4, 3e-3);
+          if (with_bias) {
+            std::vector<float> dbias(H * Tq * Tk, 0.0f);
+            for (int64_t b = 0; b < B; ++b)
+              for (int64_t m = 0; m < H * Tq * Tk; ++m) {
+                const int64_t r = (b * H * Tq * Tk + m) / Tk;
+                if (!full[r]) dbias[m] += dS[b * H * Tq * Tk + m];
+              }
+            fd_check(loss, bias.data(), dbias, indices(H * Tq * Tk), "attention softmax d bias", 1e-2, 2e-4, 3e-3);
+          }
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(softmax_backward_exact_values) {
+  // P = {0.5, 0.25, 0.25, 0}, dP = {1, 2, -4, 8}: sum P dP = 0.5 + 0.5 - 1 = 0, dS = P dP.
+  std::vector<float> P = {0.5f, 0.25f, 0.25f, 0.0f}, dP = {1, 2, -4, 8};
+  cpu_kernels().softmax_backward(dP.data(), P.data(), 1, 4);
+  BOOST_TEST(dP == (std::vector<float>{0.5f, 0.5f, -1.0f, 0.0f}));
+}
+
+BOOST_AUTO_TEST_CASE(relative_bias_gather_and_adjoint) {
+  Kernels& k = cpu_kernels();
+  const int64_t B = 2, H = 3, Tq = 6, Tk = 9, nb = 8;
+  std::vector<int32_t> bucket(Tq * Tk);
+  t5_relative_buckets(bucket.data(), Tq, Tk, true, nb, 20);
+  auto table = random_vec(nb * H, 41);
+  std::vector<float> bias(H * Tq * Tk, 7.0f);
+  k.relative_bias_forward(bias.data(), table.data(), bucket.data(), H, Tq, Tk);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t ij = 0; ij < Tq * Tk; ++ij) BOOST_TEST(bias[h * Tq * Tk + ij] == table[bucket[ij] * H + h]);
+  // Backward is the adjoint of forward broadcast over the batch: <dS, bias> = <dtable, table>.
+  // Integer values: every sum is exact, so the two sides must be equal, not just close.
+  std::vector<float> dS(B * H * Tq * Tk), tab(nb * H);
+  std::mt19937 gen(42);
+  std::uniform_int_distribution<int> d(-20, 20);
+  for (auto& v : dS) v = static_cast<float>(d(gen));
+  for (auto& v : tab) v = static_cast<float>(d(gen));
+  k.relative_bias_forward(bias.data(), tab.data(), bucket.data(), H, Tq, Tk);
+  double lhs = 0.0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t m = 0; m < H * Tq * Tk; ++m) lhs += static_cast<double>(dS[b * H * Tq * Tk + m]) * bias[m];
+  std::vector<float> dtable(nb * H, 0.0f);
+  k.relative_bias_backward(dtable.data(), dS.data(), bucket.data(), B, H, Tq, Tk);
+  BOOST_TEST(lhs == dot(dtable, tab));
+  // Accumulates: a second call adds the same again; buckets never used keep their value.
+  std::vector<float> twice = dtable;
+  k.relative_bias_backward(twice.data(), dS.data(), bucket.data(), B, H, Tq, Tk);
+  for (size_t i = 0; i < twice.size(); ++i) BOOST_TEST(twice[i] == 2.0f * dtable[i]);
+  // Large enough for the parallel path: against a direct double sum.
+  const int64_t B2 = 2, H2 = 4, T2 = 70;
+  std::vector<int32_t> bk2(T2 * T2);
+  t5_relative_buckets(bk2.data(), T2, T2, false, 32, 128);
+  auto dS2 = random_vec(B2 * H2 * T2 * T2, 43);
+  std::vector<float> dt2(32 * H2, 0.0f);
+  std::vector<double> want(32 * H2, 0.0), mag(32 * H2, 0.0), terms(32 * H2, 0.0);
+  k.relative_bias_backward(dt2.data(), dS2.data(), bk2.data(), B2, H2, T2, T2);
+  for (int64_t b = 0; b < B2; ++b)
+    for (int64_t h = 0; h < H2; ++h)
+      for (int64_t ij = 0; ij < T2 * T2; ++ij) {
+        const float v = dS2[(b * H2 + h) * T2 * T2 + ij];
+        want[bk2[ij] * H2 + h] += v;
+        mag[bk2[ij] * H2 + h] += std::fabs(v);
+        terms[bk2[ij] * H2 + h] += 1.0;
+      }
+  // Any f32 summation order of m terms is within (m - 1) u sum |terms| of exact.
+  for (size_t i = 0; i < want.size(); ++i)
+    BOOST_TEST(std::fabs(dt2[i] - want[i]) <= terms[i] * std::numeric_limits<float>::epsilon() * mag[i]);
+}
+
+namespace {
+// Runs of (value, count) along a row, as printed from torch.
+std::vector<int32_t> expand_runs(const std::vector<std::pair<int32_t, int>>& runs) {
+  std::vector<int32_t> v;
+  for (auto [value, count] : runs) v.insert(v.end(), static_cast<size_t>(count), value);
+  return v;
+}
+std::vector<int32_t> row_of(const std::vector<int32_t>& t, int64_t Tk, int64_t i) {
+  return std::vector<int32_t>(t.begin() + i * Tk, t.begin() + (i + 1) * Tk);
+}
+// sum of bucket * (index % 9973 + 1) over the flat (Tq, Tk) table: the whole table in one number.
+int64_t weighted_sum(const std::vector<int32_t>& t) {
+  int64_t s = 0;
+  for (size_t i = 0; i < t.size(); ++i) s += static_cast<int64_t>(t[i]) * static_cast<int64_t>(i % 9973 + 1);
+  return s;
+}
+}  // namespace
+
+// Expected values printed by torch 1.13 running transformers 4.36's
+// T5Attention._relative_position_bucket on relative_position = arange(Tk)[None] - arange(Tq)[:, None]
+// with num_buckets 32, max_distance 128: full rows 0, 18 and 36 of (37, 53), run-length rows 0, 150
+// and 299 of (300, 300) (log branch and clamp), and for each table its sum and weighted_sum.
+BOOST_AUTO_TEST_CASE(t5_buckets_match_hf) {
+  auto table = [](int64_t Tq, int64_t Tk, bool bidirectional) {
+    std::vector<int32_t> t(static_cast<size_t>(Tq * Tk), -1);
+    t5_relative_buckets(t.data(), Tq, Tk, bidirectional, 32, 128);
+    return t;
+  };
+  auto sum = [](const std::vector<int32_t>& t) { return std::accumulate(t.begin(), t.end(), int64_t{0}); };
+  {
+    const auto t = table(37, 53, true);
+    BOOST_TEST(row_of(t, 53, 0) ==
+               (std::vector<int32_t>{0,  17, 18, 19, 20, 21, 22, 23, 24, 24, 24, 24, 25, 25, 25, 25, 26, 26,
+                                     26, 26, 26, 26, 26, 27, 27, 27, 27, 27, 27, 27, 27, 27, 28, 28, 28, 28,
+                                     28, 28, 28, 28, 28, 28, 28, 28, 28, 28, 29, 29, 29, 29, 29, 29, 29}));
+    BOOST_TEST(row_of(t, 53, 18) ==
+               (std::vector<int32_t>{10, 10, 10, 9,  9,  9,  9,  8,  8,  8,  8,  7,  6,  5,  4,  3,  2,  1,
+                                     0,  17, 18, 19, 20, 21, 22, 23, 24, 24, 24, 24, 25, 25, 25, 25, 26, 26,
+                                     26, 26, 26, 26, 26, 27, 27, 27, 27, 27, 27, 27, 27, 27, 28, 28, 28}));
+    BOOST_TEST(row_of(t, 53, 36) ==
+               (std::vector<int32_t>{12, 12, 12, 12, 12, 11, 11, 11, 11, 11, 11, 11, 11, 11, 10, 10, 10, 10,
+                                     10, 10, 10, 9,  9,  9,  9,  8,  8,  8,  8,  7,  6,  5,  4,  3,  2,  1,
+                                     0,  17, 18, 19, 20, 21, 22, 23, 24, 24, 24, 24, 25, 25, 25, 25, 26}));
+    BOOST_TEST(sum(t) == 36486);
+    BOOST_TEST(weighted_sum(t) == 31922064);
+  }
+  {
+    const auto t = table(37, 53, false);
+    BOOST_TEST(row_of(t, 53, 0) == std::vector<int32_t>(53, 0));
+    BOOST_TEST(row_of(t, 53, 18) == expand_runs({{16, 3},
+                                                 {15, 1},
+                                                 {14, 1},
+                                                 {13, 1},
+                                                 {12, 1},
+                                                 {11, 1},
+                                                 {10, 1},
+                                                 {9, 1},
+                                                 {8, 1},
+                                                 {7, 1},
+                                                 {6, 1},
+                                                 {5, 1},
+                                                 {4, 1},
+                                                 {3, 1},
+                                                 {2, 1},
+                                                 {1, 1},
+                                                 {0, 35}}));
+    BOOST_TEST(row_of(t, 53, 36) ==
+               (std::vector<int32_t>{22, 22, 21, 21, 21, 21, 20, 20, 20, 20, 19, 19, 19, 18, 18, 18, 17, 17,
+                                     16, 16, 16, 15, 14, 13, 12, 11, 10, 9,  8,  7,  6,  5,  4,  3,  2,  1,
+                                     0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0}));
+    BOOST_TEST(sum(t) == 7373);
+    BOOST_TEST(weighted_sum(t) == 10501929);
+  }
+  {
+    const auto t = table(300, 300, true);
+    BOOST_TEST(row_of(t, 300, 0) == expand_runs({{0, 1},
+                                                 {17, 1},
+                                                 {18, 1},
+                                                 {19, 1},
+                                                 {20, 1},
+                                                 {21, 1},
+                                                 {22, 1},
+                                                 {23, 1},
+                                                 {24, 4},
+                                                 {25, 4},
+                                                 {26, 7},
+                                                 {27, 9},
+                                                 {28, 14},
+                                                 {29, 18},
+                                                 {30, 27},
+                                                 {31, 209}}));
+    BOOST_TEST(row_of(t, 300, 150) ==
+               expand_runs({{15, 60}, {14, 27}, {13, 18}, {12, 14}, {11, 9},  {10, 7},  {9, 4},  {8, 4},
+                            {7, 1},   {6, 1},   {5, 1},   {4, 1},   {3, 1},   {2, 1},   {1, 1},  {0, 1},
+                            {17, 1},  {18, 1},  {19, 1},  {20, 1},  {21, 1},  {22, 1},  {23, 1}, {24, 4},
+                            {25, 4},  {26, 7},  {27, 9},  {28, 14}, {29, 18}, {30, 27}, {31, 59}}));
+    BOOST_TEST(row_of(t, 300, 299) == expand_runs({{15, 209},
+                                                   {14, 27},
+                                                   {13, 18},
+                                                   {12, 14},
+                                                   {11, 9},
+                                                   {10, 7},
+                                                   {9, 4},
+                                                   {8, 4},
+                                                   {7, 1},
+                                                   {6, 1},
+                                                   {5, 1},
+                                                   {4, 1},
+                                                   {3, 1},
+                                                   {2, 1},
+                                                   {1, 1},
+                                                   {0, 1}}));
+    BOOST_TEST(sum(t) == 1896430);
+    BOOST_TEST(weighted_sum(t) == 9307989666);
+  }
+  {
+    const auto t = table(300, 300, false);
+    BOOST_TEST(row_of(t, 300, 0) == std::vector<int32_t>(300, 0));
+    const std::vector<std::pair<int32_t, int>> tail = {
+        {30, 14}, {29, 12}, {28, 10}, {27, 10}, {26, 8}, {25, 7}, {24, 6}, {23, 6}, {22, 5}, {21, 4},
+        {20, 4},  {19, 3},  {18, 3},  {17, 2},  {16, 3}, {15, 1}, {14, 1}, {13, 1}, {12, 1}, {11, 1},
+        {10, 1},  {9, 1},   {8, 1},   {7, 1},   {6, 1},  {5, 1},  {4, 1},  {3, 1},  {2, 1},  {1, 1}};
+    auto runs150 = tail, runs299 = tail;
+    runs150.insert(runs150.begin(), {31, 38});
+    runs150.push_back({0, 150});
+    runs299.insert(runs299.begin(), {31, 187});
+    runs299.push_back({0, 1});
+    BOOST_TEST(row_of(t, 300, 150) == expand_runs(runs150));
+    BOOST_TEST(row_of(t, 300, 299) == expand_runs(runs299));
+    BOOST_TEST(sum(t) == 1147407);
+    BOOST_TEST(weighted_sum(t) == 5921112630);
+  }
+  // Another configuration, num_buckets 8 and max_distance 20, for j - i = -20 .. 20 (torch 1.13).
+  const std::vector<int32_t> bi8 = {3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 1, 0,
+                                    5, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7};
+  const std::vector<int32_t> ca8 = {7, 7, 7, 7, 7, 7, 7, 6, 6, 6, 6, 6, 5, 5, 5, 4, 4, 3, 2, 1, 0,
+                                    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t d = -20; d <= 20; ++d) {
+    BOOST_TEST(t5_relative_bucket(d, true, 8, 20) == bi8[d + 20], "d " << d);
+    BOOST_TEST(t5_relative_bucket(d, false, 8, 20) == ca8[d + 20], "d " << d);
+  }
+  BOOST_CHECK_THROW(t5_relative_buckets(nullptr, 1, 1, true, 7, 128), Error);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

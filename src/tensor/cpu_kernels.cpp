@@ -8,6 +8,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "tensor/kernel_math.h"
 #include "tensor/kernels.h"
 #include "tensor/ops.h"
 #include "tensor/rng.h"
@@ -149,6 +150,14 @@ class CpuKernels final : public Kernels {
   void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) override {
     ops::gelu_backward(dx, dy, x, n);
   }
+  void gelu_tanh_forward(float* y, const float* x, int64_t n) override {
+#pragma omp parallel for simd if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) y[i] = kmath::gelu_tanh_forward(x[i]);
+  }
+  void gelu_tanh_backward(float* dx, const float* dy, const float* x, int64_t n) override {
+#pragma omp parallel for simd if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) dx[i] = kmath::gelu_tanh_backward(dy[i], x[i]);
+  }
   void add(float* y, const float* a, const float* b, int64_t n) override { ops::add(y, a, b, n); }
   void add_inplace(float* y, const float* x, int64_t n) override { ops::add_inplace(y, x, n); }
 
@@ -228,6 +237,121 @@ class CpuKernels final : public Kernels {
       for (int64_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
       for (int64_t j = 0; j <= i; ++j) dr[j] = scale * pr[j] * (dr[j] - dot);
       for (int64_t j = i + 1; j < T; ++j) dr[j] = 0.0f;
+    }
+  }
+
+  // Rows are independent: parallel over rows. The sum of squares in f64 (kernels.h).
+  void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C,
+                       float eps) override {
+#pragma omp parallel for if (rows * C > kParallelMin)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * C;
+      float* yr = y + r * C;
+      double ss = 0.0;
+      for (int64_t c = 0; c < C; ++c) ss += static_cast<double>(xr[c]) * xr[c];
+      const float var = static_cast<float>(ss / static_cast<double>(C));
+      const float s = 1.0f / std::sqrt(var + eps);  // torch.rsqrt: sqrt, then a division
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) yr[c] = w[c] * (xr[c] * s);  // weight * (x * rsqrt): HF's order
+      rstd[r] = s;
+    }
+  }
+
+  // y = w x s with s = (mean x^2 + eps)^-1/2, ds/dx_k = -s^3 x_k / C:
+  // dx_k = s (g_k - x_k s^2 sum_j(g_j x_j) / C), g = dy * w.
+  void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd,
+                        int64_t rows, int64_t C) override {
+    // dw is a reduction over rows: serial in row order (the device's order too), so the sum
+    // never depends on the thread count; fmaf spelled out so both sides round alike.
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * C;
+      const float* dyr = dy + r * C;
+      const float s = rstd[r];
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) dw[c] = std::fma(xr[c] * s, dyr[c], dw[c]);
+    }
+    if (!dx) return;
+#pragma omp parallel for if (rows * C > kParallelMin)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * C;
+      const float* dyr = dy + r * C;
+      float* dxr = dx + r * C;
+      const float s = rstd[r];
+      double dot = 0.0;  // sum_j g_j x_j in f64, as the forward's sum of squares
+      for (int64_t c = 0; c < C; ++c) dot += static_cast<double>(dyr[c] * w[c]) * xr[c];
+      const float k = static_cast<float>(dot / static_cast<double>(C)) * s * s;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) dxr[c] = s * std::fma(-xr[c], k, dyr[c] * w[c]);
+    }
+  }
+
+  // One row per (b, h, i): masked keys are skipped, the rest is softmax over scores + bias.
+  void attention_softmax_forward(float* P, const float* bias, const int32_t* key_valid, bool causal, int64_t B,
+                                 int64_t H, int64_t Tq, int64_t Tk) override {
+    const int64_t rows = B * H * Tq;
+#pragma omp parallel for if (rows * Tk > kSoftmaxParallelMin)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = r % Tq, h = (r / Tq) % H, b = r / (H * Tq);
+      float* row = P + r * Tk;
+      const float* br = bias ? bias + (h * Tq + i) * Tk : nullptr;
+      const int32_t* kv = key_valid ? key_valid + b * Tk : nullptr;
+      // Keys j < end may be unmasked (causal: j <= i).
+      const int64_t end = causal ? std::min(i + 1, Tk) : Tk;
+      auto valid = [&](int64_t j) { return j < end && (!kv || kv[j] != 0); };
+      float mx = -std::numeric_limits<float>::infinity();
+      bool any = false;
+      for (int64_t j = 0; j < Tk; ++j) {
+        if (!valid(j)) continue;
+        if (br) row[j] += br[j];
+        mx = std::max(mx, row[j]);
+        any = true;
+      }
+      if (!any) {  // every key masked: HF's finfo.min mask makes all scores equal
+        std::fill_n(row, Tk, 1.0f / static_cast<float>(Tk));
+        continue;
+      }
+      float sum = 0.0f;
+      for (int64_t j = 0; j < Tk; ++j) {
+        row[j] = valid(j) ? std::exp(row[j] - mx) : 0.0f;
+        sum += row[j];
+      }
+      for (int64_t j = 0; j < Tk; ++j) row[j] /= sum;  // masked: 0 / sum = 0
+    }
+  }
+
+  void softmax_backward(float* dP, const float* P, int64_t rows, int64_t Tk) override {
+#pragma omp parallel for if (rows * Tk > kSoftmaxParallelMin)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* pr = P + r * Tk;
+      float* dr = dP + r * Tk;
+      float dot = 0.0f;
+      for (int64_t j = 0; j < Tk; ++j) dot += pr[j] * dr[j];
+      for (int64_t j = 0; j < Tk; ++j) dr[j] = pr[j] * (dr[j] - dot);
+    }
+  }
+
+  void relative_bias_forward(float* bias, const float* table, const int32_t* bucket, int64_t H, int64_t Tq,
+                             int64_t Tk) override {
+#pragma omp parallel for if (H * Tq * Tk > kParallelMin)
+    for (int64_t hi = 0; hi < H * Tq; ++hi) {
+      const int64_t h = hi / Tq, i = hi % Tq;
+      const int32_t* bk = bucket + i * Tk;
+      float* out = bias + hi * Tk;
+      for (int64_t j = 0; j < Tk; ++j) out[j] = table[static_cast<int64_t>(bk[j]) * H + h];
+    }
+  }
+
+  // Head h only writes column h of dtable: heads go parallel, each in a fixed (i, j, b) order.
+  void relative_bias_backward(float* dtable, const float* dS, const int32_t* bucket, int64_t B, int64_t H, int64_t Tq,
+                              int64_t Tk) override {
+    const int64_t plane = Tq * Tk;
+#pragma omp parallel for if (B * H * plane > kParallelMin)
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t ij = 0; ij < plane; ++ij) {
+        float s = 0.0f;
+        for (int64_t b = 0; b < B; ++b) s += dS[(b * H + h) * plane + ij];
+        dtable[static_cast<int64_t>(bucket[ij]) * H + h] += s;
+      }
     }
   }
 

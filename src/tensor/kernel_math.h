@@ -3,7 +3,7 @@
 // FSDP_HD (host + device) inline functions so both compute the same bits:
 //   - Philox4x32-10 and uniform(counter): CounterRng (tensor/rng.cpp) bit for bit;
 //   - dropout's keep rule (nn/activation.cpp): mask = uniform >= p ? scale : 0;
-//   - exact (erf) GELU forward and backward as ops.cpp computes them;
+//   - exact (erf) GELU forward and backward as ops.cpp computes them; tanh GELU (HF's gelu_new);
 //   - f32 <-> bf16 / f16 round to nearest even and back (tensor/half_math.h, also dtype.h's);
 //   - one element of SGD, Adadelta and AdamW (optim/optimizer.cpp) from kernels.h's Args.
 //
@@ -89,6 +89,26 @@ FSDP_HD inline float gelu_backward(float dy, float x) {
   const float pdf = kInvSqrt2Pi * expf(-0.5f * x * x);
   // cdf + x * pdf with cdf = 0.5 * (1 + erf), as the CPU build computes it (see the top).
   return dy * fmaf(0.5f, one_plus_erf, x * pdf);
+}
+
+// --- Tanh GELU: HF's NewGELUActivation ("gelu_new", T5 v1.1's gated-gelu), whose forward is
+// torch ops each rounded to f32: x * x * x (torch.pow(x, 3.0) multiplies twice), times
+// 0.044715, plus x (unfused), times sqrt(2/pi), tanh, plus 1, times 0.5 * x. tanhf is glibc's
+// on the host and CUDA's (max 2 ulp) on the device: a few ulp apart, as erf GELU.
+constexpr float kSqrt2OverPi = 0.7978845608028654f;  // static_cast<float>(math.sqrt(2 / math.pi))
+constexpr float kGeluTanhCubic = 0.044715f;
+
+FSDP_HD inline float gelu_tanh_inner(float x) { return kSqrt2OverPi * add_unfused(x, kGeluTanhCubic * (x * x * x)); }
+
+FSDP_HD inline float gelu_tanh_forward(float x) { return 0.5f * x * (1.0f + tanhf(gelu_tanh_inner(x))); }
+
+// d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), t = tanh(inner).
+// The three sums of a product are explicit fmaf so host and device round them alike.
+FSDP_HD inline float gelu_tanh_backward(float dy, float x) {
+  const float t = tanhf(gelu_tanh_inner(x));
+  const float sech2 = fmaf(-t, t, 1.0f);                                         // 1 - t^2
+  const float dinner = kSqrt2OverPi * fmaf(3.0f * kGeluTanhCubic, x * x, 1.0f);  // d inner / dx
+  return dy * fmaf(0.5f * x * sech2, dinner, 0.5f * (1.0f + t));
 }
 
 // --- Optimizer updates of one element (optim/optimizer.cpp; madd -> fmaf, see the top).

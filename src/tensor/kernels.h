@@ -74,6 +74,9 @@ class Kernels {
   virtual void relu_backward(float* dx, const float* dy, const float* y, int64_t n) = 0;
   virtual void gelu_forward(float* y, const float* x, int64_t n) = 0;  // exact (erf)
   virtual void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) = 0;
+  // HF's NewGELUActivation ("gelu_new"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+  virtual void gelu_tanh_forward(float* y, const float* x, int64_t n) = 0;
+  virtual void gelu_tanh_backward(float* dx, const float* dy, const float* x, int64_t n) = 0;
   virtual void add(float* y, const float* a, const float* b, int64_t n) = 0;
   virtual void add_inplace(float* y, const float* x, int64_t n) = 0;
   virtual void mul(float* y, const float* a, const float* b, int64_t n) = 0;
@@ -97,6 +100,34 @@ class Kernels {
   virtual void causal_softmax_forward(float* P, int64_t planes, int64_t T) = 0;
   // dS = scale * P * (dP - rowsum(P * dP)) in place of dP, zeros above the diagonal.
   virtual void causal_softmax_backward(float* dP, const float* P, int64_t planes, int64_t T, float scale) = 0;
+  // T5LayerNorm (RMS norm): rstd[r] = 1 / sqrt(mean_c x^2 + eps), y = w * (x * rstd); no mean,
+  // no bias. The sum of squares is accumulated in f64 (then rounded to f32) on host and device:
+  // their different summation orders give the same rstd unless the sum lies at an f32 rounding
+  // boundary.
+  virtual void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C,
+                               float eps) = 0;
+  // dx overwritten (null: skipped), dw (C) += sum over rows of dy * x * rstd.
+  virtual void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                                const float* rstd, int64_t rows, int64_t C) = 0;
+  // Attention softmax in place on P (B, H, Tq, Tk), raw scores on entry:
+  // P = softmax_j(scores + bias[h, i, j]) over the unmasked j, exactly 0 at masked j.
+  // bias (H, Tq, Tk): null for none. key_valid (B, Tk): null for all valid, else key j of sample
+  // b is masked where key_valid[b * Tk + j] == 0. causal: j > i masked as well. A row with every
+  // key masked is uniform, 1/Tk everywhere (what HF's additive finfo.min mask gives).
+  virtual void attention_softmax_forward(float* P, const float* bias, const int32_t* key_valid, bool causal, int64_t B,
+                                         int64_t H, int64_t Tq, int64_t Tk) = 0;
+  // dS = P * (dP - rowsum(P * dP)) in place of dP, rows of Tk (masked entries: P = 0, so 0).
+  // A fully masked row (uniform P) gets that formula too, as torch's autograd does through HF's
+  // additive mask, although the forward is constant there.
+  virtual void softmax_backward(float* dP, const float* P, int64_t rows, int64_t Tk) = 0;
+  // T5 relative position bias: bias (H, Tq, Tk) = table[bucket[i, j], h], table (num_buckets, H)
+  // (nn.Embedding(num_buckets, n_heads).weight), bucket (Tq, Tk) from t5_relative_buckets.
+  virtual void relative_bias_forward(float* bias, const float* table, const int32_t* bucket, int64_t H, int64_t Tq,
+                                     int64_t Tk) = 0;
+  // dtable[bucket[i, j], h] += sum over b of dS[b, h, i, j], dS (B, H, Tq, Tk). Host: a fixed
+  // order. Device: atomics (duplicate buckets add up in a run-dependent order).
+  virtual void relative_bias_backward(float* dtable, const float* dS, const int32_t* bucket, int64_t B, int64_t H,
+                                      int64_t Tq, int64_t Tk) = 0;
 
   // --- Pooling: 2x2 max-pool, stride 2, on (planes, H, W); argmax = flat index in the plane.
   virtual void maxpool2_forward(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W) = 0;

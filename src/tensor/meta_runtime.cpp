@@ -39,6 +39,8 @@ class MetaKernels final : public Kernels {
   void relu_backward(float*, const float*, const float*, int64_t) override {}
   void gelu_forward(float*, const float*, int64_t) override {}
   void gelu_backward(float*, const float*, const float*, int64_t) override {}
+  void gelu_tanh_forward(float*, const float*, int64_t) override {}
+  void gelu_tanh_backward(float*, const float*, const float*, int64_t) override {}
   void add(float*, const float*, const float*, int64_t) override {}
   void add_inplace(float*, const float*, int64_t) override {}
   void mul(float*, const float*, const float*, int64_t) override {}
@@ -53,6 +55,14 @@ class MetaKernels final : public Kernels {
   void log_softmax_backward(float*, const float*, const float*, int64_t, int64_t) override {}
   void causal_softmax_forward(float*, int64_t, int64_t) override {}
   void causal_softmax_backward(float*, const float*, int64_t, int64_t, float) override {}
+  void rmsnorm_forward(float*, float*, const float*, const float*, int64_t, int64_t, float) override {}
+  void rmsnorm_backward(float*, float*, const float*, const float*, const float*, const float*, int64_t,
+                        int64_t) override {}
+  void attention_softmax_forward(float*, const float*, const int32_t*, bool, int64_t, int64_t, int64_t,
+                                 int64_t) override {}
+  void softmax_backward(float*, const float*, int64_t, int64_t) override {}
+  void relative_bias_forward(float*, const float*, const int32_t*, int64_t, int64_t, int64_t) override {}
+  void relative_bias_backward(float*, const float*, const int32_t*, int64_t, int64_t, int64_t, int64_t) override {}
   void maxpool2_forward(float*, int32_t*, const float*, int64_t, int64_t, int64_t) override {}
   void maxpool2_backward(float*, const float*, const int32_t*, int64_t, int64_t, int64_t) override {}
   void embedding_forward(float*, const int32_t*, const float*, const float*, int64_t, int64_t, int64_t) override {}

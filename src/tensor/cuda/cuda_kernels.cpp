@@ -121,6 +121,12 @@ void CudaKernels::gelu_forward(float* y, const float* x, int64_t n) {
 void CudaKernels::gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
   launch::elementwise(launch::Unary::gelu_backward, dx, dy, x, n, stream_);
 }
+void CudaKernels::gelu_tanh_forward(float* y, const float* x, int64_t n) {
+  launch::elementwise(launch::Unary::gelu_tanh_forward, y, x, nullptr, n, stream_);
+}
+void CudaKernels::gelu_tanh_backward(float* dx, const float* dy, const float* x, int64_t n) {
+  launch::elementwise(launch::Unary::gelu_tanh_backward, dx, dy, x, n, stream_);
+}
 void CudaKernels::add(float* y, const float* a, const float* b, int64_t n) {
   launch::elementwise(launch::Unary::add, y, a, b, n, stream_);
 }
@@ -157,6 +163,29 @@ void CudaKernels::causal_softmax_forward(float* P, int64_t planes, int64_t T) {
 }
 void CudaKernels::causal_softmax_backward(float* dP, const float* P, int64_t planes, int64_t T, float scale) {
   launch::causal_softmax_backward(dP, P, planes, T, scale, stream_);
+}
+void CudaKernels::rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C,
+                                  float eps) {
+  launch::rmsnorm_forward(y, rstd, x, w, rows, C, eps, stream_);
+}
+void CudaKernels::rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                                   const float* rstd, int64_t rows, int64_t C) {
+  launch::rmsnorm_backward(dx, dw, dy, x, w, rstd, rows, C, stream_);
+}
+void CudaKernels::attention_softmax_forward(float* P, const float* bias, const int32_t* key_valid, bool causal,
+                                            int64_t B, int64_t H, int64_t Tq, int64_t Tk) {
+  launch::attention_softmax_forward(P, bias, key_valid, causal, B, H, Tq, Tk, stream_);
+}
+void CudaKernels::softmax_backward(float* dP, const float* P, int64_t rows, int64_t Tk) {
+  launch::softmax_backward(dP, P, rows, Tk, stream_);
+}
+void CudaKernels::relative_bias_forward(float* bias, const float* table, const int32_t* bucket, int64_t H, int64_t Tq,
+                                        int64_t Tk) {
+  launch::relative_bias_forward(bias, table, bucket, H, Tq, Tk, stream_);
+}
+void CudaKernels::relative_bias_backward(float* dtable, const float* dS, const int32_t* bucket, int64_t B, int64_t H,
+                                         int64_t Tq, int64_t Tk) {
+  launch::relative_bias_backward(dtable, dS, bucket, B, H, Tq, Tk, stream_);
 }
 void CudaKernels::maxpool2_forward(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W) {
   launch::maxpool2_forward(y, argmax, x, planes, H, W, stream_);

@@ -56,6 +56,8 @@ class CudaKernels final : public Kernels {
   void relu_backward(float* dx, const float* dy, const float* y, int64_t n) override;
   void gelu_forward(float* y, const float* x, int64_t n) override;
   void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) override;
+  void gelu_tanh_forward(float* y, const float* x, int64_t n) override;
+  void gelu_tanh_backward(float* dx, const float* dy, const float* x, int64_t n) override;
   void add(float* y, const float* a, const float* b, int64_t n) override;
   void add_inplace(float* y, const float* x, int64_t n) override;
   void mul(float* y, const float* a, const float* b, int64_t n) override;
@@ -71,6 +73,17 @@ class CudaKernels final : public Kernels {
   void log_softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t C) override;
   void causal_softmax_forward(float* P, int64_t planes, int64_t T) override;
   void causal_softmax_backward(float* dP, const float* P, int64_t planes, int64_t T, float scale) override;
+  void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C,
+                       float eps) override;
+  void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd,
+                        int64_t rows, int64_t C) override;
+  void attention_softmax_forward(float* P, const float* bias, const int32_t* key_valid, bool causal, int64_t B,
+                                 int64_t H, int64_t Tq, int64_t Tk) override;
+  void softmax_backward(float* dP, const float* P, int64_t rows, int64_t Tk) override;
+  void relative_bias_forward(float* bias, const float* table, const int32_t* bucket, int64_t H, int64_t Tq,
+                             int64_t Tk) override;
+  void relative_bias_backward(float* dtable, const float* dS, const int32_t* bucket, int64_t B, int64_t H, int64_t Tq,
+                              int64_t Tk) override;
   void maxpool2_forward(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W) override;
   void maxpool2_backward(float* dx, const float* dy, const int32_t* argmax, int64_t planes, int64_t H,
                          int64_t W) override;

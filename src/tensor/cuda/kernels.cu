@@ -1,7 +1,8 @@
 // The CUDA kernels of CudaKernels (launch.h). Elementwise work uses grid-stride loops; row-wise
-// work (layernorm, softmaxes) one block per row; column sums (bias and layernorm weight grads)
-// one thread per column looping over rows in order, so they are deterministic (no atomics) and
-// add in the CPU's order. Reductions to a host value are two deterministic passes (per-block
+// work (layernorm, RMS norm, softmaxes) one block per row; column sums (bias and norm weight
+// grads) one thread per column looping over rows in order, so they are deterministic (no
+// atomics) and add in the CPU's order. Scatters with duplicates (embedding and relative-bias
+// grads) use atomics. Reductions to a host value are two deterministic passes (per-block
 // partials, then one block over the partials). The per-element math shared with the host
 // (GELU, dropout's Philox, bf16/f16 rounding, optimizer updates) is tensor/kernel_math.h.
 #include <cuda_runtime.h>
@@ -152,6 +153,8 @@ __global__ void elementwise_k(Unary op, float* y, const float* a, const float* b
       case Unary::relu_backward: y[i] = b[i] <= 0.0f ? 0.0f : a[i]; break;
       case Unary::gelu_forward: y[i] = kmath::gelu_forward(a[i]); break;
       case Unary::gelu_backward: y[i] = kmath::gelu_backward(a[i], b[i]); break;
+      case Unary::gelu_tanh_forward: y[i] = kmath::gelu_tanh_forward(a[i]); break;
+      case Unary::gelu_tanh_backward: y[i] = kmath::gelu_tanh_backward(a[i], b[i]); break;
       case Unary::add: y[i] = a[i] + b[i]; break;
       case Unary::add_inplace: y[i] += a[i]; break;
       case Unary::mul: y[i] = a[i] * b[i]; break;
@@ -270,6 +273,113 @@ __global__ void causal_softmax_backward_k(float* dP, const float* P, int64_t T, 
   for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) d += pr[j] * dr[j];
   const float dot = block_reduce(d, Sum{});
   for (int64_t j = threadIdx.x; j < T; j += blockDim.x) dr[j] = j <= i ? scale * pr[j] * (dr[j] - dot) : 0.0f;
+}
+
+// RMS norm (T5LayerNorm), one block per row. The sum of squares in f64 as on the host: each
+// term x*x is exact in f64, so host and device differ only by f64 summation order, far below
+// the f32 rounding of the mean; the rest is the host's f32 expression, operation for operation.
+__global__ void rmsnorm_forward_k(float* y, float* rstd, const float* x, const float* w, int64_t C, float eps) {
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * C;
+  float* yr = y + r * C;
+  double ss = 0.0;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) ss += static_cast<double>(xr[c]) * xr[c];
+  const float var = static_cast<float>(block_reduce(ss, Sum{}) / static_cast<double>(C));
+  const float rs = 1.0f / sqrtf(var + eps);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) yr[c] = w[c] * (xr[c] * rs);
+  if (threadIdx.x == 0) rstd[r] = rs;
+}
+// dx = s * (g - x * (s^2 * dot / C)), g = dy * w, dot = sum g x in f64 (see the forward).
+__global__ void rmsnorm_dx_k(float* dx, const float* dy, const float* x, const float* w, const float* rstd, int64_t C) {
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * C;
+  const float* dyr = dy + r * C;
+  float* dxr = dx + r * C;
+  const float s = rstd[r];
+  double d = 0.0;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) d += static_cast<double>(dyr[c] * w[c]) * xr[c];
+  const float k = static_cast<float>(block_reduce(d, Sum{}) / static_cast<double>(C)) * s * s;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dxr[c] = s * fmaf(-xr[c], k, dyr[c] * w[c]);
+}
+// dw[c] += sum_r x * rstd * dy: one thread per column, rows in order, the host's fmaf: bitwise.
+__global__ void rmsnorm_dw_k(float* dw, const float* dy, const float* x, const float* rstd, int64_t rows, int64_t C) {
+  for (int64_t c = gtid(); c < C; c += gstride()) {
+    float aw = dw[c];
+    for (int64_t r = 0; r < rows; ++r) aw = fmaf(x[r * C + c] * rstd[r], dy[r * C + c], aw);
+    dw[c] = aw;
+  }
+}
+// One block per (b, h, i) row of P (B, H, Tq, Tk); the host's order of operations (kernels.h).
+__global__ void attention_softmax_forward_k(float* P, const float* bias, const int32_t* key_valid, bool causal,
+                                            int64_t H, int64_t Tq, int64_t Tk) {
+  const int64_t r = blockIdx.x, i = r % Tq, h = (r / Tq) % H, b = r / (H * Tq);
+  float* row = P + r * Tk;
+  const float* br = bias ? bias + (h * Tq + i) * Tk : nullptr;
+  const int32_t* kv = key_valid ? key_valid + b * Tk : nullptr;
+  const int64_t end = causal ? (i + 1 < Tk ? i + 1 : Tk) : Tk;
+  float mx = -INFINITY;
+  int any = 0;
+  for (int64_t j = threadIdx.x; j < Tk; j += blockDim.x) {
+    if (j >= end || (kv && kv[j] == 0)) continue;
+    if (br) row[j] += br[j];
+    mx = fmaxf(mx, row[j]);
+    any = 1;
+  }
+  mx = block_max(mx);
+  if (block_reduce(any, Sum{}) == 0) {  // every key masked: uniform (block-wide, so no divergence)
+    const float u = 1.0f / static_cast<float>(Tk);
+    for (int64_t j = threadIdx.x; j < Tk; j += blockDim.x) row[j] = u;
+    return;
+  }
+  float s = 0.0f;
+  for (int64_t j = threadIdx.x; j < Tk; j += blockDim.x) {
+    const float e = (j >= end || (kv && kv[j] == 0)) ? 0.0f : expf(row[j] - mx);
+    row[j] = e;
+    s += e;
+  }
+  const float sum = block_reduce(s, Sum{});
+  for (int64_t j = threadIdx.x; j < Tk; j += blockDim.x) row[j] = row[j] / sum;
+}
+__global__ void softmax_backward_k(float* dP, const float* P, int64_t Tk) {
+  const int64_t off = static_cast<int64_t>(blockIdx.x) * Tk;
+  float d = 0.0f;
+  for (int64_t j = threadIdx.x; j < Tk; j += blockDim.x) d += P[off + j] * dP[off + j];
+  const float dot = block_reduce(d, Sum{});
+  for (int64_t j = threadIdx.x; j < Tk; j += blockDim.x) dP[off + j] = P[off + j] * (dP[off + j] - dot);
+}
+__global__ void relative_bias_forward_k(float* bias, const float* table, const int32_t* bucket, int64_t H, int64_t Tq,
+                                        int64_t Tk) {
+  const int64_t plane = Tq * Tk;
+  for (int64_t idx = gtid(); idx < H * plane; idx += gstride())
+    bias[idx] = table[static_cast<int64_t>(bucket[idx % plane]) * H + idx / plane];
+}
+// One thread per (h, i, j) sums dS over b in order, then the lanes of a warp that share a table
+// entry (__match_any_sync; T5's buckets come in runs along j) add their sums in lane order and
+// one of them adds that to dtable with an atomic: far fewer atomics than one per element, but
+// the order of the atomics across warps varies from run to run (not bitwise reproducible; the
+// host is). Loops run warp-uniformly (base = the warp's first index) so every lane takes part in
+// the warp intrinsics.
+__global__ void relative_bias_backward_k(float* dtable, const float* dS, const int32_t* bucket, int64_t B, int64_t H,
+                                         int64_t Tq, int64_t Tk) {
+  const int64_t plane = Tq * Tk, n = H * plane;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  for (int64_t base = gtid() - lane; base < n; base += gstride()) {
+    const int64_t idx = base + lane;
+    long long key = -1;  // index into dtable; -1 past the end
+    float s = 0.0f;
+    if (idx < n) {
+      const int64_t h = idx / plane, ij = idx % plane;
+      for (int64_t b = 0; b < B; ++b) s += dS[(b * H + h) * plane + ij];
+      key = static_cast<long long>(bucket[ij]) * H + h;
+    }
+    const unsigned peers = __match_any_sync(0xffffffffu, key);
+    float acc = 0.0f;
+    for (int l = 0; l < 32; ++l) {
+      const float v = __shfl_sync(0xffffffffu, s, l);
+      if ((peers >> l) & 1u) acc += v;
+    }
+    if (key >= 0 && lane == __ffs(peers) - 1) atomicAdd(&dtable[key], acc);
+  }
 }
 
 // ---- Pooling and embeddings.
@@ -515,6 +625,45 @@ void causal_softmax_backward(float* dP, const float* P, int64_t planes, int64_t 
   if (planes * T == 0) return;
   causal_softmax_backward_k<<<rows_grid(planes * T, "causal_softmax_backward"), kThreads, 0, s>>>(dP, P, T, scale);
   check_launch("causal_softmax_backward");
+}
+void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C, float eps,
+                     cudaStream_t s) {
+  if (rows == 0) return;
+  rmsnorm_forward_k<<<rows_grid(rows, "rmsnorm_forward"), kThreads, 0, s>>>(y, rstd, x, w, C, eps);
+  check_launch("rmsnorm_forward");
+}
+void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd,
+                      int64_t rows, int64_t C, cudaStream_t s) {
+  if (rows == 0 || C == 0) return;
+  rmsnorm_dw_k<<<blocks_for(C), kThreads, 0, s>>>(dw, dy, x, rstd, rows, C);
+  check_launch("rmsnorm_backward (dw)");
+  if (!dx) return;
+  rmsnorm_dx_k<<<rows_grid(rows, "rmsnorm_backward"), kThreads, 0, s>>>(dx, dy, x, w, rstd, C);
+  check_launch("rmsnorm_backward (dx)");
+}
+void attention_softmax_forward(float* P, const float* bias, const int32_t* key_valid, bool causal, int64_t B, int64_t H,
+                               int64_t Tq, int64_t Tk, cudaStream_t s) {
+  if (B * H * Tq == 0 || Tk == 0) return;
+  attention_softmax_forward_k<<<rows_grid(B * H * Tq, "attention_softmax_forward"), kThreads, 0, s>>>(
+      P, bias, key_valid, causal, H, Tq, Tk);
+  check_launch("attention_softmax_forward");
+}
+void softmax_backward(float* dP, const float* P, int64_t rows, int64_t Tk, cudaStream_t s) {
+  if (rows == 0 || Tk == 0) return;
+  softmax_backward_k<<<rows_grid(rows, "softmax_backward"), kThreads, 0, s>>>(dP, P, Tk);
+  check_launch("softmax_backward");
+}
+void relative_bias_forward(float* bias, const float* table, const int32_t* bucket, int64_t H, int64_t Tq, int64_t Tk,
+                           cudaStream_t s) {
+  if (H * Tq * Tk == 0) return;
+  relative_bias_forward_k<<<blocks_for(H * Tq * Tk), kThreads, 0, s>>>(bias, table, bucket, H, Tq, Tk);
+  check_launch("relative_bias_forward");
+}
+void relative_bias_backward(float* dtable, const float* dS, const int32_t* bucket, int64_t B, int64_t H, int64_t Tq,
+                            int64_t Tk, cudaStream_t s) {
+  if (H * Tq * Tk == 0) return;
+  relative_bias_backward_k<<<blocks_for(H * Tq * Tk), kThreads, 0, s>>>(dtable, dS, bucket, B, H, Tq, Tk);
+  check_launch("relative_bias_backward");
 }
 void maxpool2_forward(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W, cudaStream_t s) {
   int64_t n = planes * (H / 2) * (W / 2);

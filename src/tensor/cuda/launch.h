@@ -19,7 +19,17 @@ void conv_bias_permute(float* y, const float* ybuf, const float* bias, int64_t B
                        cudaStream_t s);
 void conv_grad_permute(float* dyt, float* db, const float* dy, int64_t B, int64_t out, int64_t P, cudaStream_t s);
 
-enum class Unary : uint8_t { relu_forward, relu_backward, gelu_forward, gelu_backward, add, add_inplace, mul };
+enum class Unary : uint8_t {
+  relu_forward,
+  relu_backward,
+  gelu_forward,
+  gelu_backward,
+  gelu_tanh_forward,
+  gelu_tanh_backward,
+  add,
+  add_inplace,
+  mul
+};
 // y = f(a, b) elementwise (b unused by the one-input ops).
 void elementwise(Unary op, float* y, const float* a, const float* b, int64_t n, cudaStream_t s);
 void scale(float* x, float factor, int64_t n, cudaStream_t s);
@@ -35,6 +45,17 @@ void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C, cuda
 void log_softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t C, cudaStream_t s);
 void causal_softmax_forward(float* P, int64_t planes, int64_t T, cudaStream_t s);
 void causal_softmax_backward(float* dP, const float* P, int64_t planes, int64_t T, float scale, cudaStream_t s);
+void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C, float eps,
+                     cudaStream_t s);
+void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd,
+                      int64_t rows, int64_t C, cudaStream_t s);
+void attention_softmax_forward(float* P, const float* bias, const int32_t* key_valid, bool causal, int64_t B, int64_t H,
+                               int64_t Tq, int64_t Tk, cudaStream_t s);
+void softmax_backward(float* dP, const float* P, int64_t rows, int64_t Tk, cudaStream_t s);
+void relative_bias_forward(float* bias, const float* table, const int32_t* bucket, int64_t H, int64_t Tq, int64_t Tk,
+                           cudaStream_t s);
+void relative_bias_backward(float* dtable, const float* dS, const int32_t* bucket, int64_t B, int64_t H, int64_t Tq,
+                            int64_t Tk, cudaStream_t s);
 void maxpool2_forward(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W, cudaStream_t s);
 void maxpool2_backward(float* dx, const float* dy, const int32_t* argmax, int64_t planes, int64_t H, int64_t W,
                        cudaStream_t s);
