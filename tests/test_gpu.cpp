@@ -846,6 +846,64 @@ BOOST_AUTO_TEST_CASE(relative_bias) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(embedding_without_positions_bitwise) {
+  Gpu g;
+  Kernels& cpu = cpu_kernels();
+  const int64_t V = 13, B = 3, T = 17, C = 70;
+  std::vector<int32_t> tokens;
+  for (float t : small_ints(B * T, 1900, 0, static_cast<int>(V - 1))) tokens.push_back(static_cast<int32_t>(t));
+  auto wte = randn(V * C, 1901);
+  const auto ny = static_cast<size_t>(B * T * C);
+  std::vector<float> y(ny, 7.0f);
+  int32_t* gtok = g.upload(tokens);
+  float* gwte = g.upload(wte);
+  float* gy = g.upload(y);
+  cpu.embedding_forward(y.data(), tokens.data(), wte.data(), nullptr, B, T, C);
+  g.k().embedding_forward(gy, gtok, gwte, nullptr, B, T, C);
+  same_bits(y, g.download(gy, ny), "embedding_forward (no wpe)");
+  auto dy = small_ints(ny, 1902, -50, 50), dwte = small_ints(V * C, 1903, -50, 50);
+  float* gdy = g.upload(dy);
+  float* gdwte = g.upload(dwte);
+  cpu.embedding_backward(dwte.data(), nullptr, dy.data(), tokens.data(), B, T, C);
+  g.k().embedding_backward(gdwte, nullptr, gdy, gtok, B, T, C);
+  same_bits(dwte, g.download(gdwte, V * C), "embedding_backward (no dwpe)");
+}
+
+// Negative targets (ignore_index): on the host's log-probabilities, the f64 sums differ only in
+// order; nll_backward is bitwise; cross_entropy_backward as rows_and_losses, ignored rows exactly 0.
+BOOST_AUTO_TEST_CASE(losses_with_ignored_targets) {
+  Gpu g;
+  Kernels& cpu = cpu_kernels();
+  const int64_t rows = 45, C = 300;
+  const auto n = static_cast<size_t>(rows * C);
+  auto x = randn(n, 2000, 2.0f);
+  std::vector<float> logp(n);
+  cpu.log_softmax_forward(logp.data(), x.data(), rows, C);
+  std::vector<int32_t> t(rows);
+  for (int64_t r = 0; r < rows; ++r) t[r] = r % 3 == 1 ? -100 : static_cast<int32_t>((r * 37) % C);
+  t[5] = -1;
+  float* glogp = g.upload(logp);
+  int32_t* gt = g.upload(t);
+  double s_cpu = 0, s_gpu = 0;
+  int64_t c_cpu = 0, c_gpu = 0;
+  cpu.nll_sum(logp.data(), t.data(), rows, C, &s_cpu, &c_cpu);
+  g.k().nll_sum(glogp, gt, rows, C, &s_gpu, &c_gpu);
+  BOOST_TEST(std::fabs(s_cpu - s_gpu) <= 1e-12 * std::fabs(s_cpu));
+  BOOST_TEST(c_cpu == c_gpu);
+  std::vector<float> d(n, 7.0f);
+  float* gd = g.upload(d);
+  cpu.nll_backward(d.data(), t.data(), rows, C, -0.25f);
+  g.k().nll_backward(gd, gt, rows, C, -0.25f);
+  same_bits(d, g.download(gd, n), "nll_backward (ignored targets)");
+  cpu.cross_entropy_backward(d.data(), logp.data(), t.data(), rows, C, 0.1f);
+  g.k().cross_entropy_backward(gd, glogp, gt, rows, C, 0.1f);
+  auto got = g.download(gd, n);
+  close(d, got, 1e-5f, 1e-7f, "cross_entropy_backward (ignored targets)");
+  for (int64_t r = 0; r < rows; ++r)
+    if (t[r] < 0)
+      for (int64_t c = 0; c < C; ++c) BOOST_TEST_REQUIRE(bits(got[r * C + c]) == 0u);
+}
+
 BOOST_AUTO_TEST_CASE(allocator_and_stream_order) {
   MemoryTracker tracker;
   auto rt = make_runtime(Device::cuda, tracker, 0);

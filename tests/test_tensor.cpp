@@ -1525,4 +1525,72 @@ BOOST_AUTO_TEST_CASE(t5_buckets_match_hf) {
   BOOST_CHECK_THROW(t5_relative_buckets(nullptr, 1, 1, true, 7, 128), Error);
 }
 
+BOOST_AUTO_TEST_CASE(embedding_without_positions) {
+  Kernels& k = cpu_kernels();
+  const int64_t V = 5, B = 2, T = 3, C = 4;
+  std::vector<int32_t> tokens = {1, 3, 3, 0, 4, 1};
+  auto wte = random_vec(V * C, 51), wpe = random_vec(T * C, 52), dy = random_vec(B * T * C, 53);
+  std::vector<float> y(B * T * C, 9.0f), yp(B * T * C);
+  k.embedding_forward(y.data(), tokens.data(), wte.data(), nullptr, B, T, C);
+  k.embedding_forward(yp.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  for (int64_t i = 0; i < B * T; ++i)
+    for (int64_t c = 0; c < C; ++c) {
+      BOOST_TEST(y[i * C + c] == wte[tokens[i] * C + c]);
+      BOOST_TEST(yp[i * C + c] == wte[tokens[i] * C + c] + wpe[(i % T) * C + c]);  // unchanged with wpe
+    }
+  std::vector<float> dwte(V * C, 0.5f), dwte_p(V * C, 0.5f), dwpe(T * C, 0.0f);
+  k.embedding_backward(dwte.data(), nullptr, dy.data(), tokens.data(), B, T, C);
+  k.embedding_backward(dwte_p.data(), dwpe.data(), dy.data(), tokens.data(), B, T, C);
+  BOOST_TEST(dwte == dwte_p);  // the token gradient does not depend on the position term
+  std::vector<float> want(V * C, 0.5f);
+  for (int64_t i = 0; i < B * T; ++i)
+    for (int64_t c = 0; c < C; ++c) want[tokens[i] * C + c] += dy[i * C + c];
+  BOOST_TEST(dwte == want);
+  for (int64_t c = 0; c < C; ++c) BOOST_TEST(dwte[2 * C + c] == 0.5f);  // token 2 unused
+}
+
+BOOST_AUTO_TEST_CASE(losses_ignore_negative_targets) {
+  Kernels& k = cpu_kernels();
+  const int64_t rows = 4, C = 5;
+  auto x = random_vec(rows * C, 61, -2.0f, 2.0f);
+  x[1 * C + 0] = 5.0f;  // row 1's argmax is column 0: correct for target 0, never when ignored
+  std::vector<float> logp(rows * C);
+  k.log_softmax_forward(logp.data(), x.data(), rows, C);
+  const std::vector<int32_t> ignored = {2, -100, 4, -1}, plain = {2, 0, 4, 1};
+  double s = 0.0, s_plain = 0.0;
+  int64_t correct = -1, correct_plain = -1;
+  k.nll_sum(logp.data(), ignored.data(), rows, C, &s, &correct);
+  BOOST_TEST(s == -(static_cast<double>(logp[0 * C + 2]) + logp[2 * C + 4]));
+  int64_t want_correct = 0;
+  for (int64_t r : {0, 2}) {
+    const int64_t best = std::max_element(logp.begin() + r * C, logp.begin() + (r + 1) * C) - (logp.begin() + r * C);
+    want_correct += best == ignored[r];
+  }
+  BOOST_TEST(correct == want_correct);
+  k.nll_sum(logp.data(), plain.data(), rows, C, &s_plain, &correct_plain);  // non-negative targets: as before
+  BOOST_TEST(s_plain == -(static_cast<double>(logp[2]) + logp[C] + logp[2 * C + 4] + logp[3 * C + 1]));
+  BOOST_TEST(correct_plain ==
+             want_correct + 1 + (std::max_element(logp.begin() + 3 * C, logp.end()) - logp.begin() == 3 * C + 1));
+
+  std::vector<float> d(rows * C, NAN);
+  k.nll_backward(d.data(), ignored.data(), rows, C, -0.5f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < C; ++c) BOOST_TEST(d[r * C + c] == (ignored[r] == c ? -0.5f : 0.0f));
+
+  std::vector<float> g(rows * C, NAN), g_plain(rows * C, NAN);
+  k.cross_entropy_backward(g.data(), logp.data(), ignored.data(), rows, C, 0.25f);
+  k.cross_entropy_backward(g_plain.data(), logp.data(), plain.data(), rows, C, 0.25f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      const size_t i = static_cast<size_t>(r * C + c);
+      if (ignored[r] < 0) {
+        BOOST_TEST((g[i] == 0.0f && !std::signbit(g[i])));
+      } else {
+        BOOST_TEST(bits(g[i]) == bits(g_plain[i]));  // kept rows: bitwise what they were
+        const float want = std::exp(logp[i]) * 0.25f - (c == plain[r] ? 0.25f : 0.0f);
+        BOOST_TEST(g[i] == want);
+      }
+    }
+}
+
 BOOST_AUTO_TEST_SUITE_END()

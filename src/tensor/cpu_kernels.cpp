@@ -372,8 +372,12 @@ class CpuKernels final : public Kernels {
 #pragma omp parallel for
     for (int64_t i = 0; i < B * T; ++i) {
       const float* te = wte + static_cast<int64_t>(tokens[i]) * C;
-      const float* pe = wpe + (i % T) * C;
       float* yr = y + i * C;
+      if (!wpe) {  // no position embedding (T5)
+        std::copy_n(te, C, yr);
+        continue;
+      }
+      const float* pe = wpe + (i % T) * C;
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) yr[c] = te[c] + pe[c];
     }
@@ -384,8 +388,13 @@ class CpuKernels final : public Kernels {
     // Serial: several positions may hit the same token row, and a fixed order keeps sums exact.
     for (int64_t i = 0; i < B * T; ++i) {
       float* tg = dwte + static_cast<int64_t>(tokens[i]) * C;
-      float* pg = dwpe + (i % T) * C;
       const float* gr = dy + i * C;
+      if (!dwpe) {  // no position embedding (T5)
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) tg[c] += gr[c];
+        continue;
+      }
+      float* pg = dwpe + (i % T) * C;
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) {
         tg[c] += gr[c];
@@ -402,6 +411,7 @@ class CpuKernels final : public Kernels {
     double s = 0.0;
     int64_t hits = 0;
     for (int64_t r = 0; r < rows; ++r) {
+      if (targets[r] < 0) continue;  // ignored row (kernels.h)
       const float* row = logp + r * C;
       s -= row[targets[r]];
       int64_t best = 0;
@@ -415,13 +425,18 @@ class CpuKernels final : public Kernels {
 
   void nll_backward(float* d, const int32_t* targets, int64_t rows, int64_t C, float g) override {
     std::memset(d, 0, static_cast<size_t>(rows * C) * sizeof(float));
-    for (int64_t r = 0; r < rows; ++r) d[r * C + targets[r]] = g;
+    for (int64_t r = 0; r < rows; ++r)
+      if (targets[r] >= 0) d[r * C + targets[r]] = g;  // ignored rows stay zero
   }
 
   void cross_entropy_backward(float* d, const float* logp, const int32_t* targets, int64_t rows, int64_t C,
                               float inv_n) override {
 #pragma omp parallel for
     for (int64_t r = 0; r < rows; ++r) {
+      if (targets[r] < 0) {  // ignored row: zero gradient
+        std::fill_n(d + r * C, C, 0.0f);
+        continue;
+      }
       for (int64_t c = 0; c < C; ++c) d[r * C + c] = std::exp(logp[r * C + c]) * inv_n;
       d[r * C + targets[r]] -= inv_n;
     }

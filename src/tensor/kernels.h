@@ -135,13 +135,16 @@ class Kernels {
                                  int64_t W) = 0;
 
   // --- Embeddings: y (B*T, C) = wte[tokens] + wpe[t]; tokens already checked in [0, V) on the host.
+  // wpe null: no position term (T5), y = wte[tokens].
   virtual void embedding_forward(float* y, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
                                  int64_t T, int64_t C) = 0;
-  // dwte[tokens] += dy, dwpe[t] += dy (atomics on device: duplicates add up).
+  // dwte[tokens] += dy, dwpe[t] += dy (atomics on device: duplicates add up); dwpe null: skipped.
   virtual void embedding_backward(float* dwte, float* dwpe, const float* dy, const int32_t* tokens, int64_t B,
                                   int64_t T, int64_t C) = 0;
 
   // --- Losses over rows of (rows, C) log-probabilities and i32 targets. Host values: waits.
+  // A negative target (HF's ignore_index -100) ignores its row: it adds 0 to the sum, is not
+  // counted as correct, and gets a zero gradient row.
   // Sum over rows of -logp[r, t[r]] and the count of rows whose argmax (first max) is t[r].
   virtual void nll_sum(const float* logp, const int32_t* targets, int64_t rows, int64_t C, double* sum,
                        int64_t* correct) = 0;

@@ -410,7 +410,8 @@ __global__ void embedding_forward_k(float* y, const int32_t* tokens, const float
                                     int64_t T, int64_t C) {
   for (int64_t i = gtid(); i < B * T * C; i += gstride()) {
     int64_t c = i % C, bt = i / C, t = bt % T;
-    y[i] = wte[static_cast<int64_t>(tokens[bt]) * C + c] + wpe[t * C + c];
+    const float te = wte[static_cast<int64_t>(tokens[bt]) * C + c];
+    y[i] = wpe ? te + wpe[t * C + c] : te;  // wpe null: no position term (T5)
   }
 }
 __global__ void embedding_backward_k(float* dwte, float* dwpe, const float* dy, const int32_t* tokens, int64_t B,
@@ -418,7 +419,7 @@ __global__ void embedding_backward_k(float* dwte, float* dwpe, const float* dy, 
   for (int64_t i = gtid(); i < B * T * C; i += gstride()) {
     int64_t c = i % C, bt = i / C, t = bt % T;
     atomicAdd(&dwte[static_cast<int64_t>(tokens[bt]) * C + c], dy[i]);
-    atomicAdd(&dwpe[t * C + c], dy[i]);
+    if (dwpe) atomicAdd(&dwpe[t * C + c], dy[i]);
   }
 }
 
@@ -428,6 +429,7 @@ __global__ void nll_partial_k(const float* logp, const int32_t* targets, int64_t
   double s = 0.0;
   long long hits = 0;
   for (int64_t r = gtid(); r < rows; r += gstride()) {
+    if (targets[r] < 0) continue;  // ignored row (kernels.h)
     const float* row = logp + r * C;
     s -= static_cast<double>(row[targets[r]]);
     int64_t best = 0;
@@ -469,6 +471,7 @@ __global__ void finish_k(const double* partials, double* result, const long long
     if (hits) *hits = h;
   }
 }
+// A negative (ignored) target matches no column: its row is all zeros.
 __global__ void nll_backward_k(float* d, const int32_t* targets, int64_t rows, int64_t C, float g) {
   for (int64_t i = gtid(); i < rows * C; i += gstride()) d[i] = (i % C) == targets[i / C] ? g : 0.0f;
 }
@@ -476,8 +479,13 @@ __global__ void nll_backward_k(float* d, const int32_t* targets, int64_t rows, i
 __global__ void cross_entropy_backward_k(float* d, const float* logp, const int32_t* targets, int64_t rows, int64_t C,
                                          float inv_n) {
   for (int64_t i = gtid(); i < rows * C; i += gstride()) {
+    const int32_t t = targets[i / C];
+    if (t < 0) {  // ignored row: zero gradient
+      d[i] = 0.0f;
+      continue;
+    }
     float v = __fmul_rn(expf(logp[i]), inv_n);
-    if ((i % C) == targets[i / C]) v = __fsub_rn(v, inv_n);
+    if ((i % C) == t) v = __fsub_rn(v, inv_n);
     d[i] = v;
   }
 }
