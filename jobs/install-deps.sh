@@ -9,6 +9,8 @@ packages=(
   # libraries found by dependency() in meson.build
   openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools libucx-dev ucx-utils
   libyaml-cpp-dev libboost-test-dev zlib1g-dev
+  # JSON (seq2seq data rows; Hugging Face config.json and safetensors headers)
+  nlohmann-json3-dev
   # OpenBLAS built with OpenMP: one thread pool shared with our loops (see meson.build)
   libopenblas-openmp-dev
   # data: Fashion-MNIST (IDX, gzipped) and a text corpus (the fortune cookie files)

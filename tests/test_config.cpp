@@ -369,14 +369,54 @@ BOOST_AUTO_TEST_CASE(ranges) {
   BOOST_TEST(parse_config("train: {epochs: 0, steps: 10}", "in.yaml").train.steps == 10);
 }
 
+// model.kind t5: HF's key names, a preset that fills them (keys given beside it win), and the
+// other LM's keys refused by name.
+BOOST_AUTO_TEST_CASE(t5_keys_and_presets) {
+  const std::string t5 = "model: {kind: t5, preset: t5-base}\ndata: {kind: seq2seq, path: x.jsonl}\n";
+  const Config base = parse_config(t5, "in.yaml");
+  BOOST_TEST(base.model.d_model == 768);
+  BOOST_TEST(base.model.d_ff == 3072);
+  BOOST_TEST(base.model.num_layers == 12);
+  BOOST_TEST(base.model.num_decoder_layers == 12);
+  BOOST_TEST(base.model.num_heads == 12);
+  BOOST_TEST(base.model.d_kv == 64);
+  BOOST_TEST(base.model.tie_word_embeddings);
+  BOOST_TEST((base.model.feed_forward_proj == FeedForwardProj::relu));
+  const Config xl = parse_config(t5, "in.yaml", {"model.preset=google/t5-v1_1-xl", "model.num_decoder_layers=4"});
+  BOOST_TEST(xl.model.d_model == 2048);
+  BOOST_TEST(xl.model.num_layers == 24);
+  BOOST_TEST(xl.model.num_decoder_layers == 4);
+  BOOST_TEST(!xl.model.tie_word_embeddings);
+  BOOST_TEST((xl.model.feed_forward_proj == FeedForwardProj::gated_gelu));
+  const Config own = parse_config(t5, "in.yaml", {"model.d_model=96", "model.feed_forward_proj=gated-gelu"});
+  BOOST_TEST(own.model.d_model == 96);
+  BOOST_TEST(own.model.d_ff == 3072);
+  BOOST_TEST((own.model.feed_forward_proj == FeedForwardProj::gated_gelu));
+  BOOST_TEST(error_of(t5, {"model.n_heads=4"}) ==
+             "--set model.n_heads: model.n_heads: not a setting of model t5 (it takes preset, vocab_size, d_model, d_kv, "
+             "d_ff, num_layers, num_decoder_layers, num_heads, relative_attention_num_buckets, "
+             "relative_attention_max_distance, feed_forward_proj, tie_word_embeddings, dropout_rate, "
+             "layer_norm_epsilon, initializer_factor)");
+  BOOST_TEST(error_of("model: {kind: transformer, num_heads: 4}\ndata: {kind: text}\n") ==
+             "in.yaml:1: model.num_heads: not a setting of model transformer (it takes vocab, d_model, n_layers, "
+             "n_heads, d_ff, seq_len)");
+  BOOST_TEST(error_of("model: {kind: t5}\n") ==
+             "in.yaml:1: model.kind: model.kind t5 reads data.kind seq2seq (or synthetic); got model.kind t5 with "
+             "data.kind fashion_mnist");
+  BOOST_TEST(error_of(t5, {"model.vocab_size=200"}) ==
+             "--set model.vocab_size: model.vocab_size: must be >= 259 for t5's byte tokens (ids 3..258), got 200");
+  BOOST_TEST(error_of("model: {kind: t5}\ndata: {kind: seq2seq}\n") ==
+             "in.yaml:1: data.path: data.kind seq2seq needs data.path (a JSON-lines file)");
+}
+
 BOOST_AUTO_TEST_CASE(enumerations_list_the_allowed_values) {
   struct Case {
     const char* yaml;
     const char* message;
   };
   const Case cases[] = {
-      {"model: {kind: resnet}", "in.yaml:1: model.kind: expected one of [mnist_cnn, transformer], got 'resnet'"},
-      {"data: {kind: cifar}", "in.yaml:1: data.kind: expected one of [fashion_mnist, text, synthetic], got 'cifar'"},
+      {"model: {kind: resnet}", "in.yaml:1: model.kind: expected one of [mnist_cnn, transformer, t5], got 'resnet'"},
+      {"data: {kind: cifar}", "in.yaml:1: data.kind: expected one of [fashion_mnist, text, synthetic, seq2seq], got 'cifar'"},
       {"fsdp: {sharding_strategy: full_shard}",
        "in.yaml:1: fsdp.sharding_strategy: expected one of [FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, "
        "HYBRID_SHARD, HYBRID_SHARD_ZERO2], got 'full_shard'"},

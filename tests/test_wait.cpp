@@ -88,6 +88,15 @@ struct Rig {
       if (l->name() == name) return *l;
     throw fsdp::Error("no layer " + name);
   }
+  // The hooks one forward calls: the root, then each block (gathered, then freed: FULL_SHARD).
+  void run_forward() {
+    engine->pre_forward(*model);
+    for (const char* block : {"blocks.0", "blocks.1"}) {
+      engine->pre_forward(layer(block));
+      engine->post_forward(layer(block));
+    }
+    engine->post_forward(*model);
+  }
   std::unique_ptr<fsdp::Model> model;
   std::unique_ptr<fsdp::Communicator> world;
   fsdp::MemoryTracker mem;
@@ -175,7 +184,7 @@ BOOST_AUTO_TEST_SUITE(engine_timeouts)
 
 BOOST_AUTO_TEST_CASE(forward_gather) {
   Rig rig(std::make_unique<HangingComm>(2, 0));
-  const std::string message = timeout_message([&] { rig.engine->pre_forward(*rig.model->layers()[0]); });
+  const std::string message = timeout_message([&] { rig.engine->pre_forward(*rig.model); });
   BOOST_CHECK_MESSAGE(message.rfind("fake all_gather of unit root (forward) #0 (count ", 0) == 0, message);
   BOOST_CHECK_MESSAGE(message.find(kTail) != std::string::npos, message);
 }
@@ -183,17 +192,20 @@ BOOST_AUTO_TEST_CASE(forward_gather) {
 BOOST_AUTO_TEST_CASE(forward_prefetch) {
   fsdp::FsdpOptions options;
   options.forward_prefetch = true;
-  Rig rig(std::make_unique<HangingComm>(2, 1), options);  // the root's gather completes
-  rig.engine->pre_forward(*rig.model->layers()[0]);       // prefetches blocks.0
+  // Prefetch follows the order the first forward recorded: the second forward prefetches.
+  Rig rig(std::make_unique<HangingComm>(2, 4), options);  // the first forward's and the root's gathers complete
+  rig.run_forward();
+  rig.engine->end_forward_only();
+  rig.engine->pre_forward(*rig.model);  // #3, prefetches blocks.0 (#4)
   const std::string message = timeout_message([&] { rig.engine->pre_forward(rig.layer("blocks.0")); });
-  BOOST_CHECK_MESSAGE(message.rfind("fake all_gather of unit blocks.0 (forward prefetch) #1 (count ", 0) == 0, message);
+  BOOST_CHECK_MESSAGE(message.rfind("fake all_gather of unit blocks.0 (forward prefetch) #4 (count ", 0) == 0, message);
 }
 
 BOOST_AUTO_TEST_CASE(backward_gather) {
   fsdp::FsdpOptions options;
   options.backward_prefetch = fsdp::BackwardPrefetch::none;
   Rig rig(std::make_unique<HangingComm>(2, 1), options);
-  rig.engine->pre_backward(rig.layer("head"));  // the root: gathered
+  rig.engine->pre_backward(*rig.model);  // the root: gathered
   const std::string message = timeout_message([&] { rig.engine->pre_backward(rig.layer("blocks.1")); });
   BOOST_CHECK_MESSAGE(message.rfind("fake all_gather of unit blocks.1 (backward) #1 (count ", 0) == 0, message);
 }
@@ -201,10 +213,13 @@ BOOST_AUTO_TEST_CASE(backward_gather) {
 BOOST_AUTO_TEST_CASE(backward_prefetch) {
   fsdp::FsdpOptions options;
   options.backward_prefetch = fsdp::BackwardPrefetch::pre;
-  Rig rig(std::make_unique<HangingComm>(2, 1), options);
-  rig.engine->pre_backward(rig.layer("head"));  // the root gathered; prefetches blocks.1
+  Rig rig(std::make_unique<HangingComm>(2, 3), options);  // the forward's gathers complete
+  rig.run_forward();
+  // The root (kept since forward); before any backward has run, the reverse forward order
+  // names blocks.1 next: prefetched (#3).
+  rig.engine->pre_backward(*rig.model);
   const std::string message = timeout_message([&] { rig.engine->pre_backward(rig.layer("blocks.1")); });
-  BOOST_CHECK_MESSAGE(message.rfind("fake all_gather of unit blocks.1 (backward prefetch) #1 (count ", 0) == 0,
+  BOOST_CHECK_MESSAGE(message.rfind("fake all_gather of unit blocks.1 (backward prefetch) #3 (count ", 0) == 0,
                       message);
 }
 

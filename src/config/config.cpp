@@ -100,6 +100,44 @@ Choice backend_choice(std::string* dst) {
   return c;
 }
 
+// HF hub presets for model.kind t5 (each config.json: vocab_size 32128, 32 buckets, max
+// distance 128): t5-small 60,506,624 parameters, t5-base 222,903,552, t5-large 737,668,096.
+struct T5Preset {
+  const char* name;
+  int64_t d_model, d_kv, d_ff, layers, heads;
+  bool v1_1;  // gated-gelu, untied lm_head
+};
+constexpr T5Preset kT5Presets[] = {
+    {"t5-small", 512, 64, 2048, 6, 8, false},
+    {"t5-base", 768, 64, 3072, 12, 12, false},
+    {"t5-large", 1024, 64, 4096, 24, 16, false},
+    {"t5-3b", 1024, 128, 16384, 24, 32, false},
+    {"t5-11b", 1024, 128, 65536, 24, 128, false},
+    {"google/t5-v1_1-small", 512, 64, 1024, 8, 6, true},
+    {"google/t5-v1_1-base", 768, 64, 2048, 12, 12, true},
+    {"google/t5-v1_1-large", 1024, 64, 2816, 24, 16, true},
+    {"google/t5-v1_1-xl", 2048, 64, 5120, 24, 32, true},
+    {"google/t5-v1_1-xxl", 4096, 64, 10240, 24, 64, true},
+};
+
+Choice preset_choice(std::string* dst) {
+  Choice c;
+  for (const T5Preset& p : kT5Presets) c.names.emplace_back(p.name);
+  c.set = [dst, names = c.names](size_t i) { *dst = names[i]; };
+  return c;
+}
+
+// The model keys each kind reads (model.kind and model.init_from: every kind).
+std::vector<std::string> model_keys(ModelKind kind) {
+  if (kind == ModelKind::mnist_cnn) return {};
+  if (kind == ModelKind::transformer) return {"vocab", "d_model", "n_layers", "n_heads", "d_ff", "seq_len"};
+  return {"preset",     "vocab_size", "d_model",
+          "d_kv",       "d_ff",       "num_layers",
+          "num_decoder_layers", "num_heads", "relative_attention_num_buckets",
+          "relative_attention_max_distance", "feed_forward_proj", "tie_word_embeddings",
+          "dropout_rate", "layer_norm_epsilon", "initializer_factor"};
+}
+
 struct Field {
   std::string path;  // dotted, as written in the YAML
   Target target;
@@ -125,7 +163,24 @@ std::vector<Field> schema(Config& c) {
       {"model.d_ff", &m.d_ff, at_least(1)},
       {"model.seq_len", &m.seq_len, at_least(1)},
       {"model.init_from", &m.init_from},
+      {"model.preset", preset_choice(&m.preset)},
+      {"model.vocab_size", &m.vocab_size, at_least(1)},
+      {"model.d_kv", &m.d_kv, at_least(1)},
+      {"model.num_layers", &m.num_layers, at_least(1)},
+      {"model.num_decoder_layers", &m.num_decoder_layers, at_least(1)},
+      {"model.num_heads", &m.num_heads, at_least(1)},
+      {"model.relative_attention_num_buckets", &m.relative_attention_num_buckets, at_least(2)},
+      {"model.relative_attention_max_distance", &m.relative_attention_max_distance, at_least(1)},
+      {"model.feed_forward_proj", choice(&m.feed_forward_proj, kFeedForwardProjs)},
+      {"model.tie_word_embeddings", &m.tie_word_embeddings},
+      {"model.dropout_rate", &m.dropout_rate, {0, 1, false, true}},
+      {"model.layer_norm_epsilon", &m.layer_norm_epsilon, above(0)},
+      {"model.initializer_factor", &m.initializer_factor, above(0)},
       {"data.kind", choice(&c.data.kind, kDataKinds)},
+      {"data.source", &c.data.source},
+      {"data.target", &c.data.target},
+      {"data.source_len", &c.data.source_len, at_least(2)},
+      {"data.target_len", &c.data.target_len, at_least(2)},
       {"data.path", &c.data.path},
       {"data.eval_fraction", &c.data.eval_fraction, {0, 1, true, true}},
       {"data.synthetic_samples", &c.data.synthetic_samples, at_least(1)},
@@ -376,6 +431,7 @@ class Reader {
             const std::set<std::string>& sections);
   void convert(const Field& f, const YAML::Node& v) const;
   void check_optimizer(OptimizerConfig& o) const;
+  void check_model(ModelConfig& m) const;
   void check_rules(const Config& c) const;
 
   std::string source_;
@@ -596,14 +652,56 @@ void Reader::check_optimizer(OptimizerConfig& o) const {
     fail(p + "nesterov", "requires momentum > 0 and dampening 0");
 }
 
+void Reader::check_model(ModelConfig& m) const {
+  const std::string p = "model.";
+  const std::vector<std::string> own = model_keys(m.kind);
+  // mnist_cnn has always ignored the transformer's keys (inputs set them for either kind); a
+  // key of the other LM, though, is a mistake worth a line.
+  const std::vector<std::string> t5_keys = model_keys(ModelKind::t5), lm_keys = model_keys(ModelKind::transformer);
+  for (const auto& [path, g] : given_) {
+    if (!path.starts_with(p) || path == p + "kind" || path == p + "init_from") continue;
+    const std::string key = path.substr(p.size());
+    if (std::ranges::find(own, key) != own.end()) continue;
+    const bool t5_key =
+        std::ranges::find(t5_keys, key) != t5_keys.end() && std::ranges::find(lm_keys, key) == lm_keys.end();
+    if (m.kind == ModelKind::t5 || t5_key)
+      fail(path, "not a setting of model " + std::string(enum_name(m.kind)) + " (it takes " +
+                     (own.empty() ? std::string("none") : join(own)) + ")");
+  }
+  if (m.kind != ModelKind::t5) return;
+  for (const T5Preset& t : kT5Presets) {
+    if (m.preset != t.name) continue;
+    auto set = [&](const char* key, auto& field, auto value) {
+      if (!given(p + key)) field = value;
+    };
+    set("d_model", m.d_model, t.d_model);
+    set("d_kv", m.d_kv, t.d_kv);
+    set("d_ff", m.d_ff, t.d_ff);
+    set("num_layers", m.num_layers, t.layers);
+    set("num_heads", m.num_heads, t.heads);
+    set("feed_forward_proj", m.feed_forward_proj, t.v1_1 ? FeedForwardProj::gated_gelu : FeedForwardProj::relu);
+    set("tie_word_embeddings", m.tie_word_embeddings, !t.v1_1);
+  }
+  if (!given(p + "num_decoder_layers")) m.num_decoder_layers = m.num_layers;
+}
+
 void Reader::check_rules(const Config& c) const {
   // The later key of a pair is the one more likely just edited.
   auto blame = [&](const std::string& a, const std::string& b) { return given(b) ? b : a; };
   const ModelConfig& m = c.model;
-  if (m.d_model % m.n_heads != 0)
+  if (m.kind != ModelKind::t5 && m.d_model % m.n_heads != 0)
     fail(blame("model.d_model", "model.n_heads"), "model.d_model (" + std::to_string(m.d_model) +
                                                       ") must be divisible by model.n_heads (" +
                                                       std::to_string(m.n_heads) + ")");
+  const bool pairs = c.data.kind == DataKind::seq2seq || c.data.kind == DataKind::synthetic;
+  if ((c.data.kind == DataKind::seq2seq && m.kind != ModelKind::t5) || (m.kind == ModelKind::t5 && !pairs))
+    fail(blame("model.kind", "data.kind"), "model.kind t5 reads data.kind seq2seq (or synthetic); got model.kind " +
+                                               std::string(enum_name(m.kind)) + " with data.kind " +
+                                               std::string(enum_name(c.data.kind)));
+  if (m.kind == ModelKind::t5 && m.vocab_size < 259)
+    fail("model.vocab_size", "must be >= 259 for t5's byte tokens (ids 3..258), got " + std::to_string(m.vocab_size));
+  if (c.data.kind == DataKind::seq2seq && c.data.path.empty())
+    fail("data.path", "data.kind seq2seq needs data.path (a JSON-lines file)");
   if (c.data.kind == DataKind::text && m.vocab > 256)
     fail("model.vocab", "must be <= 256 when data.kind is text (tokens are bytes), got " + std::to_string(m.vocab));
   if (c.train.epochs == 0 && c.train.steps == 0)
@@ -645,6 +743,7 @@ void Reader::read(const YAML::Node& root, Config& c) {
   for (const Field& f : table)
     if (const auto it = given_.find(f.path); it != given_.end()) convert(f, it->second.value);
   check_optimizer(c.train.optimizer);
+  check_model(c.model);
   check_rules(c);
 }
 

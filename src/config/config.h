@@ -28,6 +28,21 @@ struct ModelConfig {
   int64_t d_ff = 2048;
   int64_t seq_len = 256;
   std::string init_from;  // HDF5 file with /model/<state_dict name> datasets; "" = none
+  // t5, by HF's config.json names (d_model and d_ff above are shared). model.preset (t5-small,
+  // t5-base, ..., google/t5-v1_1-xxl) sets them all; keys given beside it override.
+  std::string preset;
+  int64_t vocab_size = 32128;
+  int64_t d_kv = 64;
+  int64_t num_layers = 6;
+  int64_t num_decoder_layers = 6;  // num_layers unless given
+  int64_t num_heads = 8;
+  int64_t relative_attention_num_buckets = 32;
+  int64_t relative_attention_max_distance = 128;
+  FeedForwardProj feed_forward_proj = FeedForwardProj::relu;
+  bool tie_word_embeddings = true;
+  double dropout_rate = 0.1;
+  double layer_norm_epsilon = 1e-6;
+  double initializer_factor = 1.0;
 };
 
 struct DataConfig {
@@ -35,6 +50,12 @@ struct DataConfig {
   std::string path;                  // fashion_mnist: dir (default Debian's); text: file/folder
   double eval_fraction = 0.05;       // text: tail of the corpus held out, in (0, 1)
   int64_t synthetic_samples = 1024;  // synthetic: train samples (eval gets a quarter)
+  // seq2seq: JSON lines, one object per pair; `source`/`target` name its fields. Byte tokens
+  // (ByT5's ids: byte + 3, pad 0, eos 1), truncated to the lengths with eos kept.
+  std::string source = "text";
+  std::string target = "headline";
+  int64_t source_len = 512;
+  int64_t target_len = 150;
 };
 
 struct OptimizerConfig {

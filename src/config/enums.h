@@ -38,13 +38,20 @@ std::string names_of(const NameTable<E, N>& table) {
   return out;
 }
 
-enum class ModelKind { mnist_cnn, transformer };
-inline constexpr NameTable<ModelKind, 2> kModelKinds{
-    {{ModelKind::mnist_cnn, "mnist_cnn"}, {ModelKind::transformer, "transformer"}}};
+enum class ModelKind { mnist_cnn, transformer, t5 };
+inline constexpr NameTable<ModelKind, 3> kModelKinds{
+    {{ModelKind::mnist_cnn, "mnist_cnn"}, {ModelKind::transformer, "transformer"}, {ModelKind::t5, "t5"}}};
 
-enum class DataKind { fashion_mnist, text, synthetic };
-inline constexpr NameTable<DataKind, 3> kDataKinds{
-    {{DataKind::fashion_mnist, "fashion_mnist"}, {DataKind::text, "text"}, {DataKind::synthetic, "synthetic"}}};
+// T5's feed_forward_proj (HF's names): T5 v1.0's relu, v1.1's gated-gelu (gelu_new).
+enum class FeedForwardProj { relu, gated_gelu };
+inline constexpr NameTable<FeedForwardProj, 2> kFeedForwardProjs{
+    {{FeedForwardProj::relu, "relu"}, {FeedForwardProj::gated_gelu, "gated-gelu"}}};
+
+enum class DataKind { fashion_mnist, text, synthetic, seq2seq };
+inline constexpr NameTable<DataKind, 4> kDataKinds{{{DataKind::fashion_mnist, "fashion_mnist"},
+                                                     {DataKind::text, "text"},
+                                                     {DataKind::synthetic, "synthetic"},
+                                                     {DataKind::seq2seq, "seq2seq"}}};
 
 enum class OptimizerKind { sgd, adadelta, adamw };
 inline constexpr NameTable<OptimizerKind, 3> kOptimizerKinds{
@@ -84,6 +91,7 @@ inline constexpr NameTable<CheckpointIo, 2> kCheckpointIos{
 // Each enum's name, by overload: for messages and tests.
 inline std::string_view enum_name(ModelKind e) { return name_of(kModelKinds, e); }
 inline std::string_view enum_name(DataKind e) { return name_of(kDataKinds, e); }
+inline std::string_view enum_name(FeedForwardProj e) { return name_of(kFeedForwardProjs, e); }
 inline std::string_view enum_name(OptimizerKind e) { return name_of(kOptimizerKinds, e); }
 inline std::string_view enum_name(SchedulerKind e) { return name_of(kSchedulerKinds, e); }
 inline std::string_view enum_name(Strategy e) { return name_of(kStrategies, e); }

@@ -23,6 +23,12 @@ class Dataset {
   // Writes samples `indices` into inputs (len, *input_shape) and targets (len, *target_shape),
   // targets as i32. The tensors are allocated by the caller with exactly that first dimension.
   virtual void fill(std::span<const int64_t> indices, Tensor& inputs, Tensor& targets) const = 0;
+  // How many target elements the loss averages over in these samples: all of them (a class
+  // label, every next token), or those not ignored (seq2seq labels -100 on padding). The
+  // trainer divides by this over the global batch, so the loss is the same at any world size.
+  virtual int64_t loss_elements(std::span<const int64_t> indices) const {
+    return static_cast<int64_t>(indices.size()) * shape_numel(target_shape());
+  }
 };
 
 // Fashion-MNIST from the gzipped IDX files in `dir` (Debian: /usr/share/datasets/fashion-mnist).
@@ -43,6 +49,21 @@ struct TextCorpusOptions {
 };
 std::unique_ptr<Dataset> load_text_corpus(const TextCorpusOptions& options, bool train);
 inline constexpr const char* kTextCorpusDir = "/usr/share/games/fortunes";  // Debian: fortunes
+
+// Sequence-to-sequence pairs (data/seq2seq.cpp): a JSON-lines file whose objects have the
+// string fields `source` and `target`, or (path "") synthetic_samples deterministic pairs.
+// Byte tokens as ByT5's (byte + 3, pad 0, eos 1): inputs (S) i32 source ids, targets (L) i32
+// labels with -100 on padding; the last floor(rows * eval_fraction) rows evaluate. A bad row:
+// Error naming the file and line.
+struct Seq2SeqOptions {
+  std::string path;
+  std::string source = "text", target = "headline";
+  int64_t source_len = 512, target_len = 150;
+  double eval_fraction = 0.05;
+  int64_t synthetic_samples = 1024;
+  uint64_t seed = 1;
+};
+std::unique_ptr<Dataset> load_seq2seq(const Seq2SeqOptions& options, bool train);
 
 // Deterministic synthetic data for tests: images (classes, C, H, W) or tokens (vocab, L).
 // Sample i depends only on (seed, i). Images: class = i % classes, pixels N(0,1) plus a class

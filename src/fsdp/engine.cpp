@@ -67,27 +67,18 @@ FsdpEngine::FsdpEngine(Model& model, Communicator& world, ProcessMesh mesh, cons
   int64_t total = 0;
   for (UnitSpec& spec : apply_wrap_policy(model, options)) {
     auto u = std::make_unique<Unit>();
-    std::vector<Param*> params;
-    for (Layer* layer : spec.layers) layer->collect_params(params);
+    u->layout = make_flat_layout(spec.params);
     u->spec = std::move(spec);
-    u->layout = make_flat_layout(params);
     u->padded_numel = (u->layout.numel + n - 1) / n * n;
     u->shard_numel = u->padded_numel / n;
     u->shard_offset = total;
     total += u->shard_numel;
+    u->spec.module->set_hooked(true);
+    // Activation checkpointing per unit: every wrapped (non-root) unit's subtree recomputes.
+    if (!units_.empty()) u->spec.module->set_checkpointed(options.activation_checkpointing);
+    unit_of_module_[u->spec.module] = static_cast<int>(units_.size());
     units_.push_back(std::move(u));
   }
-  const std::vector<Layer*>& layers = model.layers();
-  unit_of_layer_.assign(layers.size(), -1);
-  for (size_t ui = 0; ui < units_.size(); ++ui)
-    for (Layer* l : units_[ui]->spec.layers)
-      unit_of_layer_[std::find(layers.begin(), layers.end(), l) - layers.begin()] = static_cast<int>(ui);
-  for (size_t li = 0; li < layers.size(); ++li)
-    if (std::find(forward_order_.begin(), forward_order_.end(), unit_of_layer_[li]) == forward_order_.end())
-      forward_order_.push_back(unit_of_layer_[li]);
-  // Activation checkpointing per unit: every wrapped (non-root) unit's layers recompute.
-  for (size_t ui = 1; ui < units_.size(); ++ui)
-    for (Layer* l : units_[ui]->spec.layers) model.set_checkpointed(*l, options.activation_checkpointing);
   shards_ = Tensor::zeros(*shard_rt_, {total}, DType::f32, MemCategory::params);
   grad_shards_ = Tensor::zeros(*shard_rt_, {total}, DType::f32, MemCategory::grads);
   traffic_.all_gather.group_size = traffic_.reduce_scatter.group_size = mesh_.shard->size();
@@ -109,6 +100,11 @@ void FsdpEngine::write_shard(int64_t offset, const float* host, int64_t count) {
 }
 
 FsdpEngine::~FsdpEngine() {
+  // The model may outlive the engine (and be run without one): its modules stop calling out.
+  for (auto& u : units_) {
+    u->spec.module->set_hooked(false);
+    u->spec.module->set_checkpointed(false);
+  }
   // Outstanding collectives reference our buffers: finish them before the buffers go.
   for (auto& u : units_)
     if (u->pending_gather) try {
@@ -181,11 +177,10 @@ bool FsdpEngine::keeps_params_after_forward(const Unit& u) const {
          options_.strategy == Strategy::hybrid_shard_zero2 || mesh_.shard->size() == 1;
 }
 
-Unit& FsdpEngine::unit_of(Module& layer) {
-  const std::vector<Layer*>& layers = model_.layers();
-  auto it = std::find(layers.begin(), layers.end(), &layer);
-  if (it == layers.end()) throw Error("fsdp: hook for a module that is not a top-level layer: " + layer.name());
-  return *units_[unit_of_layer_[it - layers.begin()]];
+Unit& FsdpEngine::unit_of(Module& module) {
+  auto it = unit_of_module_.find(&module);
+  if (it == unit_of_module_.end()) throw Error("fsdp: hook for a module that roots no unit: " + module.name());
+  return *units_[it->second];
 }
 
 int FsdpEngine::index_of(const Unit& u) const {
@@ -274,34 +269,53 @@ void FsdpEngine::prefetch(int unit_index, const char* phase) {
   unshard(u, phase);
 }
 
-int FsdpEngine::next_in_backward(Module& layer) const {
-  // The unit backward reaches next: that of the nearest earlier layer in another unit.
-  const std::vector<Layer*>& layers = model_.layers();
-  int pos = static_cast<int>(std::find(layers.begin(), layers.end(), &layer) - layers.begin());
-  for (int p = pos - 1; p >= 0; --p)
-    if (unit_of_layer_[p] != unit_of_layer_[pos]) return unit_of_layer_[p];
-  return -1;
+namespace {
+
+// The entry after `unit` in `order` (-1: none, or unit not there).
+int after(const std::vector<int>& order, int unit) {
+  auto it = std::find(order.begin(), order.end(), unit);
+  return it == order.end() || it + 1 == order.end() ? -1 : *(it + 1);
 }
 
-void FsdpEngine::pre_forward(Module& layer) {
-  Unit& u = unit_of(layer);
-  if (u.forward_layers_left == 0) u.forward_layers_left = static_cast<int>(u.spec.layers.size());
+void record(std::vector<int>& order, int unit) {
+  if (std::find(order.begin(), order.end(), unit) == order.end()) order.push_back(unit);
+}
+
+}  // namespace
+
+int FsdpEngine::next_in_forward(const Unit& u) const { return after(forward_order_, index_of(u)); }
+
+int FsdpEngine::next_in_backward(const Unit& u) const {
+  const int i = index_of(u);
+  if (backward_order_known_) return after(backward_order_, i);
+  // Before the first backward has run: the reverse forward order, the root (entered first,
+  // left last) followed by the unit forward reached last.
+  if (i == 0) return forward_order_.size() > 1 ? forward_order_.back() : -1;
+  auto it = std::find(forward_order_.begin(), forward_order_.end(), i);
+  return it == forward_order_.end() || it == forward_order_.begin() ? -1 : *(it - 1);
+}
+
+void FsdpEngine::pre_forward(Module& module) {
+  Unit& u = unit_of(module);
   wait_for_unshard(u, "forward");
-  if (options_.forward_prefetch) {
-    auto it = std::find(forward_order_.begin(), forward_order_.end(), index_of(u));
-    if (it != forward_order_.end() && it + 1 != forward_order_.end()) prefetch(*(it + 1), "forward prefetch");
-  }
+  if (in_backward_) return;  // a recompute: the unit's backward follows, which reduces and frees
+  record(forward_order_, index_of(u));
+  u.forward_uses += 1;
+  if (options_.forward_prefetch) prefetch(next_in_forward(u), "forward prefetch");
 }
 
-void FsdpEngine::post_forward(Module& layer) {
-  Unit& u = unit_of(layer);
-  if (--u.forward_layers_left == 0 && !keeps_params_after_forward(u)) reshard(u);
+void FsdpEngine::post_forward(Module& module) {
+  Unit& u = unit_of(module);
+  if (!in_backward_ && !keeps_params_after_forward(u)) reshard(u);
 }
 
-void FsdpEngine::pre_backward(Module& layer) {
-  Unit& u = unit_of(layer);
-  if (u.backward_layers_left == 0) {
-    u.backward_layers_left = static_cast<int>(u.spec.layers.size());
+void FsdpEngine::pre_backward(Module& module) {
+  Unit& u = unit_of(module);
+  in_backward_ = true;
+  if (u.backward_left == 0) {
+    u.backward_left = std::max(1, u.forward_uses);
+    u.forward_uses = 0;
+    if (!backward_order_known_) record(backward_order_, index_of(u));
     wait_for_unshard(u, "backward");
     if (direct_grads()) {
       bind_grad(u.layout, grad_shards_.f32() + u.shard_offset);  // NO_SHARD: accumulate in place
@@ -313,13 +327,13 @@ void FsdpEngine::pre_backward(Module& layer) {
       bind_grad(u.layout, u.full_grad.f32());
     }
   }
-  if (options_.backward_prefetch == BackwardPrefetch::pre) prefetch(next_in_backward(layer), "backward prefetch");
+  if (options_.backward_prefetch == BackwardPrefetch::pre) prefetch(next_in_backward(u), "backward prefetch");
 }
 
-void FsdpEngine::post_backward(Module& layer) {
-  Unit& u = unit_of(layer);
-  if (--u.backward_layers_left > 0) return;
-  if (options_.backward_prefetch == BackwardPrefetch::post) prefetch(next_in_backward(layer), "backward prefetch");
+void FsdpEngine::post_backward(Module& module) {
+  Unit& u = unit_of(module);
+  if (--u.backward_left > 0) return;  // a module used twice: its other backward is still to come
+  if (options_.backward_prefetch == BackwardPrefetch::post) prefetch(next_in_backward(u), "backward prefetch");
   post_backward(u);
 }
 
@@ -408,6 +422,8 @@ void FsdpEngine::begin_step() {
 }
 
 void FsdpEngine::finish_backward() {
+  in_backward_ = false;
+  if (!backward_order_.empty()) backward_order_known_ = true;
   for (auto& p : pending_reductions_) complete(p);
   pending_reductions_.clear();
   if (sync_grads_ && mesh_.replicate->size() > 1) {
@@ -431,7 +447,7 @@ void FsdpEngine::for_each_gathered_unit(const std::function<void(const Unit&)>& 
 
 void FsdpEngine::end_forward_only() {
   for (auto& u : units_) {
-    u->forward_layers_left = 0;
+    u->forward_uses = 0;
     if (u->state != UnitState::sharded) reshard(*u);
   }
 }

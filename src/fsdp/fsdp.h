@@ -1,16 +1,19 @@
 #pragma once
-// Fully Sharded Data Parallelism over the collective layer. The model's top-level layers are
-// grouped into units by a wrap policy; each unit flattens its parameters (PyTorch order) into
+// Fully Sharded Data Parallelism over the collective layer. A wrap policy picks subtrees of the
+// model's module tree as units (nested, as PyTorch nests them); each unit flattens its parameters (PyTorch order) into
 // one FlatParam padded to a multiple of the shard-group size N, and rank r keeps slice r — a
 // shard is {offset, size}. Per unit, named verbs: unshard (start the all_gather),
 // wait_for_unshard, reshard (free the gathered buffer), post_backward (reduce_scatter the
 // gradient into the grad shard, then all_reduce it across the replicate group for HYBRID).
-// The engine runs them from the model's hooks; the optimizer steps on the concatenated shards.
+// The engine runs them from the hooks of each unit's root module, in whatever order the model's
+// forward reaches them; prefetch follows the order recorded on the first pass (as FSDP2 does).
+// The optimizer steps on the concatenated shards.
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "comm/comm.h"
@@ -42,11 +45,19 @@ struct FsdpOptions {
 };
 FsdpOptions fsdp_options(const FsdpConfig& config);
 
-// Which top-level layers form each unit. The root unit (index 0) holds every layer no policy
-// wrapped (it may be empty); units are formed at top-level-layer granularity.
+// One FSDP unit: the module it is rooted at and the parameters it owns, which are its subtree's
+// minus those of the units nested in it; a parameter several modules use (a tied weight) sits
+// in the innermost unit whose subtree holds all of them. Unit 0 is the root (the model), which
+// may own nothing. Units are listed in pre-order: an outer unit before those nested in it.
+//   size_based         PyTorch's size_based_auto_wrap_policy, recursing: a module becomes a unit
+//                      when the parameters its subtree holds outside inner units number at least
+//                      min_num_params (MultiheadAttention is a leaf; containers never wrap)
+//   transformer_layer  every module whose type is one of the model's block_types()
+//   manual             the modules named by path in wrap_modules
 struct UnitSpec {
-  std::string name;            // "root" or the first layer's name
-  std::vector<Layer*> layers;  // in forward order
+  std::string name;        // "root" or the module's path
+  Module* module = nullptr;
+  std::vector<Param*> params;  // PyTorch named_parameters() order
 };
 std::vector<UnitSpec> apply_wrap_policy(Model& model, const FsdpOptions& options);
 
@@ -98,8 +109,8 @@ struct Unit {
   // full weights): a timeout waiting for it names this.
   const char* gather_phase = "";
   Tensor staged_shard;  // cpu_offload: this rank's shard copied to the device for the all_gather
-  int forward_layers_left = 0;
-  int backward_layers_left = 0;
+  int forward_uses = 0;   // calls of the unit's module in this forward (a module used twice: 2)
+  int backward_left = 0;  // of those, the backward calls still to come: reduce after the last
 };
 
 class FsdpEngine : public ModuleHooks {
@@ -167,9 +178,10 @@ class FsdpEngine : public ModuleHooks {
   void reshard(Unit& u);
   void post_backward(Unit& u);
   void prefetch(int unit_index, const char* phase);  // -1: nothing to prefetch
-  int next_in_backward(Module& layer) const;
+  int next_in_forward(const Unit& u) const;
+  int next_in_backward(const Unit& u) const;
   bool keeps_params_after_forward(const Unit& u) const;
-  Unit& unit_of(Module& layer);
+  Unit& unit_of(Module& module);
   int index_of(const Unit& u) const;
 
   Model& model_;
@@ -190,8 +202,15 @@ class FsdpEngine : public ModuleHooks {
   // Host values into the shard buffer at `offset` (init, init_from), synchronously.
   void write_shard(int64_t offset, const float* host, int64_t count);
   std::vector<std::unique_ptr<Unit>> units_;
-  std::vector<int> unit_of_layer_;  // by position in model.layers()
-  std::vector<int> forward_order_;  // unit indices in order of first forward use
+  std::unordered_map<const Module*, int> unit_of_module_;  // the units' root modules
+  // Unit indices in the order the first forward and the first backward reached them (first use
+  // only): what prefetch follows from then on. A backward before the first one has finished
+  // guesses the reverse forward order.
+  std::vector<int> forward_order_, backward_order_;
+  bool backward_order_known_ = false;
+  // Between the root's pre_backward and finish_backward: a forward then is a recompute
+  // (activation checkpointing), which gathers but neither counts a use nor reshards.
+  bool in_backward_ = false;
   Tensor shards_;                   // concatenated f32 master shards of every unit
   Tensor grad_shards_;              // concatenated f32 gradient shards
   bool sync_grads_ = true;

@@ -1,45 +1,37 @@
 #include "models/model.h"
 
 #include "config/config.h"
+#include "models/t5.h"
 #include "tensor/error.h"
 
 namespace fsdp {
 
 double Model::forward(RunCtx& ctx, const Tensor& inputs, const Tensor& targets) {
-  // Tensor handles, not pointers: a checkpointed layer releases its buffers, and its output
-  // must outlive that for the next layer.
-  Tensor x = inputs;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    Layer* layer = layers_[i];
-    if (ctx.hooks) ctx.hooks->pre_forward(*layer);
-    const bool ckpt = checkpointed_[i] && ctx.training;
-    if (ckpt) saved_inputs_[i] = x;
-    x = layer->forward(ctx, x);
-    if (ckpt) layer->release_activations();
-    if (ctx.hooks) ctx.hooks->post_forward(*layer);
-  }
-  output_ = x;
-  return loss_->forward(ctx, x, targets);
+  ctx.pre_forward(*this);
+  output_ = run_forward(ctx, inputs, targets);
+  const double loss = loss_->forward(ctx, output_, targets);
+  ctx.post_forward(*this);
+  return loss;
 }
 
 void Model::backward(RunCtx& ctx) {
-  Tensor dy = loss_->backward(ctx);
-  for (size_t i = layers_.size(); i-- > 0;) {
-    Layer* layer = layers_[i];
-    if (ctx.hooks) ctx.hooks->pre_backward(*layer);  // FSDP gathers the unit here: recompute after
-    if (checkpointed_[i]) {
-      layer->forward(ctx, saved_inputs_[i]);
-      saved_inputs_[i] = Tensor();
-    }
-    dy = layer->backward(ctx, dy);
-    if (checkpointed_[i]) layer->release_activations();  // dy keeps its own handle on dx
-    if (ctx.hooks) ctx.hooks->post_backward(*layer);
-  }
+  ctx.pre_backward(*this);
+  run_backward(ctx, loss_->backward(ctx));
+  ctx.post_backward(*this);
 }
 
-void Model::set_checkpointed(const Layer& layer, bool on) {
-  for (size_t i = 0; i < layers_.size(); ++i)
-    if (layers_[i] == &layer) checkpointed_[i] = on;
+Tensor Model::run_forward(RunCtx& ctx, const Tensor& inputs, const Tensor& /*targets*/) {
+  // Tensor handles, not references: a checkpointed layer releases its buffers, and its output
+  // must outlive that for the next layer.
+  Tensor x = inputs;
+  for (Layer* layer : layers_) x = layer->forward(ctx, x);
+  return x;
+}
+
+Tensor Model::run_backward(RunCtx& ctx, const Tensor& d_output) {
+  Tensor dy = d_output;
+  for (size_t i = layers_.size(); i-- > 0;) dy = layers_[i]->backward(ctx, dy);
+  return dy;
 }
 
 namespace {
@@ -66,17 +58,14 @@ class MnistCnn : public Model {
 class Transformer : public Model {
  public:
   Transformer(int64_t vocab, int64_t d_model, int64_t n_layers, int64_t n_heads, int64_t d_ff, int64_t seq_len)
-      : Model("Transformer", std::make_unique<CrossEntropyLoss>()), seq_len_(seq_len) {
+      : Model("Transformer", std::make_unique<CrossEntropyLoss>()) {
     add_layer<Embeddings>(vocab, seq_len, d_model).need_input_grad = false;
     for (int64_t i = 0; i < n_layers; ++i)
       add_layer<TransformerBlock>("blocks." + std::to_string(i), d_model, n_heads, d_ff);
     add_layer<LayerNorm>("ln_f", d_model);
     add_layer<Linear>("head", d_model, vocab);
   }
-  int64_t loss_elements_per_sample() const override { return seq_len_; }
-
- private:
-  int64_t seq_len_;
+  std::vector<std::string> block_types() const override { return {"TransformerBlock"}; }
 };
 
 }  // namespace
@@ -95,6 +84,24 @@ std::unique_ptr<Model> make_model(const ModelConfig& config) {
   if (config.kind == ModelKind::mnist_cnn) return make_mnist_cnn();
   if (config.kind == ModelKind::transformer)
     return make_transformer(config.vocab, config.d_model, config.n_layers, config.n_heads, config.d_ff, config.seq_len);
+  if (config.kind == ModelKind::t5) {
+    T5Config t;
+    t.vocab_size = config.vocab_size;
+    t.d_model = config.d_model;
+    t.d_kv = config.d_kv;
+    t.d_ff = config.d_ff;
+    t.num_layers = config.num_layers;
+    t.num_decoder_layers = config.num_decoder_layers;
+    t.num_heads = config.num_heads;
+    t.relative_attention_num_buckets = config.relative_attention_num_buckets;
+    t.relative_attention_max_distance = config.relative_attention_max_distance;
+    t.gated_gelu = config.feed_forward_proj == FeedForwardProj::gated_gelu;
+    t.tie_word_embeddings = config.tie_word_embeddings;
+    t.dropout_rate = static_cast<float>(config.dropout_rate);
+    t.layer_norm_epsilon = static_cast<float>(config.layer_norm_epsilon);
+    t.initializer_factor = static_cast<float>(config.initializer_factor);
+    return make_t5(t);
+  }
   throw Error("model.kind: not " + names_of(kModelKinds));
 }
 

@@ -12,38 +12,41 @@ namespace fsdp {
 
 struct ModelConfig;
 
+// A model is a tree of modules (the root is this object, name ""); its forward and backward are
+// ordinary code over the tree. The root is the outermost FSDP unit: forward() and backward()
+// run its hooks around the subclass's run_forward/run_backward, and every module an FSDP unit is
+// rooted at runs its own hooks when forward or backward reaches it.
 class Model : public Module {
  public:
   Model(std::string type, std::unique_ptr<Loss> loss) : Module("", std::move(type)), loss_(std::move(loss)) {}
 
-  // Runs every layer and the loss; returns this rank's share of the mean loss.
+  // Returns this rank's share of the mean loss.
   double forward(RunCtx& ctx, const Tensor& inputs, const Tensor& targets);
   // Gradients accumulate (+=) into the params' grad pointers.
   void backward(RunCtx& ctx);
-  const Tensor& output() const { return output_; }
+  const Tensor& output() const { return output_; }  // what the loss read (logits, log-probs)
   const Loss& loss() const { return *loss_; }
+  // A sequential model's top-level layers in forward order; empty for the others.
   const std::vector<Layer*>& layers() const { return layers_; }
-  // Activation checkpointing of one top-level layer: its buffers are dropped after forward and
-  // rebuilt by a recomputing forward (same ctx: same dropout masks) just before its backward.
-  void set_checkpointed(const Layer& layer, bool on);
-  // Per-sample count the loss averages over: 1 for a classifier, T tokens for an LM.
-  virtual int64_t loss_elements_per_sample() const { return 1; }
+  // The class names the transformer_layer wrap policy wraps ("TransformerBlock", "T5Block").
+  virtual std::vector<std::string> block_types() const { return {}; }
 
  protected:
+  // A sequential model: every layer in registration order, then the loss.
+  virtual Tensor run_forward(RunCtx& ctx, const Tensor& inputs, const Tensor& targets);
+  virtual Tensor run_backward(RunCtx& ctx, const Tensor& d_output);
+  Loss& mutable_loss() { return *loss_; }
+
   template <class L, class... Args>
   L& add_layer(Args&&... args) {
     L& l = add_child<L>(std::forward<Args>(args)...);
     layers_.push_back(&l);
-    checkpointed_.push_back(false);
-    saved_inputs_.emplace_back();
     return l;
   }
 
  private:
   std::unique_ptr<Loss> loss_;
   std::vector<Layer*> layers_;
-  std::vector<bool> checkpointed_;    // by layer position
-  std::vector<Tensor> saved_inputs_;  // checkpointed layers' inputs, forward to backward
   Tensor output_;
 };
 

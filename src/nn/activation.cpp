@@ -4,32 +4,32 @@
 
 namespace fsdp {
 
-const Tensor& ReLU::forward(RunCtx& ctx, const Tensor& x) {
+const Tensor& ReLU::do_forward(RunCtx& ctx, const Tensor& x) {
   ctx.ensure(y_, x.shape(), DType::f32);
   ctx.kernels().relu_forward(y_.f32(), x.f32(), x.numel());
   return y_;
 }
 
-const Tensor& ReLU::backward(RunCtx& ctx, const Tensor& dy) {
+const Tensor& ReLU::do_backward(RunCtx& ctx, const Tensor& dy) {
   ctx.ensure(dx_, y_.shape(), DType::f32);
   ctx.kernels().relu_backward(dx_.f32(), dy.f32(), y_.f32(), dy.numel());
   return dx_;
 }
 
-const Tensor& GELU::forward(RunCtx& ctx, const Tensor& x) {
+const Tensor& GELU::do_forward(RunCtx& ctx, const Tensor& x) {
   x_ = x;
   ctx.ensure(y_, x.shape(), DType::f32);
   ctx.kernels().gelu_forward(y_.f32(), x.f32(), x.numel());
   return y_;
 }
 
-const Tensor& GELU::backward(RunCtx& ctx, const Tensor& dy) {
+const Tensor& GELU::do_backward(RunCtx& ctx, const Tensor& dy) {
   ctx.ensure(dx_, x_.shape(), DType::f32);
   ctx.kernels().gelu_backward(dx_.f32(), dy.f32(), x_.f32(), dy.numel());
   return dx_;
 }
 
-const Tensor& Dropout::forward(RunCtx& ctx, const Tensor& x) {
+const Tensor& Dropout::do_forward(RunCtx& ctx, const Tensor& x) {
   active_ = ctx.training && ctx.dropout && p_ > 0.0f;
   if (!active_) return x;
   ctx.ensure(mask_, x.shape(), DType::f32);
@@ -43,14 +43,14 @@ const Tensor& Dropout::forward(RunCtx& ctx, const Tensor& x) {
   return y_;
 }
 
-const Tensor& Dropout::backward(RunCtx& ctx, const Tensor& dy) {
+const Tensor& Dropout::do_backward(RunCtx& ctx, const Tensor& dy) {
   if (!active_) return dy;
   ctx.ensure(dx_, dy.shape(), DType::f32);
   ctx.kernels().mul(dx_.f32(), dy.f32(), mask_.f32(), dy.numel());
   return dx_;
 }
 
-const Tensor& MaxPool2d::forward(RunCtx& ctx, const Tensor& x) {
+const Tensor& MaxPool2d::do_forward(RunCtx& ctx, const Tensor& x) {
   if (x.ndim() != 4) throw Error(name() + ": input " + shape_str(x.shape()) + " is not (B, C, H, W)");
   x_shape_ = x.shape();
   Shape ys = {x.dim(0), x.dim(1), x.dim(2) / 2, x.dim(3) / 2};
@@ -60,32 +60,32 @@ const Tensor& MaxPool2d::forward(RunCtx& ctx, const Tensor& x) {
   return y_;
 }
 
-const Tensor& MaxPool2d::backward(RunCtx& ctx, const Tensor& dy) {
+const Tensor& MaxPool2d::do_backward(RunCtx& ctx, const Tensor& dy) {
   ctx.ensure(dx_, x_shape_, DType::f32);
   ctx.kernels().maxpool2_backward(dx_.f32(), dy.f32(), argmax_.i32(), x_shape_[0] * x_shape_[1], x_shape_[2],
                                   x_shape_[3]);
   return dx_;
 }
 
-const Tensor& Flatten::forward(RunCtx&, const Tensor& x) {
+const Tensor& Flatten::do_forward(RunCtx&, const Tensor& x) {
   x_shape_ = x.shape();
   y_ = x.view({x.dim(0), shape_numel(Shape(x.shape().begin() + 1, x.shape().end()))});  // B may be 0
   return y_;
 }
 
-const Tensor& Flatten::backward(RunCtx&, const Tensor& dy) {
+const Tensor& Flatten::do_backward(RunCtx&, const Tensor& dy) {
   dx_ = dy.view(x_shape_);
   return dx_;
 }
 
-const Tensor& LogSoftmax::forward(RunCtx& ctx, const Tensor& x) {
+const Tensor& LogSoftmax::do_forward(RunCtx& ctx, const Tensor& x) {
   ctx.ensure(y_, x.shape(), DType::f32);
   int64_t C = x.shape().back();
   ctx.kernels().log_softmax_forward(y_.f32(), x.f32(), x.numel() / C, C);
   return y_;
 }
 
-const Tensor& LogSoftmax::backward(RunCtx& ctx, const Tensor& dy) {
+const Tensor& LogSoftmax::do_backward(RunCtx& ctx, const Tensor& dy) {
   ctx.ensure(dx_, y_.shape(), DType::f32);
   int64_t C = y_.shape().back();
   ctx.kernels().log_softmax_backward(dx_.f32(), dy.f32(), y_.f32(), y_.numel() / C, C);
@@ -99,7 +99,7 @@ LayerNorm::LayerNorm(const std::string& name, int64_t C, float eps)
       C_(C),
       eps_(eps) {}
 
-const Tensor& LayerNorm::forward(RunCtx& ctx, const Tensor& x) {
+const Tensor& LayerNorm::do_forward(RunCtx& ctx, const Tensor& x) {
   if (x.ndim() == 0 || x.shape().back() != C_)
     throw Error(name() + ": input " + shape_str(x.shape()) + " does not end in " + std::to_string(C_));
   x_ = x;
@@ -111,7 +111,7 @@ const Tensor& LayerNorm::forward(RunCtx& ctx, const Tensor& x) {
   return y_;
 }
 
-const Tensor& LayerNorm::backward(RunCtx& ctx, const Tensor& dy) {
+const Tensor& LayerNorm::do_backward(RunCtx& ctx, const Tensor& dy) {
   ctx.ensure(dx_, x_.shape(), DType::f32);
   ctx.kernels().layernorm_backward(dx_.f32(), weight.grad, bias.grad, dy.f32(), x_.f32(), weight.data, mean_.f32(),
                                    rstd_.f32(), x_.numel() / C_, C_);
@@ -127,9 +127,11 @@ Embeddings::Embeddings(int64_t vocab, int64_t max_seq, int64_t C)
       pos(add_child<Embedding>("pos_emb", max_seq, C)),
       vocab_(vocab),
       max_seq_(max_seq),
-      C_(C) {}
+      C_(C) {
+  set_container();  // PyTorch's LM has tok_emb and pos_emb at its top level: wrap policies see those
+}
 
-const Tensor& Embeddings::forward(RunCtx& ctx, const Tensor& tokens) {
+const Tensor& Embeddings::do_forward(RunCtx& ctx, const Tensor& tokens) {
   if (tokens.ndim() != 2 || tokens.dim(1) > max_seq_)
     throw Error("embeddings: tokens " + shape_str(tokens.shape()) + " are not (B, T <= " + std::to_string(max_seq_) +
                 ")");
@@ -144,13 +146,22 @@ const Tensor& Embeddings::forward(RunCtx& ctx, const Tensor& tokens) {
         throw Error("embeddings: token " + std::to_string(idx[i]) + " outside vocab " + std::to_string(vocab_));
     }
   }
+  // tok_emb and pos_emb may each be an FSDP unit (size_based wraps leaves).
+  ctx.pre_forward(tok);
+  ctx.pre_forward(pos);
   ctx.kernels().embedding_forward(y_.f32(), tokens.i32(), tok.weight.data, pos.weight.data, B, T, C_);
+  ctx.post_forward(pos);
+  ctx.post_forward(tok);
   return y_;
 }
 
-const Tensor& Embeddings::backward(RunCtx& ctx, const Tensor& dy) {
+const Tensor& Embeddings::do_backward(RunCtx& ctx, const Tensor& dy) {
+  ctx.pre_backward(tok);
+  ctx.pre_backward(pos);
   ctx.kernels().embedding_backward(tok.weight.grad, pos.weight.grad, dy.f32(), tokens_.i32(), tokens_.dim(0),
                                    tokens_.dim(1), C_);
+  ctx.post_backward(pos);
+  ctx.post_backward(tok);
   return none_;  // token ids have no gradient
 }
 

@@ -21,7 +21,7 @@ MultiheadAttention::MultiheadAttention(const std::string& name, int64_t C, int64
   out_proj.bias->init = {ParamInit::Kind::constant, 0.0f, 0.0f};
 }
 
-const Tensor& MultiheadAttention::forward(RunCtx& ctx, const Tensor& x) {
+const Tensor& MultiheadAttention::do_forward(RunCtx& ctx, const Tensor& x) {
   x_ = x;
   int64_t B = x.dim(0), T = x.dim(1), C = C_, hd = C_ / H_;
   ctx.ensure(qkv_, {B, T, 3 * C}, DType::f32);
@@ -48,10 +48,11 @@ const Tensor& MultiheadAttention::forward(RunCtx& ctx, const Tensor& x) {
     kernels.gemm_strided_batched(false, false, T, hd, T, 1.0f, att + b * H_ * T * T, T, T * T, v, 3 * C, hd, 0.0f,
                                  y + b * T * C, C, hd, H_);
   }
-  return out_proj.forward(ctx, y_);
+  out_ = out_proj.forward(ctx, y_);
+  return out_;
 }
 
-const Tensor& MultiheadAttention::backward(RunCtx& ctx, const Tensor& dy) {
+const Tensor& MultiheadAttention::do_backward(RunCtx& ctx, const Tensor& dy) {
   int64_t B = x_.dim(0), T = x_.dim(1), C = C_, hd = C_ / H_;
   const Tensor& dyh = out_proj.backward(ctx, dy);  // (B, T, C), heads side by side
   ctx.ensure(dqkv_, {B, T, 3 * C}, DType::f32);
@@ -102,7 +103,7 @@ TransformerBlock::TransformerBlock(const std::string& name, int64_t C, int64_t h
       act(add_child<GELU>(child_name("act"))),
       fc2(add_child<Linear>(child_name("fc2"), d_ff, C)) {}
 
-const Tensor& TransformerBlock::forward(RunCtx& ctx, const Tensor& x) {
+const Tensor& TransformerBlock::do_forward(RunCtx& ctx, const Tensor& x) {
   ctx.ensure(a_, x.shape(), DType::f32);
   ctx.ensure(y_, x.shape(), DType::f32);
   int64_t n = x.numel();
@@ -112,7 +113,7 @@ const Tensor& TransformerBlock::forward(RunCtx& ctx, const Tensor& x) {
   return y_;
 }
 
-const Tensor& TransformerBlock::backward(RunCtx& ctx, const Tensor& dy) {
+const Tensor& TransformerBlock::do_backward(RunCtx& ctx, const Tensor& dy) {
   ctx.ensure(da_, dy.shape(), DType::f32);
   ctx.ensure(dx_, dy.shape(), DType::f32);
   int64_t n = dy.numel();

@@ -14,8 +14,8 @@ namespace fsdp {
 class Linear : public Layer {
  public:
   Linear(const std::string& name, int64_t in, int64_t out, bool bias = true);
-  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
-  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
   void release_activations() override;
   Param& weight;
   Param* bias = nullptr;
@@ -30,8 +30,8 @@ class Linear : public Layer {
 class Conv2d : public Layer {
  public:
   Conv2d(const std::string& name, int64_t in, int64_t out, int64_t kernel, int64_t padding = 0);
-  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
-  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
   void release_activations() override;
   Param& weight;
   Param& bias;
@@ -47,8 +47,8 @@ class Conv2d : public Layer {
 class ReLU : public Layer {
  public:
   explicit ReLU(const std::string& name) : Layer(name, "ReLU") {}
-  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
-  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
   void release_activations() override;
 
  private:
@@ -59,8 +59,8 @@ class ReLU : public Layer {
 class GELU : public Layer {
  public:
   explicit GELU(const std::string& name) : Layer(name, "GELU") {}
-  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
-  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
   void release_activations() override;
 
  private:
@@ -72,8 +72,8 @@ class GELU : public Layer {
 class Dropout : public Layer {
  public:
   Dropout(const std::string& name, float p) : Layer(name, "Dropout"), p_(p) {}
-  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
-  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
   void release_activations() override;
 
  private:
@@ -86,8 +86,8 @@ class Dropout : public Layer {
 class MaxPool2d : public Layer {
  public:
   explicit MaxPool2d(const std::string& name) : Layer(name, "MaxPool2d") {}
-  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
-  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
   void release_activations() override;
 
  private:
@@ -99,8 +99,8 @@ class MaxPool2d : public Layer {
 class Flatten : public Layer {
  public:
   explicit Flatten(const std::string& name) : Layer(name, "Flatten") {}
-  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
-  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
   void release_activations() override;
 
  private:
@@ -112,8 +112,8 @@ class Flatten : public Layer {
 class LogSoftmax : public Layer {
  public:
   explicit LogSoftmax(const std::string& name) : Layer(name, "LogSoftmax") {}
-  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
-  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
   void release_activations() override;
 
  private:
@@ -124,8 +124,8 @@ class LogSoftmax : public Layer {
 class LayerNorm : public Layer {
  public:
   LayerNorm(const std::string& name, int64_t C, float eps = 1e-5f);
-  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
-  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
   void release_activations() override;
   Param& weight;
   Param& bias;
@@ -148,8 +148,8 @@ class Embedding : public Module {
 class Embeddings : public Layer {
  public:
   Embeddings(int64_t vocab, int64_t max_seq, int64_t C);
-  const Tensor& forward(RunCtx& ctx, const Tensor& tokens) override;
-  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& tokens) override;
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
   void release_activations() override;
   Embedding& tok;
   Embedding& pos;
@@ -165,8 +165,8 @@ class Embeddings : public Layer {
 class MultiheadAttention : public Layer {
  public:
   MultiheadAttention(const std::string& name, int64_t C, int64_t heads);
-  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
-  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
   void release_activations() override;
   Param& in_proj_weight;
   Param& in_proj_bias;
@@ -175,6 +175,7 @@ class MultiheadAttention : public Layer {
  private:
   int64_t C_, H_;
   Tensor x_, qkv_, att_, y_, dy_att_, dqkv_, dx_, dp_;
+  Tensor out_;  // out_proj's output (a handle: out_proj may be a checkpointed unit of its own)
 };
 
 // Pre-norm decoder block: x + attn(ln1(x)), then + fc2(gelu(fc1(ln2(.)))). FSDP's
@@ -182,8 +183,8 @@ class MultiheadAttention : public Layer {
 class TransformerBlock : public Layer {
  public:
   TransformerBlock(const std::string& name, int64_t C, int64_t heads, int64_t d_ff);
-  const Tensor& forward(RunCtx& ctx, const Tensor& x) override;
-  const Tensor& backward(RunCtx& ctx, const Tensor& dy) override;
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
   void release_activations() override;
   LayerNorm& ln1;
   MultiheadAttention& attn;

@@ -18,7 +18,7 @@ Linear::Linear(const std::string& name, int64_t in, int64_t out, bool bias)
   if (bias) this->bias = &add_param("bias", {out}, fan_in_uniform(in));
 }
 
-const Tensor& Linear::forward(RunCtx& ctx, const Tensor& x) {
+const Tensor& Linear::do_forward(RunCtx& ctx, const Tensor& x) {
   if (x.ndim() == 0 || x.shape().back() != in_)
     throw Error(name() + ": input " + shape_str(x.shape()) + " does not end in " + std::to_string(in_));
   x_ = x;
@@ -29,7 +29,7 @@ const Tensor& Linear::forward(RunCtx& ctx, const Tensor& x) {
   return y_;
 }
 
-const Tensor& Linear::backward(RunCtx& ctx, const Tensor& dy) {
+const Tensor& Linear::do_backward(RunCtx& ctx, const Tensor& dy) {
   float* dx = nullptr;
   if (need_input_grad) {
     ctx.ensure(dx_, x_.shape(), DType::f32);
@@ -49,7 +49,7 @@ Conv2d::Conv2d(const std::string& name, int64_t in, int64_t out, int64_t kernel,
       k_(kernel),
       pad_(padding) {}
 
-const Tensor& Conv2d::forward(RunCtx& ctx, const Tensor& x) {
+const Tensor& Conv2d::do_forward(RunCtx& ctx, const Tensor& x) {
   if (x.ndim() != 4 || x.dim(1) != in_)
     throw Error(name() + ": input " + shape_str(x.shape()) + " is not (B, " + std::to_string(in_) + ", H, W)");
   x_ = x;
@@ -67,7 +67,7 @@ const Tensor& Conv2d::forward(RunCtx& ctx, const Tensor& x) {
   return y_;
 }
 
-const Tensor& Conv2d::backward(RunCtx& ctx, const Tensor& dy) {
+const Tensor& Conv2d::do_backward(RunCtx& ctx, const Tensor& dy) {
   int64_t B = x_.dim(0), H = x_.dim(2), W = x_.dim(3);
   int64_t OH = dy.dim(2), OW = dy.dim(3), P = OH * OW, K = in_ * k_ * k_;
   // dyt (out, B*P): channel-major so both gradients are single GEMMs.

@@ -9,13 +9,13 @@ namespace fsdp {
 namespace {
 // The count always; the values only for host memory: for device targets the trainer checks the
 // batch on the host before upload (a device-side check would cost a host wait per step).
-void check_targets(const Tensor& targets, int64_t rows, int64_t C) {
+void check_targets(const Tensor& targets, int64_t rows, int64_t C, std::optional<int32_t> ignore = std::nullopt) {
   if (targets.numel() != rows)
     throw Error("loss: " + std::to_string(targets.numel()) + " targets for " + std::to_string(rows) + " rows");
   if (targets.device() != Device::cpu) return;
   const int32_t* t = targets.i32();
   for (int64_t r = 0; r < rows; ++r)
-    if (t[r] < 0 || t[r] >= C)
+    if ((t[r] < 0 || t[r] >= C) && t[r] != ignore)
       throw Error("loss: target " + std::to_string(t[r]) + " outside [0, " + std::to_string(C) + ")");
 }
 }  // namespace
@@ -39,7 +39,7 @@ const Tensor& NLLLoss::backward(RunCtx& ctx) {
 
 double CrossEntropyLoss::forward(RunCtx& ctx, const Tensor& logits, const Tensor& targets) {
   int64_t C = logits.shape().back(), rows = logits.numel() / C;
-  check_targets(targets, rows, C);
+  check_targets(targets, rows, C, ignore_index_);
   targets_ = targets;
   ctx.ensure(logp_, logits.shape(), DType::f32);
   Kernels& kernels = ctx.kernels();

@@ -2,6 +2,7 @@
 // Losses as sums over this rank's samples divided by the global batch size (ctx.loss_normalizer),
 // so that adding the ranks' values gives exactly PyTorch's reduction='mean' over the global batch.
 #include <cstdint>
+#include <optional>
 
 #include "nn/module.h"
 
@@ -33,13 +34,17 @@ class NLLLoss : public Loss {
   Shape shape_;
 };
 
-// F.cross_entropy on logits (..., V) with i32 targets (...): log-softmax fused in.
+// F.cross_entropy on logits (..., V) with i32 targets (...): log-softmax fused in. With an
+// ignore_index (HF's -100 on padded labels) those targets add nothing to the sum, the count
+// of correct ones or the gradient; ctx.loss_normalizer then counts only the others.
 class CrossEntropyLoss : public Loss {
  public:
+  explicit CrossEntropyLoss(std::optional<int32_t> ignore_index = std::nullopt) : ignore_index_(ignore_index) {}
   double forward(RunCtx& ctx, const Tensor& logits, const Tensor& targets) override;
   const Tensor& backward(RunCtx& ctx) override;
 
  private:
+  std::optional<int32_t> ignore_index_;
   Tensor targets_, logp_, grad_;
 };
 

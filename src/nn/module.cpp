@@ -34,6 +34,34 @@ std::vector<Param*> Module::params() {
   return out;
 }
 
+void Module::visit(const std::function<void(Module&)>& fn) {
+  fn(*this);
+  for (Module* c : children_) c->visit(fn);
+}
+
+Tensor Layer::forward(RunCtx& ctx, const Tensor& x) {
+  ctx.pre_forward(*this);
+  const bool recompute_later = checkpointed() && ctx.training;
+  if (recompute_later) saved_input_ = x;
+  Tensor y = do_forward(ctx, x);
+  if (recompute_later) release_activations();
+  ctx.post_forward(*this);
+  return y;
+}
+
+Tensor Layer::backward(RunCtx& ctx, const Tensor& dy) {
+  ctx.pre_backward(*this);  // FSDP gathers the unit here: the recompute runs after it
+  const bool recomputed = checkpointed() && saved_input_.defined();
+  if (recomputed) {
+    do_forward(ctx, saved_input_);
+    saved_input_ = Tensor();
+  }
+  Tensor dx = do_backward(ctx, dy);
+  if (recomputed) release_activations();  // dx keeps its own handle on the buffer
+  ctx.post_backward(*this);
+  return dx;
+}
+
 int64_t Module::num_params() {
   int64_t n = 0;
   for (Param* p : params()) n += p->numel();

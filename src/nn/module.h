@@ -5,6 +5,7 @@
 // Layers have explicit forward and backward (llm.c style): forward keeps what backward needs,
 // and both return layer-owned buffers that stay valid until the layer's next call.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -38,7 +39,8 @@ struct Param {
 
 class Module;
 
-// Called around each top-level module's forward and backward; FSDP gathers and frees there.
+// Called around the forward and backward of every module the engine marked (the root module of
+// each FSDP unit: ctx.pre_forward(m) and friends below); FSDP gathers and frees there.
 class ModuleHooks {
  public:
   virtual ~ModuleHooks() = default;
@@ -71,6 +73,12 @@ struct RunCtx {
     else
       fsdp::ensure(t, shape, dtype, category, mem);
   }
+  // Every module's forward and backward call these around its own work (Layer does it for its
+  // subclasses); they reach the hooks only for modules marked hooked, so they cost a branch.
+  inline void pre_forward(Module& m) const;
+  inline void post_forward(Module& m) const;
+  inline void pre_backward(Module& m) const;
+  inline void post_backward(Module& m) const;
 };
 
 class Module {
@@ -80,16 +88,38 @@ class Module {
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
-  const std::string& name() const { return name_; }  // dotted prefix in the state_dict
-  const std::string& type() const { return type_; }  // "Linear", "TransformerBlock", ...
+  const std::string& name() const { return name_; }  // dotted path in the state_dict, "" at the root
+  const std::string& type() const { return type_; }  // "Linear", "TransformerBlock", "T5Block", ...
   const std::vector<Module*>& children() const { return children_; }
+  // Parameters registered here (this module owns them: their names carry its path).
+  const std::vector<std::unique_ptr<Param>>& own_params() const { return params_; }
+  // Parameters this module's forward reads but another module owns: a tied weight (T5's
+  // lm_head reading shared.weight) or a module called from several places (T5's `shared`
+  // embedding, called by the encoder and the decoder). FSDP puts such a parameter in the
+  // innermost unit that holds every module using it.
+  const std::vector<Param*>& used_params() const { return used_; }
   // PyTorch's named_parameters() order: own params first, then children in registration order.
   void collect_params(std::vector<Param*>& out);
   std::vector<Param*> params();
   int64_t num_params();
+  // Pre-order over the subtree (this module first).
+  void visit(const std::function<void(Module&)>& fn);
+
+  // A grouping that is never an FSDP unit of its own (PyTorch's ModuleList is one; so is the
+  // nameless Embeddings holder of the transformer): wrap policies look through it.
+  bool is_container() const { return container_; }
+  // When an FSDP unit is rooted here, ctx.pre_forward(*this) and friends call the hooks.
+  bool hooked() const { return hooked_; }
+  void set_hooked(bool on) { hooked_ = on; }
+  // Activation checkpointing of this module's subtree: what forward keeps is dropped after it
+  // and rebuilt by a recomputing forward (same ctx: same dropout masks) just before backward.
+  bool checkpointed() const { return checkpointed_; }
+  void set_checkpointed(bool on) { checkpointed_ = on; }
 
  protected:
   Param& add_param(const std::string& local_name, Shape shape, ParamInit init);
+  void use_param(Param& p) { used_.push_back(&p); }
+  void set_container() { container_ = true; }
   template <class M, class... Args>
   M& add_child(Args&&... args) {
     owned_.push_back(std::make_unique<M>(std::forward<Args>(args)...));
@@ -102,22 +132,49 @@ class Module {
   std::string name_;
   std::string type_;
   std::vector<std::unique_ptr<Param>> params_;
+  std::vector<Param*> used_;
   std::vector<std::unique_ptr<Module>> owned_;
   std::vector<Module*> children_;
+  bool container_ = false;
+  bool hooked_ = false;
+  bool checkpointed_ = false;
 };
 
-// A module on the activation path: (x) -> y, and (dy) -> dx.
+void RunCtx::pre_forward(Module& m) const {
+  if (hooks && m.hooked()) hooks->pre_forward(m);
+}
+void RunCtx::post_forward(Module& m) const {
+  if (hooks && m.hooked()) hooks->post_forward(m);
+}
+void RunCtx::pre_backward(Module& m) const {
+  if (hooks && m.hooked()) hooks->pre_backward(m);
+}
+void RunCtx::post_backward(Module& m) const {
+  if (hooks && m.hooked()) hooks->post_backward(m);
+}
+
+// A module on the activation path: (x) -> y, and (dy) -> dx. forward/backward run the hooks
+// and activation checkpointing around the subclass's do_forward/do_backward, and return
+// handles: a checkpointed layer drops its own buffers, and its output must outlive that.
 class Layer : public Module {
  public:
   using Module::Module;
-  virtual const Tensor& forward(RunCtx& ctx, const Tensor& x) = 0;
+  Tensor forward(RunCtx& ctx, const Tensor& x);
   // dx is skipped (an undefined Tensor returned) when need_input_grad is false: the first
   // layer's input gradient is never used, and for conv1 it is the costliest part of backward.
-  virtual const Tensor& backward(RunCtx& ctx, const Tensor& dy) = 0;
+  Tensor backward(RunCtx& ctx, const Tensor& dy);
   // Drops every buffer the layer holds (activation checkpointing frees a layer between its
   // forward and a recomputing forward in backward). The next forward reallocates.
   virtual void release_activations() = 0;
   bool need_input_grad = true;
+
+ protected:
+  // Return layer-owned buffers that stay valid until the layer's next call.
+  virtual const Tensor& do_forward(RunCtx& ctx, const Tensor& x) = 0;
+  virtual const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) = 0;
+
+ private:
+  Tensor saved_input_;  // checkpointed: forward's input, kept for the recompute
 };
 
 }  // namespace fsdp

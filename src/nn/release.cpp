@@ -16,7 +16,7 @@ void LayerNorm::release_activations() { x_ = y_ = mean_ = rstd_ = dx_ = Tensor()
 void Embeddings::release_activations() { tokens_ = y_ = Tensor(); }
 
 void MultiheadAttention::release_activations() {
-  x_ = qkv_ = att_ = y_ = dy_att_ = dqkv_ = dx_ = dp_ = Tensor();
+  x_ = qkv_ = att_ = y_ = dy_att_ = dqkv_ = dx_ = dp_ = out_ = Tensor();
   out_proj.release_activations();
 }
 

@@ -15,6 +15,18 @@ namespace {
 Datasets load_data(const Config& c) {
   const DataConfig& d = c.data;
   const bool lm = c.model.kind == ModelKind::transformer;
+  if (c.model.kind == ModelKind::t5) {  // seq2seq pairs; synthetic ones when data.kind is synthetic
+    Seq2SeqOptions o;
+    o.path = d.kind == DataKind::seq2seq ? d.path : "";
+    o.source = d.source;
+    o.target = d.target;
+    o.source_len = d.source_len;
+    o.target_len = d.target_len;
+    o.eval_fraction = d.eval_fraction;
+    o.synthetic_samples = d.synthetic_samples + std::max<int64_t>(1, d.synthetic_samples / 4);
+    o.seed = c.train.seed;
+    return {load_seq2seq(o, true), load_seq2seq(o, false)};
+  }
   if (d.kind == DataKind::fashion_mnist) {
     if (lm) throw Error("data.kind fashion_mnist gives images; model.kind transformer needs tokens (data.kind text)");
     std::string dir = d.path.empty() ? kFashionMnistDir : d.path;

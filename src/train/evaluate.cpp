@@ -1,5 +1,6 @@
 #include "train/evaluate.h"
 
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -31,7 +32,9 @@ EvalResult evaluate(Model& model, FsdpEngine& engine, const Dataset& data, const
     sums[1] += static_cast<double>(model.loss().last_correct());
   }
   engine.world().all_reduce(sums, sums, 2, DType::f64, ReduceOp::sum)->wait();
-  double elems = static_cast<double>(data.size()) * model.loss_elements_per_sample();
+  std::vector<int64_t> all(static_cast<size_t>(data.size()));
+  std::iota(all.begin(), all.end(), int64_t{0});
+  const double elems = static_cast<double>(data.loss_elements(all));
   return {sums[0] / elems, sums[1] / elems};
 }
 

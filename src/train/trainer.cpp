@@ -76,7 +76,10 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
                     device);
   }
   s.model = make_model(c.model);
-  if (s.data.train->num_classes() > (c.model.kind == ModelKind::transformer ? c.model.vocab : 10))
+  const int64_t outputs = c.model.kind == ModelKind::transformer ? c.model.vocab
+                          : c.model.kind == ModelKind::t5        ? c.model.vocab_size
+                                                                 : 10;
+  if (s.data.train->num_classes() > outputs)
     throw Error("data has " + std::to_string(s.data.train->num_classes()) + " classes, more than the model's outputs");
 
   // Units, shards and the mesh; each rank materialises only its own slices.
@@ -121,12 +124,12 @@ Trainer::StepResult Trainer::train_step(int64_t step, double lr) {
   ctx.dropout = c.train.dropout;
   ctx.hooks = &engine;
   ctx.runtime = &engine.runtime();
-  ctx.loss_normalizer = static_cast<double>(s.global_batch) * s.model->loss_elements_per_sample();
   ctx.training = true;
   ctx.step = step;
   ctx.loss_scale = s.scaler.enabled ? s.scaler.scale : 1.0;
   const int64_t epoch = step / s.steps_per_epoch, step_in_epoch = step % s.steps_per_epoch;
   std::vector<int64_t> global = s.sampler->global_batch(epoch, step_in_epoch);
+  ctx.loss_normalizer = static_cast<double>(s.data.train->loss_elements(global));
 
   // Forward/backward per micro-batch; only the last one reduces gradients (no_sync).
   StepResult r;
@@ -252,8 +255,8 @@ void Trainer::report_step(int64_t step, const StepResult& r, double step_s) {
   p.summary.steps = done;
   p.summary.last_loss = r.loss;
   if (s.env.rank != 0) return;
-  const bool lm = c.model.kind == ModelKind::transformer;
-  const int64_t elems_per_sample = s.model->loss_elements_per_sample();
+  const bool lm = c.model.kind != ModelKind::mnist_cnn;
+  const int64_t elems_per_sample = shape_numel(s.data.train->target_shape());
   const double rate = static_cast<double>(s.global_batch) / step_s;
   JsonLine j;
   j.integer("step", done).integer("epoch", epoch + 1).num("loss", r.loss).num("lr", p.lr).num("step_time_s", step_s);

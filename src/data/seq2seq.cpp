@@ -1,0 +1,135 @@
+// Sequence-to-sequence pairs from a JSON-lines file (one object per line; two of its string
+// fields are the source and the target), as byte tokens with ByT5's ids: byte + 3, pad 0, eos 1.
+// Sample i: inputs (S) = source bytes truncated to S-1, eos, pad; targets (L) = target bytes
+// truncated to L-1, eos, then -100 (HF's ignored label) up to L. The model derives the padding
+// mask and the decoder's input (labels shifted right) from these.
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "data/data.h"
+#include "tensor/error.h"
+
+namespace fsdp {
+
+void check_fill(const Dataset& dataset, std::span<const int64_t> indices, const Tensor& inputs,
+                const Tensor& targets);  // dataset.cpp
+
+namespace {
+
+constexpr int32_t kPad = 0, kEos = 1, kByteOffset = 3, kIgnore = -100;
+
+struct Pair {
+  std::string source, target;
+};
+
+// Every row of the file, or an Error naming the file, the line and the problem.
+std::vector<Pair> read_pairs(const Seq2SeqOptions& o) {
+  std::ifstream in(o.path, std::ios::binary);
+  if (!in.is_open()) throw Error("seq2seq data " + o.path + ": cannot open");
+  std::vector<Pair> pairs;
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines separate nothing
+    auto bad = [&](const std::string& what) {
+      return Error("seq2seq data " + o.path + ":" + std::to_string(number) + ": " + what);
+    };
+    nlohmann::json row;
+    try {
+      row = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw bad(std::string("not a JSON object (") + e.what() + ")");
+    }
+    if (!row.is_object()) throw bad("not a JSON object");
+    auto field = [&](const std::string& key) {
+      const auto it = row.find(key);
+      if (it == row.end()) throw bad("no field \"" + key + "\"");
+      if (!it->is_string()) throw bad("field \"" + key + "\" is not a string");
+      return it->get<std::string>();
+    };
+    pairs.push_back({field(o.source), field(o.target)});
+  }
+  if (in.bad()) throw Error("seq2seq data " + o.path + ": cannot read");
+  if (pairs.empty()) throw Error("seq2seq data " + o.path + ": no rows");
+  return pairs;
+}
+
+// ids (n) = bytes + 3 truncated to n-1, eos, then `fill`.
+void encode(const std::string& text, int32_t* ids, int64_t n, int32_t fill) {
+  const int64_t used = std::min<int64_t>(static_cast<int64_t>(text.size()), n - 1);
+  for (int64_t i = 0; i < used; ++i) ids[i] = static_cast<int32_t>(static_cast<uint8_t>(text[i])) + kByteOffset;
+  ids[used] = kEos;
+  for (int64_t i = used + 1; i < n; ++i) ids[i] = fill;
+}
+
+class Seq2Seq final : public Dataset {
+ public:
+  Seq2Seq(std::vector<Pair> pairs, int64_t source_len, int64_t target_len)
+      : pairs_(std::move(pairs)), S_(source_len), L_(target_len) {}
+  int64_t size() const override { return static_cast<int64_t>(pairs_.size()); }
+  Shape input_shape() const override { return {S_}; }
+  DType input_dtype() const override { return DType::i32; }
+  Shape target_shape() const override { return {L_}; }
+  int64_t num_classes() const override { return 256 + kByteOffset; }
+  void fill(std::span<const int64_t> indices, Tensor& inputs, Tensor& targets) const override {
+    check_fill(*this, indices, inputs, targets);
+    for (size_t n = 0; n < indices.size(); ++n) {
+      const Pair& p = pairs_[static_cast<size_t>(indices[n])];
+      encode(p.source, inputs.i32() + static_cast<int64_t>(n) * S_, S_, kPad);
+      encode(p.target, targets.i32() + static_cast<int64_t>(n) * L_, L_, kIgnore);
+    }
+  }
+  // The labels that are not -100: the target's bytes that fit, and its eos.
+  int64_t loss_elements(std::span<const int64_t> indices) const override {
+    int64_t count = 0;
+    for (int64_t i : indices)
+      count += std::min<int64_t>(static_cast<int64_t>(pairs_[static_cast<size_t>(i)].target.size()), L_ - 1) + 1;
+    return count;
+  }
+
+ private:
+  std::vector<Pair> pairs_;
+  int64_t S_, L_;
+};
+
+// Deterministic pairs for tests and plans: lowercase letters, lengths from 1 to twice the
+// token lengths (so some are truncated and some padded), row r a function of (seed, r).
+std::vector<Pair> synthetic_pairs(const Seq2SeqOptions& o) {
+  std::vector<Pair> pairs(static_cast<size_t>(o.synthetic_samples));
+  uint64_t state = o.seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&] {  // splitmix64
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  auto text = [&](int64_t max_len) {
+    std::string t(1 + next() % static_cast<uint64_t>(2 * max_len), ' ');
+    for (char& ch : t) ch = static_cast<char>('a' + next() % 26);
+    return t;
+  };
+  for (Pair& p : pairs) {
+    p.source = text(o.source_len);
+    p.target = text(o.target_len);
+  }
+  return pairs;
+}
+
+}  // namespace
+
+std::unique_ptr<Dataset> load_seq2seq(const Seq2SeqOptions& o, bool train) {
+  std::vector<Pair> pairs = o.path.empty() ? synthetic_pairs(o) : read_pairs(o);
+  // The last floor(rows * eval_fraction) rows evaluate, the others train (file order).
+  const auto rows = static_cast<int64_t>(pairs.size());
+  const auto held = static_cast<int64_t>(std::floor(static_cast<double>(rows) * o.eval_fraction));
+  if (rows - held < 1 || (o.eval_fraction > 0 && held < 1))
+    throw Error("seq2seq data " + o.path + ": " + std::to_string(rows) + " rows cannot be split by eval_fraction " +
+                std::to_string(o.eval_fraction) + " into non-empty train and eval parts");
+  std::vector<Pair> part(train ? pairs.begin() : pairs.begin() + (rows - held),
+                         train ? pairs.begin() + (rows - held) : pairs.end());
+  return std::make_unique<Seq2Seq>(std::move(part), o.source_len, o.target_len);
+}
+
+}  // namespace fsdp

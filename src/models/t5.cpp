@@ -1,0 +1,587 @@
+// T5ForConditionalGeneration as a module tree (models/t5.h). Every piece is a Layer (one input,
+// one output), so FSDP units, hooks and activation checkpointing work on any of them; what a
+// block reads besides its hidden state (the padding mask, the position bias block 0 computes,
+// the encoder's output) and the gradients several blocks add up travel in its stack's
+// StackState. Shapes: B batch, S source length, L target length, T a stack's length, C d_model,
+// H heads, I = H * d_kv the inner attention width, F d_ff, V vocab.
+#include "models/t5.h"
+
+#include <array>
+#include <cmath>
+
+#include "nn/layers.h"
+#include "tensor/error.h"
+#include "tensor/t5_buckets.h"
+
+namespace fsdp {
+
+namespace {
+
+ParamInit normal_std(double std) { return {ParamInit::Kind::normal, 0.0f, static_cast<float>(std)}; }
+
+// Host or runtime memory for a tensor computed on the host (masks, shifted ids, buckets).
+Tensor upload(RunCtx& ctx, const Tensor& host) {
+  if (ctx.runtime && ctx.runtime->device() != Device::cpu) return to_device(*ctx.runtime, host, MemCategory::activations);
+  return host;
+}
+
+struct StackState {
+  bool decoder = false;
+  Tensor key_valid;        // (B, S) i32, 1 = a real source token: the encoder's keys, the cross-attention's
+  Tensor bucket;           // (T, T) i32 relative position buckets of the self-attention
+  int64_t bucket_T = -1;   // the length `bucket` was made for
+  Tensor position_bias;    // (H, T, T) from block 0's relative_attention_bias, read by every block
+  Tensor d_position_bias;  // (H, T, T) the score gradients summed over blocks and samples
+  Tensor encoder_out;      // decoder: (B, S, C), every cross-attention's keys and values
+  Tensor d_encoder_out;    // decoder: (B, S, C) its gradient, summed over the cross-attentions
+  Tensor ones;             // (B) ones: sums score gradients over samples with one GEMM
+};
+
+// T5LayerNorm: y = w * x / sqrt(mean(x^2) + eps); no mean subtraction, no bias.
+class T5LayerNorm : public Layer {
+ public:
+  T5LayerNorm(const std::string& name, int64_t C, float eps, float factor)
+      : Layer(name, "T5LayerNorm"), weight(add_param("weight", {C}, {ParamInit::Kind::constant, factor, 0.0f})), C_(C),
+        eps_(eps) {}
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
+    x_ = x;
+    const int64_t rows = x.numel() / C_;
+    ctx.ensure(y_, x.shape(), DType::f32);
+    ctx.ensure(rstd_, {rows}, DType::f32);
+    ctx.kernels().rmsnorm_forward(y_.f32(), rstd_.f32(), x.f32(), weight.data, rows, C_, eps_);
+    return y_;
+  }
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
+    ctx.ensure(dx_, x_.shape(), DType::f32);
+    ctx.kernels().rmsnorm_backward(dx_.f32(), weight.grad, dy.f32(), x_.f32(), weight.data, rstd_.f32(),
+                                   x_.numel() / C_, C_);
+    return dx_;
+  }
+  void release_activations() override { x_ = y_ = rstd_ = dx_ = Tensor(); }
+  Param& weight;
+
+ private:
+  int64_t C_;
+  float eps_;
+  Tensor x_, y_, rstd_, dx_;
+};
+
+// HF's NewGELUActivation (gelu_new, the tanh approximation): T5 v1.1's gated-gelu.
+class GeluTanh : public Layer {
+ public:
+  explicit GeluTanh(const std::string& name) : Layer(name, "NewGELUActivation") {}
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
+    x_ = x;
+    ctx.ensure(y_, x.shape(), DType::f32);
+    ctx.kernels().gelu_tanh_forward(y_.f32(), x.f32(), x.numel());
+    return y_;
+  }
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
+    ctx.ensure(dx_, x_.shape(), DType::f32);
+    ctx.kernels().gelu_tanh_backward(dx_.f32(), dy.f32(), x_.f32(), dy.numel());
+    return dx_;
+  }
+  void release_activations() override { x_ = y_ = dx_ = Tensor(); }
+
+ private:
+  Tensor x_, y_, dx_;
+};
+
+// T5Attention: q, k, v, o without bias; scores q.k unscaled, plus the position bias (self-
+// attention) and the masks; softmax; dropout on the probabilities. Self-attention: keys and
+// values from the input; cross-attention: from the encoder's output (StackState).
+// x (B, Tq, C) -> (B, Tq, C).
+class T5Attention : public Layer {
+ public:
+  T5Attention(const std::string& name, const T5Config& c, bool cross, bool relative_bias, StackState& state)
+      : Layer(name, "T5Attention"),
+        q(add_child<Linear>(child_name("q"), c.d_model, c.num_heads * c.d_kv, false)),
+        k(add_child<Linear>(child_name("k"), c.d_model, c.num_heads * c.d_kv, false)),
+        v(add_child<Linear>(child_name("v"), c.d_model, c.num_heads * c.d_kv, false)),
+        o(add_child<Linear>(child_name("o"), c.num_heads * c.d_kv, c.d_model, false)),
+        dropout(add_child<Dropout>(child_name("dropout"), c.dropout_rate)),
+        H_(c.num_heads),
+        dkv_(c.d_kv),
+        cross_(cross),
+        state_(state) {
+    const double f = c.initializer_factor, d_model = static_cast<double>(c.d_model);
+    const double inner = static_cast<double>(c.num_heads * c.d_kv);
+    q.weight.init = normal_std(f * std::pow(d_model * static_cast<double>(c.d_kv), -0.5));
+    k.weight.init = normal_std(f * std::pow(d_model, -0.5));
+    v.weight.init = normal_std(f * std::pow(d_model, -0.5));
+    o.weight.init = normal_std(f * std::pow(inner, -0.5));
+    if (relative_bias) {
+      relative_attention_bias = &add_child<Embedding>(child_name("relative_attention_bias"),
+                                                      c.relative_attention_num_buckets, c.num_heads);
+      relative_attention_bias->weight.init = normal_std(f * std::pow(d_model, -0.5));
+    }
+  }
+
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
+    const Tensor& kv = cross_ ? state_.encoder_out : x;
+    const int64_t B = x.dim(0), Tq = x.dim(1), Tk = kv.dim(1), I = H_ * dkv_, P = Tq * Tk;
+    Q_ = q.forward(ctx, x);
+    K_ = k.forward(ctx, kv);
+    V_ = v.forward(ctx, kv);
+    Kernels& kernels = ctx.kernels();
+    if (relative_attention_bias) {  // block 0 of the stack: the bias every block adds
+      // The embedding is read here, not called: its hooks run here (size_based may make it a unit).
+      ctx.pre_forward(*relative_attention_bias);
+      ctx.ensure(state_.position_bias, {H_, Tq, Tk}, DType::f32);
+      kernels.relative_bias_forward(state_.position_bias.f32(), relative_attention_bias->weight.data,
+                                    state_.bucket.i32(), H_, Tq, Tk);
+      ctx.post_forward(*relative_attention_bias);
+    }
+    ctx.ensure(probs_, {B, H_, Tq, Tk}, DType::f32);
+    for (int64_t b = 0; b < B; ++b)  // scores (H, Tq, Tk) = q k^T per head, unscaled
+      kernels.gemm_strided_batched(false, true, Tq, Tk, dkv_, 1.0f, Q_.f32() + b * Tq * I, I, dkv_,
+                                   K_.f32() + b * Tk * I, I, dkv_, 0.0f, probs_.f32() + b * H_ * P, Tk, P, H_);
+    const bool causal = state_.decoder && !cross_;
+    const float* bias = cross_ ? nullptr : state_.position_bias.f32();
+    const int32_t* key_valid = causal ? nullptr : state_.key_valid.i32();
+    kernels.attention_softmax_forward(probs_.f32(), bias, key_valid, causal, B, H_, Tq, Tk);
+    dropped_ = dropout.forward(ctx, probs_);
+    ctx.ensure(y_, {B, Tq, I}, DType::f32);
+    for (int64_t b = 0; b < B; ++b)  // y_h (Tq, dkv) = P (Tq, Tk) @ v_h (Tk, dkv), heads side by side
+      kernels.gemm_strided_batched(false, false, Tq, dkv_, Tk, 1.0f, dropped_.f32() + b * H_ * P, Tk, P,
+                                   V_.f32() + b * Tk * I, I, dkv_, 0.0f, y_.f32() + b * Tq * I, I, dkv_, H_);
+    out_ = o.forward(ctx, y_);
+    return out_;
+  }
+
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
+    const int64_t B = Q_.dim(0), Tq = Q_.dim(1), Tk = K_.dim(1), I = H_ * dkv_, P = Tq * Tk;
+    Kernels& kernels = ctx.kernels();
+    const Tensor dY = o.backward(ctx, dy);  // (B, Tq, I)
+    ctx.ensure(dV_, K_.shape(), DType::f32);
+    ctx.ensure(dP_, probs_.shape(), DType::f32);
+    for (int64_t b = 0; b < B; ++b) {
+      const float* gy = dY.f32() + b * Tq * I;
+      // dv (Tk, dkv) = P^T @ dy ; dP (Tq, Tk) = dy @ v^T
+      kernels.gemm_strided_batched(true, false, Tk, dkv_, Tq, 1.0f, dropped_.f32() + b * H_ * P, Tk, P, gy, I, dkv_,
+                                   0.0f, dV_.f32() + b * Tk * I, I, dkv_, H_);
+      kernels.gemm_strided_batched(false, true, Tq, Tk, dkv_, 1.0f, gy, I, dkv_, V_.f32() + b * Tk * I, I, dkv_, 0.0f,
+                                   dP_.f32() + b * H_ * P, Tk, P, H_);
+    }
+    Tensor dS = dropout.backward(ctx, dP_);  // writable: dP_ itself, or the dropout's own dx
+    kernels.softmax_backward(dS.f32(), probs_.f32(), B * H_ * Tq, Tk);
+    if (!cross_ && B > 0) {  // the bias is shared by the samples and the blocks: its gradient sums both
+      kernels.gemm(false, false, 1, H_ * P, B, 1.0f, state_.ones.f32(), B, dS.f32(), H_ * P, 1.0f,
+                   state_.d_position_bias.f32(), H_ * P);
+    }
+    ctx.ensure(dQ_, Q_.shape(), DType::f32);
+    ctx.ensure(dK_, K_.shape(), DType::f32);
+    for (int64_t b = 0; b < B; ++b) {
+      const float* s = dS.f32() + b * H_ * P;
+      // dq = dS @ k ; dk = dS^T @ q
+      kernels.gemm_strided_batched(false, false, Tq, dkv_, Tk, 1.0f, s, Tk, P, K_.f32() + b * Tk * I, I, dkv_, 0.0f,
+                                   dQ_.f32() + b * Tq * I, I, dkv_, H_);
+      kernels.gemm_strided_batched(true, false, Tk, dkv_, Tq, 1.0f, s, Tk, P, Q_.f32() + b * Tq * I, I, dkv_, 0.0f,
+                                   dK_.f32() + b * Tk * I, I, dkv_, H_);
+    }
+    // Block 0 runs backward last in its stack: every block's share is in d_position_bias now.
+    if (relative_attention_bias) {
+      ctx.pre_backward(*relative_attention_bias);
+      kernels.relative_bias_backward(relative_attention_bias->weight.grad, state_.d_position_bias.f32(),
+                                     state_.bucket.i32(), 1, H_, Tq, Tk);
+      ctx.post_backward(*relative_attention_bias);
+    }
+    const Tensor dq = q.backward(ctx, dQ_), dk = k.backward(ctx, dK_), dv = v.backward(ctx, dV_);
+    if (cross_) {  // keys and values came from the encoder: their gradient goes back there
+      kernels.add_inplace(state_.d_encoder_out.f32(), dk.f32(), dk.numel());
+      kernels.add_inplace(state_.d_encoder_out.f32(), dv.f32(), dv.numel());
+      return dq_ = dq;
+    }
+    ctx.ensure(dx_, dq.shape(), DType::f32);
+    kernels.add(dx_.f32(), dq.f32(), dk.f32(), dq.numel());
+    kernels.add_inplace(dx_.f32(), dv.f32(), dv.numel());
+    return dx_;
+  }
+
+  void release_activations() override {
+    Q_ = K_ = V_ = probs_ = dropped_ = y_ = out_ = dV_ = dP_ = dQ_ = dK_ = dq_ = dx_ = Tensor();
+    for (Layer* l : std::array<Layer*, 5>{&q, &k, &v, &o, &dropout}) l->release_activations();
+  }
+
+  Linear& q;
+  Linear& k;
+  Linear& v;
+  Linear& o;
+  Dropout& dropout;  // on the attention probabilities (HF: F.dropout(p=dropout_rate))
+  Embedding* relative_attention_bias = nullptr;
+
+ private:
+  int64_t H_, dkv_;
+  bool cross_;
+  StackState& state_;
+  Tensor Q_, K_, V_;  // (B, Tq, I), (B, Tk, I), (B, Tk, I): the projections' outputs
+  Tensor probs_;      // (B, H, Tq, Tk) softmax probabilities
+  Tensor dropped_;    // the same after dropout (probs_ itself when dropout is off)
+  Tensor y_, out_;    // (B, Tq, I) heads side by side; (B, Tq, C) after o
+  Tensor dV_, dP_, dQ_, dK_, dq_, dx_;
+};
+
+// x + dropout(f(layer_norm(x))) around an attention or feed-forward module (HF's T5LayerSelfAttention,
+// T5LayerCrossAttention, T5LayerFF). The sublayer is registered first, as HF registers it.
+class Residual : public Layer {
+ public:
+  Residual(const std::string& name, const std::string& type, const T5Config& c) : Layer(name, type), c_(c) {}
+  // Called once from the constructor of the concrete layer: the sublayer, then norm and dropout.
+  void finish(Layer& sub) {
+    sub_ = &sub;
+    norm_ = &add_child<T5LayerNorm>(child_name("layer_norm"), c_.d_model, c_.layer_norm_epsilon, c_.initializer_factor);
+    dropout_ = &add_child<Dropout>(child_name("dropout"), c_.dropout_rate);
+  }
+  template <class L, class... Args>
+  L& add_sub(Args&&... args) {
+    return add_child<L>(std::forward<Args>(args)...);
+  }
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
+    const Tensor f = dropout_->forward(ctx, sub_->forward(ctx, norm_->forward(ctx, x)));
+    ctx.ensure(y_, x.shape(), DType::f32);
+    ctx.kernels().add(y_.f32(), x.f32(), f.f32(), x.numel());
+    return y_;
+  }
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
+    const Tensor dn = norm_->backward(ctx, sub_->backward(ctx, dropout_->backward(ctx, dy)));
+    ctx.ensure(dx_, dy.shape(), DType::f32);
+    ctx.kernels().add(dx_.f32(), dy.f32(), dn.f32(), dy.numel());
+    return dx_;
+  }
+  void release_activations() override {
+    y_ = dx_ = Tensor();
+    for (Layer* l : std::array<Layer*, 3>{sub_, norm_, dropout_}) l->release_activations();
+  }
+
+ private:
+  const T5Config& c_;
+  Layer* sub_ = nullptr;
+  T5LayerNorm* norm_ = nullptr;
+  Dropout* dropout_ = nullptr;
+  Tensor y_, dx_;
+};
+
+// T5DenseActDense (wo(dropout(relu(wi(x))))) or T5DenseGatedActDense
+// (wo(dropout(gelu_new(wi_0(x)) * wi_1(x)))). x (B, T, C) -> (B, T, C), F = d_ff in between.
+class DenseActDense : public Layer {
+ public:
+  DenseActDense(const std::string& name, const T5Config& c)
+      : Layer(name, c.gated_gelu ? "T5DenseGatedActDense" : "T5DenseActDense"), gated_(c.gated_gelu) {
+    const double f = c.initializer_factor;
+    const double in_std = f * std::pow(static_cast<double>(c.d_model), -0.5);
+    if (gated_) {
+      wi = &add_child<Linear>(child_name("wi_0"), c.d_model, c.d_ff, false);
+      wi_1 = &add_child<Linear>(child_name("wi_1"), c.d_model, c.d_ff, false);
+      wi_1->weight.init = normal_std(in_std);
+    } else {
+      wi = &add_child<Linear>(child_name("wi"), c.d_model, c.d_ff, false);
+    }
+    wi->weight.init = normal_std(in_std);
+    wo = &add_child<Linear>(child_name("wo"), c.d_ff, c.d_model, false);
+    wo->weight.init = normal_std(f * std::pow(static_cast<double>(c.d_ff), -0.5));
+    dropout = &add_child<Dropout>(child_name("dropout"), c.dropout_rate);
+    if (gated_) {
+      act = &add_child<GeluTanh>(child_name("act"));
+    } else {
+      act = &add_child<ReLU>(child_name("act"));
+    }
+  }
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
+    Tensor h = act->forward(ctx, wi->forward(ctx, x));
+    if (gated_) {
+      linear_ = wi_1->forward(ctx, x);
+      gelu_ = h;
+      ctx.ensure(gated_out_, h.shape(), DType::f32);
+      ctx.kernels().mul(gated_out_.f32(), gelu_.f32(), linear_.f32(), h.numel());
+      h = gated_out_;
+    }
+    out_ = wo->forward(ctx, dropout->forward(ctx, h));
+    return out_;
+  }
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
+    const Tensor dh = dropout->backward(ctx, wo->backward(ctx, dy));
+    if (!gated_) {
+      dx_ = wi->backward(ctx, act->backward(ctx, dh));
+      return dx_;
+    }
+    Kernels& kernels = ctx.kernels();
+    ctx.ensure(dgelu_, dh.shape(), DType::f32);
+    ctx.ensure(dlinear_, dh.shape(), DType::f32);
+    kernels.mul(dgelu_.f32(), dh.f32(), linear_.f32(), dh.numel());
+    kernels.mul(dlinear_.f32(), dh.f32(), gelu_.f32(), dh.numel());
+    const Tensor d0 = wi->backward(ctx, act->backward(ctx, dgelu_));
+    const Tensor d1 = wi_1->backward(ctx, dlinear_);
+    ctx.ensure(dx_, d0.shape(), DType::f32);
+    kernels.add(dx_.f32(), d0.f32(), d1.f32(), d0.numel());
+    return dx_;
+  }
+  void release_activations() override {
+    linear_ = gelu_ = gated_out_ = out_ = dgelu_ = dlinear_ = dx_ = Tensor();
+    for (Layer* l : std::array<Layer*, 5>{wi, wi_1, wo, dropout, act})
+      if (l) l->release_activations();
+  }
+
+  Linear* wi = nullptr;    // "wi" or "wi_0"
+  Linear* wi_1 = nullptr;  // gated only
+  Linear* wo = nullptr;
+  Dropout* dropout = nullptr;
+  Layer* act = nullptr;
+
+ private:
+  bool gated_;
+  Tensor linear_, gelu_, gated_out_, out_, dgelu_, dlinear_, dx_;
+};
+
+class SelfAttentionLayer : public Residual {
+ public:
+  SelfAttentionLayer(const std::string& name, const T5Config& c, bool relative_bias, StackState& state)
+      : Residual(name, "T5LayerSelfAttention", c) {
+    finish(add_sub<T5Attention>(child_name("SelfAttention"), c, false, relative_bias, state));
+  }
+};
+
+class CrossAttentionLayer : public Residual {
+ public:
+  CrossAttentionLayer(const std::string& name, const T5Config& c, StackState& state)
+      : Residual(name, "T5LayerCrossAttention", c) {
+    finish(add_sub<T5Attention>(child_name("EncDecAttention"), c, true, false, state));
+  }
+};
+
+class FeedForwardLayer : public Residual {
+ public:
+  FeedForwardLayer(const std::string& name, const T5Config& c) : Residual(name, "T5LayerFF", c) {
+    finish(add_sub<DenseActDense>(child_name("DenseReluDense"), c));
+  }
+};
+
+// T5Block: layer.0 self-attention, (decoder) layer.1 cross-attention, then the feed-forward.
+// The transformer_layer wrap policy's unit.
+class T5Block : public Layer {
+ public:
+  T5Block(const std::string& name, const T5Config& c, bool first, StackState& state) : Layer(name, "T5Block") {
+    const std::string layer = child_name("layer");
+    sub_.push_back(&add_child<SelfAttentionLayer>(layer + ".0", c, first, state));
+    if (state.decoder) sub_.push_back(&add_child<CrossAttentionLayer>(layer + ".1", c, state));
+    sub_.push_back(&add_child<FeedForwardLayer>(layer + "." + std::to_string(sub_.size()), c));
+  }
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
+    y_ = x;
+    for (Layer* l : sub_) y_ = l->forward(ctx, y_);
+    return y_;
+  }
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
+    dx_ = dy;
+    for (size_t i = sub_.size(); i-- > 0;) dx_ = sub_[i]->backward(ctx, dx_);
+    return dx_;
+  }
+  void release_activations() override {
+    y_ = dx_ = Tensor();
+    for (Layer* l : sub_) l->release_activations();
+  }
+
+ private:
+  std::vector<Layer*> sub_;
+  Tensor y_, dx_;
+};
+
+// T5Stack: the shared token embedding, dropout, the blocks, final_layer_norm, dropout.
+// ids (B, T) i32 -> (B, T, C). The decoder's encoder output and the source mask are set by the
+// model before forward (set_inputs); the gradient of the encoder output is there after backward.
+class T5Stack : public Layer {
+ public:
+  T5Stack(const std::string& name, const T5Config& c, Embedding& shared, bool decoder)
+      : Layer(name, "T5Stack"), shared_(shared), c_(c) {
+    state_.decoder = decoder;
+    use_param(shared.weight);  // HF: embed_tokens is the model's `shared` module
+    const int64_t n = decoder ? c.num_decoder_layers : c.num_layers;
+    for (int64_t i = 0; i < n; ++i)
+      blocks_.push_back(&add_child<T5Block>(child_name("block." + std::to_string(i)), c, i == 0, state_));
+    final_layer_norm = &add_child<T5LayerNorm>(child_name("final_layer_norm"), c.d_model, c.layer_norm_epsilon,
+                                               c.initializer_factor);
+    // HF calls one dropout module twice (after the embedding and after the final norm); two
+    // here, each with its own mask stream.
+    dropout_ = &add_child<Dropout>(child_name("dropout"), c.dropout_rate);
+    final_dropout_ = &add_child<Dropout>(child_name("final_dropout"), c.dropout_rate);
+    need_input_grad = false;
+  }
+  void set_inputs(const Tensor& key_valid, const Tensor& encoder_out) {
+    state_.key_valid = key_valid;
+    state_.encoder_out = encoder_out;
+  }
+  const Tensor& d_encoder_out() const { return state_.d_encoder_out; }
+
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& ids) override {
+    ids_ = ids;
+    const int64_t B = ids.dim(0), T = ids.dim(1), C = c_.d_model;
+    if (state_.bucket_T != T) {  // the same for every batch of one length: made once
+      Tensor host = Tensor::empty({T, T}, DType::i32, MemCategory::activations, ctx.mem);
+      t5_relative_buckets(host.i32(), T, T, !state_.decoder, c_.relative_attention_num_buckets,
+                          c_.relative_attention_max_distance);
+      state_.bucket = upload(ctx, host);
+      state_.bucket_T = T;
+    }
+    ctx.ensure(state_.ones, {B}, DType::f32);
+    ctx.kernels().fill(state_.ones.f32(), 1.0f, B);
+    ctx.ensure(emb_, {B, T, C}, DType::f32);
+    ctx.kernels().embedding_forward(emb_.f32(), ids.i32(), shared_.weight.data, nullptr, B, T, C);
+    Tensor h = dropout_->forward(ctx, emb_);
+    for (T5Block* b : blocks_) h = b->forward(ctx, h);
+    out_ = final_dropout_->forward(ctx, final_layer_norm->forward(ctx, h));
+    return out_;
+  }
+
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
+    Kernels& kernels = ctx.kernels();
+    ctx.ensure(state_.d_position_bias, state_.position_bias.shape(), DType::f32);
+    kernels.fill(state_.d_position_bias.f32(), 0.0f, state_.d_position_bias.numel());
+    if (state_.decoder) {
+      ctx.ensure(state_.d_encoder_out, state_.encoder_out.shape(), DType::f32);
+      kernels.fill(state_.d_encoder_out.f32(), 0.0f, state_.d_encoder_out.numel());
+    }
+    Tensor d = final_layer_norm->backward(ctx, final_dropout_->backward(ctx, dy));
+    for (size_t i = blocks_.size(); i-- > 0;) d = blocks_[i]->backward(ctx, d);
+    d = dropout_->backward(ctx, d);
+    kernels.embedding_backward(shared_.weight.grad, nullptr, d.f32(), ids_.i32(), ids_.dim(0), ids_.dim(1), c_.d_model);
+    return none_;  // token ids have no gradient
+  }
+
+  void release_activations() override {
+    ids_ = emb_ = out_ = Tensor();
+    state_.position_bias = state_.d_position_bias = Tensor();
+    for (Module* m : children()) static_cast<Layer*>(m)->release_activations();
+  }
+
+  T5LayerNorm* final_layer_norm = nullptr;
+
+ private:
+  Embedding& shared_;
+  const T5Config& c_;
+  StackState state_;
+  std::vector<T5Block*> blocks_;
+  Dropout* dropout_ = nullptr;
+  Dropout* final_dropout_ = nullptr;
+  Tensor ids_, emb_, out_, none_;
+};
+
+// lm_head: logits = x W^T, W (V, C) its own weight, or shared.weight when tied (then x is first
+// scaled by d_model^-0.5, as HF does). x (B, L, C) -> (B, L, V).
+class LmHead : public Layer {
+ public:
+  LmHead(const std::string& name, const T5Config& c, Embedding& shared)
+      : Layer(name, "Linear"), C_(c.d_model), V_(c.vocab_size) {
+    if (c.tie_word_embeddings) {
+      weight_ = &shared.weight;
+      use_param(shared.weight);
+      scale_ = static_cast<float>(std::pow(static_cast<double>(c.d_model), -0.5));
+    } else {
+      weight_ = &add_param("weight", {c.vocab_size, c.d_model}, normal_std(c.initializer_factor));
+    }
+  }
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
+    Kernels& kernels = ctx.kernels();
+    xs_ = x;
+    if (scale_ != 1.0f) {
+      ctx.ensure(scaled_, x.shape(), DType::f32);
+      kernels.cast(scaled_.raw(), DType::f32, x.raw(), DType::f32, x.numel());
+      kernels.scale(scaled_.f32(), scale_, x.numel());
+      xs_ = scaled_;
+    }
+    Shape ys = x.shape();
+    ys.back() = V_;
+    ctx.ensure(y_, ys, DType::f32);
+    kernels.linear_forward(y_.f32(), xs_.f32(), weight_->data, nullptr, x.numel() / C_, C_, V_);
+    return y_;
+  }
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
+    ctx.ensure(dx_, xs_.shape(), DType::f32);
+    ctx.kernels().linear_backward(dx_.f32(), weight_->grad, nullptr, dy.f32(), xs_.f32(), weight_->data,
+                                  xs_.numel() / C_, C_, V_);
+    if (scale_ != 1.0f) ctx.kernels().scale(dx_.f32(), scale_, dx_.numel());
+    return dx_;
+  }
+  void release_activations() override { xs_ = scaled_ = y_ = dx_ = Tensor(); }
+
+ private:
+  int64_t C_, V_;
+  Param* weight_ = nullptr;
+  float scale_ = 1.0f;
+  Tensor xs_, scaled_, y_, dx_;
+};
+
+class T5Model : public Model {
+ public:
+  explicit T5Model(const T5Config& c)
+      : Model("T5ForConditionalGeneration", std::make_unique<CrossEntropyLoss>(kIgnoreIndex)), c_(c) {
+    shared_ = &add_child<Embedding>("shared", c.vocab_size, c.d_model);
+    shared_->weight.init = normal_std(c.initializer_factor);
+    encoder_ = &add_child<T5Stack>("encoder", c_, *shared_, false);
+    decoder_ = &add_child<T5Stack>("decoder", c_, *shared_, true);
+    lm_head_ = &add_child<LmHead>("lm_head", c_, *shared_);
+  }
+  std::vector<std::string> block_types() const override { return {"T5Block"}; }
+
+ protected:
+  Tensor run_forward(RunCtx& ctx, const Tensor& inputs, const Tensor& targets) override {
+    if (inputs.ndim() != 2 || targets.ndim() != 2 || inputs.dim(0) != targets.dim(0))
+      throw Error("t5: inputs " + shape_str(inputs.shape()) + " and labels " + shape_str(targets.shape()) +
+                  " are not (B, S) and (B, L)");
+    prepare(ctx, inputs, targets);
+    encoder_->set_inputs(key_valid_, Tensor());
+    const Tensor enc = encoder_->forward(ctx, inputs);
+    decoder_->set_inputs(key_valid_, enc);
+    return lm_head_->forward(ctx, decoder_->forward(ctx, decoder_ids_));
+  }
+  Tensor run_backward(RunCtx& ctx, const Tensor& d_logits) override {
+    decoder_->backward(ctx, lm_head_->backward(ctx, d_logits));
+    encoder_->backward(ctx, decoder_->d_encoder_out());
+    return Tensor();
+  }
+
+ private:
+  static constexpr int32_t kIgnoreIndex = -100;
+
+  // The source's padding mask (id != 0) and the decoder's input (the labels shifted right behind
+  // decoder_start_token_id, ignored labels as pad 0), made on the host: a device run brings the
+  // ids over once per step (a host wait; the batch is a few KB).
+  void prepare(RunCtx& ctx, const Tensor& inputs, const Tensor& targets) {
+    const bool device = inputs.device() != Device::cpu;
+    const Tensor src = device ? to_host(*ctx.runtime, inputs, MemCategory::activations, ctx.mem) : inputs;
+    const Tensor labels = device ? to_host(*ctx.runtime, targets, MemCategory::activations, ctx.mem) : targets;
+    const int64_t B = src.dim(0), S = src.dim(1), L = labels.dim(1), V = c_.vocab_size;
+    Tensor valid = Tensor::empty({B, S}, DType::i32, MemCategory::activations, ctx.mem);
+    Tensor dec = Tensor::empty({B, L}, DType::i32, MemCategory::activations, ctx.mem);
+    const int32_t* s = src.i32();
+    const int32_t* y = labels.i32();
+    for (int64_t i = 0; i < B * S; ++i) {
+      if (s[i] < 0 || s[i] >= V)
+        throw Error("t5: source token " + std::to_string(s[i]) + " outside vocab_size " + std::to_string(V));
+      valid.i32()[i] = s[i] != 0;
+    }
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < L; ++t) {
+        const int32_t label = y[b * L + t];
+        if (label != kIgnoreIndex && (label < 0 || label >= V))
+          throw Error("t5: label " + std::to_string(label) + " outside vocab_size " + std::to_string(V) +
+                      " (and not the ignored -100)");
+        const int32_t prev = t == 0 ? static_cast<int32_t>(c_.decoder_start_token_id) : y[b * L + t - 1];
+        dec.i32()[b * L + t] = prev == kIgnoreIndex ? 0 : prev;
+      }
+    key_valid_ = upload(ctx, valid);
+    decoder_ids_ = upload(ctx, dec);
+  }
+
+  T5Config c_;
+  Embedding* shared_ = nullptr;
+  T5Stack* encoder_ = nullptr;
+  T5Stack* decoder_ = nullptr;
+  LmHead* lm_head_ = nullptr;
+  Tensor key_valid_;    // (B, S) i32
+  Tensor decoder_ids_;  // (B, L) i32
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_t5(const T5Config& config) { return std::make_unique<T5Model>(config); }
+
+}  // namespace fsdp
