@@ -51,7 +51,8 @@ std::unique_ptr<Dataset> load_text_corpus(const TextCorpusOptions& options, bool
 inline constexpr const char* kTextCorpusDir = "/usr/share/games/fortunes";  // Debian: fortunes
 
 // Sequence-to-sequence pairs (data/seq2seq.cpp): a JSON-lines file whose objects have the
-// string fields `source` and `target`, or (path "") synthetic_samples deterministic pairs.
+// string fields `source` and `target`, or (path "") deterministic pairs: synthetic_samples to
+// train, a quarter of that to evaluate.
 // Byte tokens as ByT5's (byte + 3, pad 0, eos 1): inputs (S) i32 source ids, targets (L) i32
 // labels with -100 on padding; the last floor(rows * eval_fraction) rows evaluate. A bad row:
 // Error naming the file and line.

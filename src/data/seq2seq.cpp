@@ -3,6 +3,7 @@
 // Sample i: inputs (S) = source bytes truncated to S-1, eos, pad; targets (L) = target bytes
 // truncated to L-1, eos, then -100 (HF's ignored label) up to L. The model derives the padding
 // mask and the decoder's input (labels shifted right) from these.
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -97,7 +98,7 @@ class Seq2Seq final : public Dataset {
 // Deterministic pairs for tests and plans: lowercase letters, lengths from 1 to twice the
 // token lengths (so some are truncated and some padded), row r a function of (seed, r).
 std::vector<Pair> synthetic_pairs(const Seq2SeqOptions& o) {
-  std::vector<Pair> pairs(static_cast<size_t>(o.synthetic_samples));
+  std::vector<Pair> pairs(static_cast<size_t>(o.synthetic_samples + std::max<int64_t>(1, o.synthetic_samples / 4)));
   uint64_t state = o.seed * 0x9E3779B97F4A7C15ull + 1;
   auto next = [&] {  // splitmix64
     uint64_t z = (state += 0x9E3779B97F4A7C15ull);
@@ -121,9 +122,11 @@ std::vector<Pair> synthetic_pairs(const Seq2SeqOptions& o) {
 
 std::unique_ptr<Dataset> load_seq2seq(const Seq2SeqOptions& o, bool train) {
   std::vector<Pair> pairs = o.path.empty() ? synthetic_pairs(o) : read_pairs(o);
-  // The last floor(rows * eval_fraction) rows evaluate, the others train (file order).
+  // The last floor(rows * eval_fraction) rows evaluate, the others train (file order); synthetic
+  // data: synthetic_samples train, a quarter of that evaluate.
   const auto rows = static_cast<int64_t>(pairs.size());
-  const auto held = static_cast<int64_t>(std::floor(static_cast<double>(rows) * o.eval_fraction));
+  const auto held = o.path.empty() ? rows - o.synthetic_samples
+                                   : static_cast<int64_t>(std::floor(static_cast<double>(rows) * o.eval_fraction));
   if (rows - held < 1 || (o.eval_fraction > 0 && held < 1))
     throw Error("seq2seq data " + o.path + ": " + std::to_string(rows) + " rows cannot be split by eval_fraction " +
                 std::to_string(o.eval_fraction) + " into non-empty train and eval parts");

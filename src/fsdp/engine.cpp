@@ -260,6 +260,9 @@ void FsdpEngine::prefetch(int unit_index, const char* phase) {
   if (unit_index < 0) return;
   Unit& u = *units_[unit_index];
   if (u.state != UnitState::sharded) return;
+  // A guessed order (before the first backward has finished) can name a unit whose backward
+  // already ran: gathering it again would only leave a copy that goes stale at the step.
+  if (in_backward_ && u.backward_done) return;
   if (options_.limit_all_gathers) {
     // At most two non-root units' gathered buffers alive at once (the one computing + this one).
     int alive = 0;
@@ -311,6 +314,8 @@ void FsdpEngine::post_forward(Module& module) {
 
 void FsdpEngine::pre_backward(Module& module) {
   Unit& u = unit_of(module);
+  if (!in_backward_)
+    for (auto& unit : units_) unit->backward_done = false;
   in_backward_ = true;
   if (u.backward_left == 0) {
     u.backward_left = std::max(1, u.forward_uses);
@@ -333,6 +338,7 @@ void FsdpEngine::pre_backward(Module& module) {
 void FsdpEngine::post_backward(Module& module) {
   Unit& u = unit_of(module);
   if (--u.backward_left > 0) return;  // a module used twice: its other backward is still to come
+  u.backward_done = true;
   if (options_.backward_prefetch == BackwardPrefetch::post) prefetch(next_in_backward(u), "backward prefetch");
   post_backward(u);
 }
@@ -423,6 +429,10 @@ void FsdpEngine::begin_step() {
 
 void FsdpEngine::finish_backward() {
   in_backward_ = false;
+  // Every unit's backward resharded it; anything still gathered (a prefetch nobody used) holds
+  // the values before this step's update: drop it.
+  for (auto& u : units_)
+    if (u->state != UnitState::sharded) reshard(*u);
   if (!backward_order_.empty()) backward_order_known_ = true;
   for (auto& p : pending_reductions_) complete(p);
   pending_reductions_.clear();

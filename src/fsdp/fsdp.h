@@ -111,6 +111,7 @@ struct Unit {
   Tensor staged_shard;  // cpu_offload: this rank's shard copied to the device for the all_gather
   int forward_uses = 0;   // calls of the unit's module in this forward (a module used twice: 2)
   int backward_left = 0;  // of those, the backward calls still to come: reduce after the last
+  bool backward_done = false;  // this backward pass has reduced and freed the unit
 };
 
 class FsdpEngine : public ModuleHooks {

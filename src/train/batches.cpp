@@ -23,7 +23,7 @@ Datasets load_data(const Config& c) {
     o.source_len = d.source_len;
     o.target_len = d.target_len;
     o.eval_fraction = d.eval_fraction;
-    o.synthetic_samples = d.synthetic_samples + std::max<int64_t>(1, d.synthetic_samples / 4);
+    o.synthetic_samples = d.synthetic_samples;
     o.seed = c.train.seed;
     return {load_seq2seq(o, true), load_seq2seq(o, false)};
   }

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """FSDP equivalence: for a fixed global batch, every strategy at every world size trains like
 one rank. Per model (mnist_cnn on synthetic images, a small transformer on synthetic tokens),
-dropout on, 20 steps: the loss at each step and the parameters at the end must match the np=1
+dropout on, 20 steps (and T5 with its blocks as units and with nested size_based units): the loss at each step and the parameters at the end must match the np=1
 NO_SHARD run within float-reordering tolerance; a repeated run must be bitwise identical; and
 HYBRID_SHARD without its replicate all_reduce must be caught as different.
 
@@ -22,6 +22,12 @@ STRATEGIES = ["NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "HYBRID
 NPS = [1, 2, 3, 4, 8] if not QUICK else [1, 2, 3]
 SHARD_GROUP = {1: 1, 2: 1, 3: 1, 4: 2, 8: 4}  # HYBRID: 2x2 at np=4, 2 nodes x 4 at np=8
 
+T5 = [
+    "model.kind=t5", "model.vocab_size=259", "model.d_model=32", "model.d_kv=8", "model.num_heads=4", "model.d_ff=48",
+    "model.num_layers=2", "model.num_decoder_layers=2", "model.dropout_rate=0.1", "data.kind=synthetic",
+    "data.synthetic_samples=480", "data.source_len=12", "data.target_len=8", "train.optimizer.kind=adamw",
+    "train.optimizer.lr=0.003", "train.clip_grad_norm=1.0",
+]
 MODELS = {
     "mnist_cnn": [
         "model.kind=mnist_cnn", "data.kind=synthetic", "data.synthetic_samples=480",
@@ -34,6 +40,11 @@ MODELS = {
         "train.optimizer.kind=adamw", "train.optimizer.lr=0.003", "train.clip_grad_norm=1.0",
         "fsdp.auto_wrap.policy=transformer_layer",
     ],
+    # T5 (v1.0: relu, lm_head tied to the shared embedding, which the encoder and the decoder
+    # also read) with its blocks as units; then with the recursing size_based policy, which
+    # nests units down to single projections and leaves the tied embedding in the root.
+    "t5": T5 + ["fsdp.auto_wrap.policy=transformer_layer"],
+    "t5_nested": T5 + ["fsdp.auto_wrap.policy=size_based", "fsdp.auto_wrap.min_num_params=500"],
 }
 
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
