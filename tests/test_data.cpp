@@ -553,3 +553,86 @@ BOOST_AUTO_TEST_CASE(errors) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// Seq2seq pairs: ByT5 byte ids (byte + 3, eos 1, pad 0), labels -100 on padding, truncation that
+// keeps eos, the loss count, the train/eval split, and a bad row named by file and line.
+BOOST_AUTO_TEST_SUITE(seq2seq)
+
+BOOST_AUTO_TEST_CASE(byte_ids_padding_and_labels) {
+  TempDir dir;
+  const std::string file = (dir.path / "pairs.jsonl").string();
+  write_file(file,
+             "{\"text\": \"ab\", \"headline\": \"xyz\", \"other\": 1}\n"
+             "\n"
+             "{\"headline\": \"\\u00e9\", \"text\": \"abcdefgh\"}\n"
+             "{\"text\": \"q\", \"headline\": \"r\"}\n");
+  Seq2SeqOptions o;
+  o.path = file;
+  o.source_len = 5;
+  o.target_len = 3;
+  o.eval_fraction = 0.34;  // floor(3 * 0.34) = 1 row evaluates
+  auto train = load_seq2seq(o, true), eval = load_seq2seq(o, false);
+  BOOST_TEST(train->size() == 2);
+  BOOST_TEST(eval->size() == 1);
+  BOOST_TEST(train->input_shape() == (Shape{5}));
+  BOOST_TEST(train->target_shape() == (Shape{3}));
+  Tensor in = Tensor::empty({2, 5}, DType::i32), out = Tensor::empty({2, 3}, DType::i32);
+  const std::vector<int64_t> idx = {0, 1};
+  train->fill(idx, in, out);
+  const std::vector<int32_t> ids(in.i32(), in.i32() + 10), labels(out.i32(), out.i32() + 6);
+  // "ab" -> 100 101 eos pad pad; "abcdefgh" truncated to 4 bytes + eos.
+  BOOST_TEST(ids == (std::vector<int32_t>{100, 101, 1, 0, 0, 100, 101, 102, 103, 1}), boost::test_tools::per_element());
+  // "xyz" -> 2 bytes + eos; "é" is two UTF-8 bytes (0xc3 0xa9) -> 198 172, then eos.
+  BOOST_TEST(labels == (std::vector<int32_t>{123, 124, 1, 198, 172, 1}), boost::test_tools::per_element());
+  BOOST_TEST(train->loss_elements(idx) == 6);
+  Tensor ein = Tensor::empty({1, 5}, DType::i32), eout = Tensor::empty({1, 3}, DType::i32);
+  const std::vector<int64_t> first = {0};
+  eval->fill(first, ein, eout);
+  BOOST_TEST((std::vector<int32_t>(eout.i32(), eout.i32() + 3) == std::vector<int32_t>{117, 1, -100}));
+  BOOST_TEST(eval->loss_elements(first) == 2);
+}
+
+BOOST_AUTO_TEST_CASE(bad_rows_name_file_and_line) {
+  TempDir dir;
+  const std::string file = (dir.path / "bad.jsonl").string();
+  Seq2SeqOptions o;
+  o.path = file;
+  auto message = [&](const std::string& text) {
+    write_file(file, text);
+    return error_of([&] { load_seq2seq(o, true); });
+  };
+  const std::string at = "seq2seq data " + file + ":";
+  BOOST_TEST(message("{\"text\": \"a\", \"headline\": \"b\"}\n{\"text\": \"a\"}\n") == at + "2: no field \"headline\"");
+  BOOST_TEST(message("{\"text\": 3, \"headline\": \"b\"}\n") == at + "1: field \"text\" is not a string");
+  BOOST_TEST(message("[1, 2]\n") == at + "1: not a JSON object");
+  BOOST_TEST(message("{\"text\": \"a\",\n").rfind(at + "1: not a JSON object (", 0) == 0);
+  BOOST_TEST(message("\n\n") == "seq2seq data " + file + ": no rows");
+  o.path = (dir.path / "missing.jsonl").string();
+  BOOST_TEST(error_of([&] { load_seq2seq(o, true); }) == "seq2seq data " + o.path + ": cannot open");
+}
+
+BOOST_AUTO_TEST_CASE(synthetic_pairs_are_deterministic) {
+  Seq2SeqOptions o;
+  o.synthetic_samples = 40;
+  o.source_len = 6;
+  o.target_len = 4;
+  auto a = load_seq2seq(o, true), b = load_seq2seq(o, true), eval = load_seq2seq(o, false);
+  BOOST_TEST(a->size() == 40);
+  BOOST_TEST(eval->size() == 10);
+  std::vector<int64_t> idx(40);
+  for (int64_t i = 0; i < 40; ++i) idx[static_cast<size_t>(i)] = i;
+  Tensor ia = Tensor::empty({40, 6}, DType::i32), ta = Tensor::empty({40, 4}, DType::i32);
+  Tensor ib = Tensor::empty({40, 6}, DType::i32), tb = Tensor::empty({40, 4}, DType::i32);
+  a->fill(idx, ia, ta);
+  b->fill(idx, ib, tb);
+  BOOST_TEST(std::memcmp(ia.raw(), ib.raw(), ia.bytes()) == 0);
+  BOOST_TEST(std::memcmp(ta.raw(), tb.raw(), ta.bytes()) == 0);
+  int64_t kept = 0, padded_rows = 0;
+  for (int64_t i = 0; i < 40 * 4; ++i) kept += ta.i32()[i] != -100;
+  for (int64_t r = 0; r < 40; ++r) padded_rows += ta.i32()[r * 4 + 3] == -100;
+  BOOST_TEST(a->loss_elements(idx) == kept);
+  BOOST_TEST(padded_rows > 0);  // lengths vary: some rows are padded, some truncated
+  BOOST_TEST(padded_rows < 40);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

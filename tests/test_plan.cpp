@@ -109,7 +109,24 @@ const char* kLm =
     "        optimizer: {kind: adamw, lr: 0.003}}\n"
     "fsdp: {auto_wrap: {policy: transformer_layer}}\n";
 
+// T5 v1.1-style (gated, untied) and v1.0-style (tied) on synthetic pairs, with evaluation.
+const char* kT5 =
+    "model: {kind: t5, vocab_size: 259, d_model: 32, d_kv: 8, num_heads: 4, d_ff: 40, num_layers: 2,\n"
+    "        num_decoder_layers: 3, relative_attention_num_buckets: 8, relative_attention_max_distance: 16}\n"
+    "data: {kind: synthetic, synthetic_samples: 100, source_len: 12, target_len: 6}\n"
+    "train: {batch_size: 4, steps: 4, eval_every: '2', eval_batch_size: 10,\n"
+    "        optimizer: {kind: adamw, lr: 0.003}}\n"
+    "fsdp: {auto_wrap: {policy: transformer_layer}}\n";
+
 }  // namespace
+
+BOOST_AUTO_TEST_CASE(plan_matches_measured_t5) {
+  check_plan_against_run(kT5, {"model.feed_forward_proj=gated-gelu", "model.tie_word_embeddings=false"});
+  check_plan_against_run(kT5, {"fsdp.sharding_strategy=SHARD_GRAD_OP"});
+  // Nested units under the recursing size_based policy, recomputed in backward.
+  check_plan_against_run(kT5, {"fsdp.auto_wrap.policy=size_based", "fsdp.auto_wrap.min_num_params=300",
+                               "fsdp.activation_checkpointing=true"});
+}
 
 BOOST_AUTO_TEST_CASE(plan_matches_measured_mnist_cnn) {
   for (const char* s : {"NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP"})

@@ -32,7 +32,12 @@ TRANSFORMER = ["model.kind=transformer", "model.vocab=64", "model.d_model=32", "
 CNN = ["model.kind=mnist_cnn", "train.optimizer.kind=adadelta", "train.optimizer.lr=1.0", "train.scheduler.kind=step",
        "train.scheduler.step_size=1", "train.scheduler.gamma=0.7", "fsdp.auto_wrap.policy=size_based",
        "fsdp.auto_wrap.min_num_params=100"] + COMMON
-MODELS = {"transformer": TRANSFORMER, "mnist_cnn": CNN}
+# T5 (v1.0: lm_head tied to the shared embedding) on synthetic byte pairs, its blocks as units.
+T5 = ["model.kind=t5", "model.vocab_size=259", "model.d_model=32", "model.d_kv=8", "model.num_heads=4",
+      "model.d_ff=48", "model.num_layers=2", "model.num_decoder_layers=2", "model.dropout_rate=0.1",
+      "data.source_len=12", "data.target_len=8", "train.optimizer.kind=adamw", "train.optimizer.lr=0.003",
+      "train.clip_grad_norm=1.0", "fsdp.auto_wrap.policy=transformer_layer"] + COMMON
+MODELS = {"transformer": TRANSFORMER, "mnist_cnn": CNN, "t5": T5}
 
 
 class Result:

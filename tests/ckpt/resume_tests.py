@@ -303,6 +303,8 @@ def main():
            ["train.dropout=true", "fsdp.sharding_strategy=FULL_SHARD", "checkpoint.format=sharded"])
     H.case("bitwise mnist_cnn adamw + dropout np=2", bitwise_case, "bitwise_cnn_adamw_dropout", "mnist_cnn", 2, 5,
            ["train.dropout=true", "train.optimizer.kind=adamw", "train.optimizer.lr=0.001"])
+    H.case("bitwise t5 + dropout np=3 sharded", bitwise_case, "bitwise_t5_dropout", "t5", 3, 5,
+           ["train.dropout=true", "fsdp.sharding_strategy=FULL_SHARD", "checkpoint.format=sharded"])
     H.case("bitwise explicit resume PATH np=2 SHARD_GRAD_OP", bitwise_case, "bitwise_explicit", "transformer", 2, 7,
            ["train.dropout=true", "fsdp.sharding_strategy=SHARD_GRAD_OP"], True)
 
@@ -328,6 +330,9 @@ def main():
     H.case("reshard mnist_cnn min_num_params 100 -> 200000", lambda *x: worst.__setitem__(x[0], reshard_case(*x)),
            "reshard mnist_cnn min_num_params 100->200000 + NO_SHARD 4->2", "mnist_cnn", "sharded", 4, 2,
            [], ["fsdp.auto_wrap.min_num_params=200000", "fsdp.sharding_strategy=NO_SHARD"])
+    H.case("reshard t5 blocks np4 -> nested size_based np3", lambda *x: worst.__setitem__(x[0], reshard_case(*x)),
+           "reshard t5 transformer_layer->size_based(500) 4->3", "t5", "sharded", 4, 3,
+           [], ["fsdp.auto_wrap.policy=size_based", "fsdp.auto_wrap.min_num_params=500"])
     if worst:
         print(f"      max rel loss diff after reload over all reshard cases: {max(worst.values()):.2e}", flush=True)
 
