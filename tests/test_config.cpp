@@ -392,11 +392,12 @@ BOOST_AUTO_TEST_CASE(t5_keys_and_presets) {
   BOOST_TEST(own.model.d_model == 96);
   BOOST_TEST(own.model.d_ff == 3072);
   BOOST_TEST((own.model.feed_forward_proj == FeedForwardProj::gated_gelu));
-  BOOST_TEST(error_of(t5, {"model.n_heads=4"}) ==
-             "--set model.n_heads: model.n_heads: not a setting of model t5 (it takes preset, vocab_size, d_model, d_kv, "
-             "d_ff, num_layers, num_decoder_layers, num_heads, relative_attention_num_buckets, "
-             "relative_attention_max_distance, feed_forward_proj, tie_word_embeddings, dropout_rate, "
-             "layer_norm_epsilon, initializer_factor)");
+  BOOST_TEST(
+      error_of(t5, {"model.n_heads=4"}) ==
+      "--set model.n_heads: model.n_heads: not a setting of model t5 (it takes preset, vocab_size, d_model, d_kv, "
+      "d_ff, num_layers, num_decoder_layers, num_heads, relative_attention_num_buckets, "
+      "relative_attention_max_distance, feed_forward_proj, tie_word_embeddings, dropout_rate, "
+      "layer_norm_epsilon, initializer_factor)");
   BOOST_TEST(error_of("model: {kind: transformer, num_heads: 4}\ndata: {kind: text}\n") ==
              "in.yaml:1: model.num_heads: not a setting of model transformer (it takes vocab, d_model, n_layers, "
              "n_heads, d_ff, seq_len)");
@@ -416,7 +417,8 @@ BOOST_AUTO_TEST_CASE(enumerations_list_the_allowed_values) {
   };
   const Case cases[] = {
       {"model: {kind: resnet}", "in.yaml:1: model.kind: expected one of [mnist_cnn, transformer, t5], got 'resnet'"},
-      {"data: {kind: cifar}", "in.yaml:1: data.kind: expected one of [fashion_mnist, text, synthetic, seq2seq], got 'cifar'"},
+      {"data: {kind: cifar}",
+       "in.yaml:1: data.kind: expected one of [fashion_mnist, text, synthetic, seq2seq], got 'cifar'"},
       {"fsdp: {sharding_strategy: full_shard}",
        "in.yaml:1: fsdp.sharding_strategy: expected one of [FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, "
        "HYBRID_SHARD, HYBRID_SHARD_ZERO2], got 'full_shard'"},

@@ -3,13 +3,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <set>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <numeric>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>

@@ -13,6 +13,7 @@
 #include "fsdp/fsdp.h"
 #include "models/model.h"
 #include "models/t5.h"
+#include "nn/loss.h"
 #include "tensor/error.h"
 #include "tensor/memory.h"
 
@@ -247,12 +248,13 @@ BOOST_AUTO_TEST_CASE(replicate_all_reduce) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
+// The engine follows the model's calls: prefetch, and a module called more than once.
 // Prefetch before the first backward has finished follows a guessed order. In T5's attention
 // forward runs q, k, v and backward runs o, q, k, v, so the guess (the reverse forward order)
 // names units whose backward already ran: gathering one of those would leave a copy that the
 // optimizer step makes stale, and the next forward (or a save) would read it. After
 // finish_backward no unit may still hold gathered parameters.
-BOOST_AUTO_TEST_SUITE(engine_prefetch)
+BOOST_AUTO_TEST_SUITE(engine_order)
 
 BOOST_AUTO_TEST_CASE(no_unit_stays_gathered_after_backward) {
   fsdp::T5Config c;
@@ -291,6 +293,107 @@ BOOST_AUTO_TEST_CASE(no_unit_stays_gathered_after_backward) {
       BOOST_CHECK_MESSAGE(u->state == fsdp::UnitState::sharded,
                           "step " << step << ": unit " << u->spec.name << " still gathered after backward");
   }
+}
+
+namespace {
+
+// y = w * x with a scalar w, callable several times in one pass: each call pushes its input,
+// each backward pops one (llm.c-style layers keep one call's buffers; this one keeps a stack).
+class Scale : public fsdp::Layer {
+ public:
+  explicit Scale(const std::string& name)
+      : Layer(name, "Scale"), w(add_param("w", {1}, {fsdp::ParamInit::Kind::constant, 3.0f, 0.0f})) {}
+  const fsdp::Tensor& do_forward(fsdp::RunCtx&, const fsdp::Tensor& x) override {
+    inputs_.push_back(x);
+    outputs_.push_back(fsdp::Tensor::empty(x.shape(), DType::f32));
+    for (int64_t i = 0; i < x.numel(); ++i) outputs_.back().f32()[i] = w.data[0] * x.f32()[i];
+    return outputs_.back();
+  }
+  const fsdp::Tensor& do_backward(fsdp::RunCtx&, const fsdp::Tensor& dy) override {
+    const fsdp::Tensor x = inputs_.back();
+    inputs_.pop_back();
+    dx_ = fsdp::Tensor::empty(x.shape(), DType::f32);
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      w.grad[0] += dy.f32()[i] * x.f32()[i];
+      dx_.f32()[i] = dy.f32()[i] * w.data[0];
+    }
+    return dx_;
+  }
+  void release_activations() override {}
+  fsdp::Param& w;
+
+ private:
+  std::vector<fsdp::Tensor> inputs_, outputs_;
+  fsdp::Tensor dx_;
+};
+
+// loss = sum of the outputs.
+class SumLoss : public fsdp::Loss {
+ public:
+  double forward(fsdp::RunCtx&, const fsdp::Tensor& y, const fsdp::Tensor&) override {
+    shape_ = y.shape();
+    last_sum_ = 0;
+    for (int64_t i = 0; i < y.numel(); ++i) last_sum_ += y.f32()[i];
+    return last_sum_;
+  }
+  const fsdp::Tensor& backward(fsdp::RunCtx&) override {
+    grad_ = fsdp::Tensor::empty(shape_, DType::f32);
+    for (int64_t i = 0; i < grad_.numel(); ++i) grad_.f32()[i] = 1.0f;
+    return grad_;
+  }
+
+ private:
+  fsdp::Shape shape_;
+  fsdp::Tensor grad_;
+};
+
+// y = scale(scale(x)): one module, called twice.
+class Twice : public fsdp::Model {
+ public:
+  Twice() : Model("Twice", std::make_unique<SumLoss>()), scale(add_child<Scale>("scale")) {}
+  Scale& scale;
+
+ protected:
+  fsdp::Tensor run_forward(fsdp::RunCtx& ctx, const fsdp::Tensor& x, const fsdp::Tensor&) override {
+    const fsdp::Tensor h = scale.forward(ctx, x);
+    return scale.forward(ctx, h);
+  }
+  fsdp::Tensor run_backward(fsdp::RunCtx& ctx, const fsdp::Tensor& dy) override {
+    const fsdp::Tensor dh = scale.backward(ctx, dy);
+    return scale.backward(ctx, dh);
+  }
+};
+
+}  // namespace
+
+// A module used twice in forward is a unit gathered for both uses; its gradient is the sum of
+// both uses' (w = 3, x = (1, 2): y = 9x, dL/dw = 2 w sum(x) = 18) and it is reduced once, after
+// its last backward. bf16 reductions: the engine's full-gradient path (18 and 9 are exact).
+BOOST_AUTO_TEST_CASE(a_module_used_twice_reduces_once_with_both_gradients) {
+  Twice model;
+  auto world = fsdp::make_local_communicator({kTimeout_s});
+  fsdp::FsdpOptions options;
+  options.wrap_policy = fsdp::WrapPolicy::manual;
+  options.wrap_modules = {"scale"};
+  options.reduce_dtype = DType::bf16;
+  fsdp::MemoryTracker mem;
+  fsdp::FsdpEngine engine(model, *world, {fsdp::make_local_communicator(), fsdp::make_local_communicator()}, options,
+                          mem);
+  BOOST_REQUIRE(engine.units().size() == 2);
+  engine.init_shards(1);
+  fsdp::Tensor x = fsdp::Tensor::empty({2, 1}, DType::f32);
+  x.f32()[0] = 1.0f;
+  x.f32()[1] = 2.0f;
+  fsdp::RunCtx ctx;
+  ctx.mem = &mem;
+  ctx.hooks = &engine;
+  engine.begin_step();
+  BOOST_TEST(model.forward(ctx, x, fsdp::Tensor()) == 27.0);
+  model.backward(ctx);
+  engine.finish_backward();
+  const fsdp::Unit& unit = *engine.units()[1];
+  BOOST_TEST(engine.grad_shards()[static_cast<size_t>(unit.shard_offset)] == 18.0f);
+  BOOST_TEST(engine.step_traffic().reduce_scatter.calls == 2);  // the root and `scale`, once each
 }
 
 BOOST_AUTO_TEST_SUITE_END()

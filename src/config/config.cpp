@@ -131,11 +131,21 @@ Choice preset_choice(std::string* dst) {
 std::vector<std::string> model_keys(ModelKind kind) {
   if (kind == ModelKind::mnist_cnn) return {};
   if (kind == ModelKind::transformer) return {"vocab", "d_model", "n_layers", "n_heads", "d_ff", "seq_len"};
-  return {"preset",     "vocab_size", "d_model",
-          "d_kv",       "d_ff",       "num_layers",
-          "num_decoder_layers", "num_heads", "relative_attention_num_buckets",
-          "relative_attention_max_distance", "feed_forward_proj", "tie_word_embeddings",
-          "dropout_rate", "layer_norm_epsilon", "initializer_factor"};
+  return {"preset",
+          "vocab_size",
+          "d_model",
+          "d_kv",
+          "d_ff",
+          "num_layers",
+          "num_decoder_layers",
+          "num_heads",
+          "relative_attention_num_buckets",
+          "relative_attention_max_distance",
+          "feed_forward_proj",
+          "tie_word_embeddings",
+          "dropout_rate",
+          "layer_norm_epsilon",
+          "initializer_factor"};
 }
 
 struct Field {

@@ -49,9 +49,9 @@ inline constexpr NameTable<FeedForwardProj, 2> kFeedForwardProjs{
 
 enum class DataKind { fashion_mnist, text, synthetic, seq2seq };
 inline constexpr NameTable<DataKind, 4> kDataKinds{{{DataKind::fashion_mnist, "fashion_mnist"},
-                                                     {DataKind::text, "text"},
-                                                     {DataKind::synthetic, "synthetic"},
-                                                     {DataKind::seq2seq, "seq2seq"}}};
+                                                    {DataKind::text, "text"},
+                                                    {DataKind::synthetic, "synthetic"},
+                                                    {DataKind::seq2seq, "seq2seq"}}};
 
 enum class OptimizerKind { sgd, adadelta, adamw };
 inline constexpr NameTable<OptimizerKind, 3> kOptimizerKinds{

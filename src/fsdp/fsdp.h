@@ -55,7 +55,7 @@ FsdpOptions fsdp_options(const FsdpConfig& config);
 //   transformer_layer  every module whose type is one of the model's block_types()
 //   manual             the modules named by path in wrap_modules
 struct UnitSpec {
-  std::string name;        // "root" or the module's path
+  std::string name;  // "root" or the module's path
   Module* module = nullptr;
   std::vector<Param*> params;  // PyTorch named_parameters() order
 };
@@ -108,9 +108,9 @@ struct Unit {
   // Why the last all_gather was issued (forward, forward prefetch, backward, backward prefetch,
   // full weights): a timeout waiting for it names this.
   const char* gather_phase = "";
-  Tensor staged_shard;  // cpu_offload: this rank's shard copied to the device for the all_gather
-  int forward_uses = 0;   // calls of the unit's module in this forward (a module used twice: 2)
-  int backward_left = 0;  // of those, the backward calls still to come: reduce after the last
+  Tensor staged_shard;         // cpu_offload: this rank's shard copied to the device for the all_gather
+  int forward_uses = 0;        // calls of the unit's module in this forward (a module used twice: 2)
+  int backward_left = 0;       // of those, the backward calls still to come: reduce after the last
   bool backward_done = false;  // this backward pass has reduced and freed the unit
 };
 
@@ -212,8 +212,8 @@ class FsdpEngine : public ModuleHooks {
   // Between the root's pre_backward and finish_backward: a forward then is a recompute
   // (activation checkpointing), which gathers but neither counts a use nor reshards.
   bool in_backward_ = false;
-  Tensor shards_;                   // concatenated f32 master shards of every unit
-  Tensor grad_shards_;              // concatenated f32 gradient shards
+  Tensor shards_;       // concatenated f32 master shards of every unit
+  Tensor grad_shards_;  // concatenated f32 gradient shards
   bool sync_grads_ = true;
   struct PendingReduction {
     std::unique_ptr<Work> work;

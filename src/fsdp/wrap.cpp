@@ -69,7 +69,8 @@ class Wrapper {
     int64_t numel = home_numel_[&m];
     // size_based treats MultiheadAttention as a leaf (FORCE_LEAF_MODULES): its out_proj is
     // never a unit of its own.
-    const bool leaf = inside_leaf || (options_.wrap_policy == WrapPolicy::size_based && m.type() == "MultiheadAttention");
+    const bool leaf =
+        inside_leaf || (options_.wrap_policy == WrapPolicy::size_based && m.type() == "MultiheadAttention");
     for (Module* c : m.children()) {
       const int64_t child = nonwrapped(*c, leaf);
       if (!leaf && wants(*c, child)) {

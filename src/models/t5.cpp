@@ -21,7 +21,8 @@ ParamInit normal_std(double std) { return {ParamInit::Kind::normal, 0.0f, static
 
 // Host or runtime memory for a tensor computed on the host (masks, shifted ids, buckets).
 Tensor upload(RunCtx& ctx, const Tensor& host) {
-  if (ctx.runtime && ctx.runtime->device() != Device::cpu) return to_device(*ctx.runtime, host, MemCategory::activations);
+  if (ctx.runtime && ctx.runtime->device() != Device::cpu)
+    return to_device(*ctx.runtime, host, MemCategory::activations);
   return host;
 }
 
@@ -41,7 +42,9 @@ struct StackState {
 class T5LayerNorm : public Layer {
  public:
   T5LayerNorm(const std::string& name, int64_t C, float eps, float factor)
-      : Layer(name, "T5LayerNorm"), weight(add_param("weight", {C}, {ParamInit::Kind::constant, factor, 0.0f})), C_(C),
+      : Layer(name, "T5LayerNorm"),
+        weight(add_param("weight", {C}, {ParamInit::Kind::constant, factor, 0.0f})),
+        C_(C),
         eps_(eps) {}
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
     x_ = x;
@@ -111,8 +114,8 @@ class T5Attention : public Layer {
     v.weight.init = normal_std(f * std::pow(d_model, -0.5));
     o.weight.init = normal_std(f * std::pow(inner, -0.5));
     if (relative_bias) {
-      relative_attention_bias = &add_child<Embedding>(child_name("relative_attention_bias"),
-                                                      c.relative_attention_num_buckets, c.num_heads);
+      relative_attention_bias =
+          &add_child<Embedding>(child_name("relative_attention_bias"), c.relative_attention_num_buckets, c.num_heads);
       relative_attention_bias->weight.init = normal_std(f * std::pow(d_model, -0.5));
     }
   }
@@ -397,8 +400,8 @@ class T5Stack : public Layer {
     const int64_t n = decoder ? c.num_decoder_layers : c.num_layers;
     for (int64_t i = 0; i < n; ++i)
       blocks_.push_back(&add_child<T5Block>(child_name("block." + std::to_string(i)), c, i == 0, state_));
-    final_layer_norm = &add_child<T5LayerNorm>(child_name("final_layer_norm"), c.d_model, c.layer_norm_epsilon,
-                                               c.initializer_factor);
+    final_layer_norm =
+        &add_child<T5LayerNorm>(child_name("final_layer_norm"), c.d_model, c.layer_norm_epsilon, c.initializer_factor);
     // HF calls one dropout module twice (after the embedding and after the final norm); two
     // here, each with its own mask stream.
     dropout_ = &add_child<Dropout>(child_name("dropout"), c.dropout_rate);
