@@ -2,7 +2,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "ckpt/h5.h"
 #include "comm/agree.h"
 #include "fsdp/fsdp.h"
 #include "tensor/error.h"
@@ -135,19 +134,19 @@ void FsdpEngine::init_shards(uint64_t seed) {
   }
 }
 
-void FsdpEngine::load_full_weights(const std::string& path) {
+void FsdpEngine::load_full_weights(const WeightOpener& open) {
   // Rank 0 checks the whole file before anything is broadcast, and tells every rank whether it
   // may proceed: a bad file must not leave the other ranks waiting in a broadcast.
   std::vector<Param*> all;
   for (auto& u : units_) all.insert(all.end(), u->layout.params.begin(), u->layout.params.end());
   std::string message;
-  std::unique_ptr<WeightFile> file;
+  WeightReader source;
   // A plan (the meta device) reads no file: it only allocates as the load does.
   const bool reads = rt_->holds_values();
   if (world_.rank() == 0 && reads) {
     try {
-      file = std::make_unique<WeightFile>(path);
-      file->check(all);
+      source = open();
+      source.check(all);
     } catch (const Error& e) {
       message = e.what();
     }
@@ -162,7 +161,7 @@ void FsdpEngine::load_full_weights(const std::string& path) {
     if (world_.rank() == 0 && reads) {
       std::fill(full.f32() + u->layout.numel, full.f32() + u->padded_numel, 0.0f);
       bind_data(u->layout, full.f32());
-      file->read(u->layout.params);
+      source.read(u->layout.params);
       bind_data(u->layout, nullptr);
     }
     world_.broadcast(full.f32(), static_cast<size_t>(u->padded_numel), DType::f32, 0)->wait();

@@ -92,6 +92,14 @@ struct StepTraffic {
   CollectiveCount all_gather, reduce_scatter, all_reduce;  // all_reduce: the replicate group's
 };
 
+// Full parameter values from outside the engine (train/ opens model.init_from's file), used on
+// rank 0 only: check(all params) throws Error when they cannot all be read at their shapes;
+// read(params) writes each one's values through its bound data pointer.
+struct WeightReader {
+  std::function<void(const std::vector<Param*>&)> check, read;
+};
+using WeightOpener = std::function<WeightReader()>;  // may throw Error
+
 enum class UnitState { sharded, gathering, gathered };
 
 struct Unit {
@@ -129,9 +137,10 @@ class FsdpEngine : public ModuleHooks {
 
   // Deferred sharded init: each rank materialises only its own slice of every unit.
   void init_shards(uint64_t seed);
-  // sync_module_states: rank 0 reads /model/<name> from an HDF5 file unit by unit and
-  // broadcasts it; every rank keeps its slice. Replaces init_shards' values.
-  void load_full_weights(const std::string& path);
+  // sync_module_states: rank 0 opens the source (model.init_from's HDF5 file), checks it holds
+  // every parameter, then reads it unit by unit and broadcasts; every rank keeps its slice.
+  // Replaces init_shards' values. A source that fails on rank 0 fails every rank with its message.
+  void load_full_weights(const WeightOpener& open);
 
   // A training step: begin_step zeroes the grad shards; forward/backward run through the hooks;
   // with sync_grads false (gradient accumulation, all but the last micro-batch) post_backward

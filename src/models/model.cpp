@@ -1,7 +1,5 @@
 #include "models/model.h"
 
-#include "config/config.h"
-#include "models/t5.h"
 #include "tensor/error.h"
 
 namespace fsdp {
@@ -78,31 +76,6 @@ std::unique_ptr<Model> make_transformer(int64_t vocab, int64_t d_model, int64_t 
     throw Error("model.d_model " + std::to_string(d_model) + " is not divisible by model.n_heads " +
                 std::to_string(n_heads));
   return std::make_unique<Transformer>(vocab, d_model, n_layers, n_heads, d_ff, seq_len);
-}
-
-std::unique_ptr<Model> make_model(const ModelConfig& config) {
-  if (config.kind == ModelKind::mnist_cnn) return make_mnist_cnn();
-  if (config.kind == ModelKind::transformer)
-    return make_transformer(config.vocab, config.d_model, config.n_layers, config.n_heads, config.d_ff, config.seq_len);
-  if (config.kind == ModelKind::t5) {
-    T5Config t;
-    t.vocab_size = config.vocab_size;
-    t.d_model = config.d_model;
-    t.d_kv = config.d_kv;
-    t.d_ff = config.d_ff;
-    t.num_layers = config.num_layers;
-    t.num_decoder_layers = config.num_decoder_layers;
-    t.num_heads = config.num_heads;
-    t.relative_attention_num_buckets = config.relative_attention_num_buckets;
-    t.relative_attention_max_distance = config.relative_attention_max_distance;
-    t.gated_gelu = config.feed_forward_proj == FeedForwardProj::gated_gelu;
-    t.tie_word_embeddings = config.tie_word_embeddings;
-    t.dropout_rate = static_cast<float>(config.dropout_rate);
-    t.layer_norm_epsilon = static_cast<float>(config.layer_norm_epsilon);
-    t.initializer_factor = static_cast<float>(config.initializer_factor);
-    return make_t5(t);
-  }
-  throw Error("model.kind: not " + names_of(kModelKinds));
 }
 
 }  // namespace fsdp

@@ -10,8 +10,6 @@
 
 namespace fsdp {
 
-struct ModelConfig;
-
 // A model is a tree of modules (the root is this object, name ""); its forward and backward are
 // ordinary code over the tree. The root is the outermost FSDP unit: forward() and backward()
 // run its hooks around the subclass's run_forward/run_backward, and every module an FSDP unit is
@@ -58,7 +56,5 @@ std::unique_ptr<Model> make_mnist_cnn();
 // cross-entropy over every position.
 std::unique_ptr<Model> make_transformer(int64_t vocab, int64_t d_model, int64_t n_layers, int64_t n_heads, int64_t d_ff,
                                         int64_t seq_len);
-
-std::unique_ptr<Model> make_model(const ModelConfig& config);
 
 }  // namespace fsdp

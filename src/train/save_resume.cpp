@@ -2,6 +2,7 @@
 // (RunEnv::planning) stages the state as a save does and touches no file.
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/h5.h"
@@ -13,6 +14,15 @@
 namespace fsdp {
 
 namespace {
+
+// model.init_from's HDF5 file (/model/<name> datasets) for the engine's load_full_weights.
+WeightOpener init_from(const std::string& path) {
+  return [path] {
+    auto file = std::make_shared<WeightFile>(path);
+    return WeightReader{[file](const std::vector<Param*>& all) { file->check(all); },
+                        [file](const std::vector<Param*>& params) { file->read(params); }};
+  };
+}
 
 // output.save_weights, one gathered unit: WeightWriter reads each param's data on the host. A
 // host run writes the bound params in place. On a device run the unit's values (the gathered
@@ -56,7 +66,7 @@ void Trainer::restore() {
     // A plan touches no file. A resume is assumed to find its file: what it costs is the staging
     // of the state it loads (device shards), held while the file is read.
     if (!c.checkpoint.resume.empty()) HostCheckpointState(*s.engine, *s.optimizer, s.mem).copy_to_device(true);
-    if (!c.model.init_from.empty()) s.engine->load_full_weights(c.model.init_from);  // reads nothing on meta
+    if (!c.model.init_from.empty()) s.engine->load_full_weights(init_from(c.model.init_from));  // reads nothing on meta
     return;
   }
   // Resume last: it overwrites the shards and optimizer state just made. Collective, and its
@@ -82,7 +92,7 @@ void Trainer::restore() {
   }
   // model.init_from: rank 0 checks the file and tells everyone before any data moves, so a bad
   // file fails every rank alike — a set-up error reported once. A resumed run has its weights.
-  if (!c.model.init_from.empty() && !s.resumed) s.engine->load_full_weights(c.model.init_from);
+  if (!c.model.init_from.empty() && !s.resumed) s.engine->load_full_weights(init_from(c.model.init_from));
 }
 
 void Trainer::resume(const std::string& path) {

@@ -19,6 +19,7 @@
 #include "tensor/error.h"
 #include "train/banner.h"
 #include "train/checkpointing.h"
+#include "train/model_from_config.h"
 #include "train/evaluate.h"
 #include "train/trainer_state.h"
 
