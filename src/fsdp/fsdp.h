@@ -177,10 +177,10 @@ class FsdpEngine : public ModuleHooks {
   const StepTraffic& step_traffic() const { return traffic_; }
 
   // ModuleHooks
-  void pre_forward(Module& layer) override;
-  void post_forward(Module& layer) override;
-  void pre_backward(Module& layer) override;
-  void post_backward(Module& layer) override;
+  void pre_forward(Module& module) override;
+  void post_forward(Module& module) override;
+  void pre_backward(Module& module) override;
+  void post_backward(Module& module) override;
 
  private:
   void unshard(Unit& u, const char* phase);

@@ -61,7 +61,7 @@ class Wrapper {
       for (auto& p : m->own_params()) home_numel_[tree.home(p.get())] += p->numel();
     nonwrapped(model, false);
   }
-  bool wrapped(const Module* m) const { return wrapped_.count(m) > 0; }
+  bool wrapped(const Module* m) const { return wrapped_.contains(m); }
   const std::set<std::string>& unmatched() const { return wanted_; }
 
  private:
@@ -86,7 +86,7 @@ class Wrapper {
     if (m.is_container() || numel == 0) return false;
     switch (options_.wrap_policy) {
       case WrapPolicy::size_based: return numel >= options_.min_num_params;
-      case WrapPolicy::transformer_layer: return block_types_.count(m.type()) > 0;
+      case WrapPolicy::transformer_layer: return block_types_.contains(m.type());
       case WrapPolicy::manual: return wanted_.erase(m.name()) > 0;
     }
     return false;

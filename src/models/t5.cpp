@@ -452,7 +452,8 @@ class T5Stack : public Layer {
   void release_activations() override {
     ids_ = emb_ = out_ = Tensor();
     state_.position_bias = state_.d_position_bias = Tensor();
-    for (Module* m : children()) static_cast<Layer*>(m)->release_activations();
+    for (T5Block* b : blocks_) b->release_activations();
+    for (Layer* l : std::array<Layer*, 3>{final_layer_norm, dropout_, final_dropout_}) l->release_activations();
   }
 
   T5LayerNorm* final_layer_norm = nullptr;

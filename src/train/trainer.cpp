@@ -19,8 +19,8 @@
 #include "tensor/error.h"
 #include "train/banner.h"
 #include "train/checkpointing.h"
-#include "train/model_from_config.h"
 #include "train/evaluate.h"
+#include "train/model_from_config.h"
 #include "train/trainer_state.h"
 
 namespace fsdp {
