@@ -25,6 +25,9 @@ packages=(
   clang-tidy cppcheck clang-format libomp-14-dev
   # reference checks against PyTorch (Debian's system python3, not pyenv's)
   python3-torch python3-h5py python3-numpy
+  # ... and against Hugging Face transformers (PyPI) in a venv over Debian's torch
+  # (tests/reference/hf_venv.sh: `python3 -m venv` needs python3-venv)
+  python3-venv
   # tests/multihost: simulated hosts (ip netns, veth, bridge; unshare and nsenter)
   iproute2 util-linux
   # Slurm for jobs/*.sbatch and tests/slurm, which starts its own private munged, slurmctld and
