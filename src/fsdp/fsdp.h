@@ -25,8 +25,6 @@
 
 namespace fsdp {
 
-struct FsdpConfig;
-
 struct FsdpOptions {
   Strategy strategy = Strategy::full_shard;
   WrapPolicy wrap_policy = WrapPolicy::size_based;
@@ -43,7 +41,6 @@ struct FsdpOptions {
   // parameters and gradients live on the device (fsdp.cpu_offload, device runs only).
   bool cpu_offload = false;
 };
-FsdpOptions fsdp_options(const FsdpConfig& config);
 
 // One FSDP unit: the module it is rooted at and the parameters it owns, which are its subtree's
 // minus those of the units nested in it; a parameter several modules use (a tied weight) sits

@@ -1,6 +1,7 @@
-// FsdpOptions from the input file's fsdp section.
+// FsdpOptions from the input file's fsdp section (here, in train/, so that fsdp/ reads no Config).
 #include "config/config.h"
 #include "fsdp/fsdp.h"
+#include "train/model_from_config.h"
 
 namespace fsdp {
 
