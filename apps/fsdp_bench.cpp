@@ -265,6 +265,8 @@ std::string rejected_option(char** argv, int optind_now, int optopt_now) {
   return "unknown option '" + opt.substr(0, opt.find('=')) + "' (try --help)";
 }
 
+// getopt_long over the option table; over 80 lines because each option's check and message
+// sits beside its case.
 Args parse_args(int argc, char** argv) {
   static const option kLong[] = {{"backend", required_argument, nullptr, kBackend},
                                  {"op", required_argument, nullptr, kOp},
@@ -499,6 +501,9 @@ fsdp::CommOptions comm_options(const Args& a, fsdp::DeviceRuntime* rt) {
   return o;
 }
 
+// The benchmark's driver, read top-down like llm.c's main: hosts and backends, then per backend
+// and collective the size sweep, then the report. Over 80 lines because the sweep's bookkeeping
+// (raw MPI reference, check, CSV row) stays in one place per size.
 int run(const Args& a, MPI_Comm world, int rank, int n, fsdp::DeviceRuntime* rt) {
   std::vector<std::string> hosts = host_names(world, rank, n);
   FILE* csv = nullptr;
