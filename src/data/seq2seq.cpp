@@ -40,7 +40,7 @@ std::vector<Pair> read_pairs(const Seq2SeqOptions& o) {
     nlohmann::json row;
     try {
       row = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number like 1e999
       throw bad(std::string("not a JSON object (") + e.what() + ")");
     }
     if (!row.is_object()) throw bad("not a JSON object");
