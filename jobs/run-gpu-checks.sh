@@ -9,7 +9,10 @@
 #
 # Writes OUTDIR/report.md, OUTDIR/report.json and OUTDIR/logs/*; goes on past a failing check.
 # Exit status: 0 when no check failed (skipped and not-implemented ones do not count), else 1.
-# RUN_GPU_CHECKS_ONLY=name,name runs only those checks (names as in the report).
+# RUN_GPU_CHECKS_DEVICE=cpu runs the GPU checks with train.device cpu where they say cuda: a dry
+# run of this script's own logic on a machine without a GPU (what was tested without one).
+# RUN_GPU_CHECKS_ONLY=name,name runs only those checks (names as in the report). Each fsdp_app or
+# fsdp_bench launch has a timeout (120 s; fsdp_bench 150 s), so a hang fails its check only.
 # cuBLAS, cuBLASLt and NCCL are not in the bundle: they are taken from CUDA_LIBS (a folder), else
 # the CUDA toolkit (CUDA_HOME, /usr/local/cuda), else the NVIDIA Python packages beside the
 # machine's PyTorch (site-packages/nvidia/{cu13,cublas,nccl}/lib).
@@ -92,9 +95,10 @@ fi
 # ---- the check runner -------------------------------------------------------------------------
 names=() states=() secs=() notes=()
 only=",${RUN_GPU_CHECKS_ONLY:-},"
+DEV=${RUN_GPU_CHECKS_DEVICE:-cuda}
 record() { names+=("$1"); states+=("$2"); secs+=("$3"); notes+=("$4"); echo "[$2] $1 ($3 s) $4"; }
 # check NAME FUNCTION: the function's stdout/stderr go to logs/NAME.log; it returns 0 pass,
-# 77 skip, 78 not implemented, other fail; its last line of logs/NAME.note is the report's note.
+# 77 skip, 78 not implemented, other fail; the lines of logs/NAME.note are the report's note.
 check() {
   local name=$1 fn=$2 t0 rc state note
   if [ "$only" != ",," ] && [[ $only != *",$name,"* ]]; then return; fi
@@ -103,12 +107,12 @@ check() {
   ( NOTE=$L/$name.note; "$fn" ) >"$L/$name.log" 2>&1
   rc=$?
   case $rc in 0) state=pass ;; 77) state=skip ;; 78) state="not implemented" ;; *) state=fail ;; esac
-  note=$(tail -1 "$L/$name.note")
+  note=$(grep -v '^$' "$L/$name.note" | tr '\n' ';' | sed 's/;$//; s/;/; /g' | cut -c1-600)
   [ $rc -ne 0 ] && [ $rc -ne 77 ] && [ $rc -ne 78 ] && [ -z "$note" ] && note="exit $rc; see logs/$name.log"
   record "$name" "$state" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')" "$note"
 }
 note() { echo "$*" | tee -a "$NOTE"; }
-mpirun_() { timeout "${T:-300}" mpirun --oversubscribe --bind-to none "$@"; }
+mpirun_() { timeout "${T:-120}" mpirun --oversubscribe --bind-to none "$@"; }
 
 # fsdp_app at NP ranks with --set pairs; TAG names its metrics file W/TAG.jsonl.
 app() {  # TAG NP SET...
@@ -127,7 +131,7 @@ same_losses() {
   awk -v rtol="$rtol" -v skip="$skip" -v A="$a" -v Bn="$b" '
     FNR == NR { a[FNR] = $1; na = FNR; next }
     { nb = FNR; x = a[FNR + skip]; y = $1; d = x - y; if (d < 0) d = -d; m = (x < 0 ? -x : x); if ((y < 0 ? -y : y) > m) m = (y < 0 ? -y : y)
-      if (d > worst) worst = d / (m > 0 ? m : 1); if (x == "" || d > rtol * m + 1e-12) bad++ }
+      r = d / (m > 0 ? m : 1); if (r > worst) worst = r; if (x == "" || d > rtol * m + 1e-12) bad++ }
     END { if (nb == 0) { print Bn ": no losses"; exit 1 }
           printf "%s vs %s: %d losses, max relative difference %.3g%s\n", Bn, A, nb, worst, bad ? " (" bad " over " rtol ")" : ""
           exit bad ? 1 : 0 }' <(losses "$a") <(losses "$b")
@@ -159,7 +163,8 @@ c_machine() {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     note "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1 | sed 's/^/GPU /'); ${gpu_libs_used}${gpu_libs_line:+PROBLEM: $gpu_libs_line}"
   else
-    note "no nvidia-smi: no NVIDIA driver on this machine; ${gpu_libs_line:+PROBLEM: $gpu_libs_line}"
+    note "no nvidia-smi: no NVIDIA driver on this machine${gpu_libs_line:+; PROBLEM: $gpu_libs_line}"
+    return 1
   fi
   echo "== ldd"; for b in "$B"/bin/fsdp_app "$B"/bin/test_gpu; do ldd "$b"; done
   if ldd "$B"/bin/fsdp_app | grep -q 'not found'; then note "fsdp_app: $(ldd "$B"/bin/fsdp_app | grep 'not found' | tr -s ' \t' ' ' | tr '\n' ';')"; return 1; fi
@@ -177,7 +182,7 @@ c_gpu_vs_cpu() {
   for m in MNIST TEXT; do
     arr="$m[@]"
     app "${m}_cpu" 1 "${!arr}" train.steps=20 train.device=cpu || { note "$m cpu run failed"; bad=1; continue; }
-    app "${m}_cuda" 1 "${!arr}" train.steps=20 train.device=cuda || { note "$m cuda run failed"; bad=1; continue; }
+    app "${m}_cuda" 1 "${!arr}" train.steps=20 train.device=$DEV || { note "$m cuda run failed"; bad=1; continue; }
     same_losses "${m}_cpu" "${m}_cuda" 1e-5 | tee -a "$NOTE" || bad=1
   done
   return $bad
@@ -188,12 +193,12 @@ world_sizes() {  # BACKEND
   for model in mnist transformer; do
     arr="TINY_$model[@]"
     ref=ws_${be}_${model}_np1
-    app "$ref" 1 "${!arr}" train.device=cuda comm.backend="$be" train.batch_size=24 train.steps=10 train.epochs=0 \
+    app "$ref" 1 "${!arr}" train.device=$DEV comm.backend="$be" train.batch_size=24 train.steps=10 train.epochs=0 \
       train.eval_every=never train.threads=1 fsdp.sharding_strategy=NO_SHARD || { note "$ref failed"; bad=1; continue; }
     for np in 2 3 4; do
       g=1; [ $np -eq 4 ] && g=2
       for s in "${STRATEGIES[@]}"; do
-        app "ws_${be}_${model}_np${np}_$s" $np "${!arr}" train.device=cuda comm.backend="$be" train.batch_size=$((24 / np)) \
+        app "ws_${be}_${model}_np${np}_$s" $np "${!arr}" train.device=$DEV comm.backend="$be" train.batch_size=$((24 / np)) \
           train.steps=10 train.epochs=0 train.eval_every=never train.threads=1 fsdp.sharding_strategy="$s" \
           fsdp.hybrid.shard_group_size=$g || { note "$model np $np $s failed"; bad=1; continue; }
         same_losses "$ref" "ws_${be}_${model}_np${np}_$s" 1e-5 || { note "$model np $np $s differs from np 1"; bad=1; }
@@ -207,11 +212,11 @@ c_world_sizes_mpi() { world_sizes mpi; }
 c_world_sizes_ucx() { world_sizes ucx; }
 c_nccl() {
   local bad=0
-  app nccl_np1 1 "${TINY_transformer[@]}" train.device=cuda comm.backend=nccl train.batch_size=24 train.steps=10 train.epochs=0 || bad=1
-  app nccl_ref 1 "${TINY_transformer[@]}" train.device=cuda comm.backend=mpi train.batch_size=24 train.steps=10 train.epochs=0 || bad=1
+  app nccl_np1 1 "${TINY_transformer[@]}" train.device=$DEV comm.backend=nccl train.batch_size=24 train.steps=10 train.epochs=0 || bad=1
+  app nccl_ref 1 "${TINY_transformer[@]}" train.device=$DEV comm.backend=mpi train.batch_size=24 train.steps=10 train.epochs=0 || bad=1
   [ $bad -eq 0 ] && { same_losses nccl_ref nccl_np1 1e-5 | tee -a "$NOTE" || bad=1; }
   echo "== NCCL, two ranks on one GPU (must refuse, clearly)"
-  if T=120 app nccl_np2 2 "${TINY_transformer[@]}" train.device=cuda comm.backend=nccl train.batch_size=12 train.steps=2 train.epochs=0 >"$W/nccl2.txt" 2>&1; then
+  if T=120 app nccl_np2 2 "${TINY_transformer[@]}" train.device=$DEV comm.backend=nccl train.batch_size=12 train.steps=2 train.epochs=0 >"$W/nccl2.txt" 2>&1; then
     note "nccl np 2 on one GPU ran instead of refusing"; bad=1
   else
     note "nccl np 2 said: $(grep -v '^+\|^---\|^\s*$\|mpirun\|Primary job\|^$' "$W/nccl2.txt" | head -2 | tr '\n' ' ' | cut -c1-300)"
@@ -222,8 +227,8 @@ c_nccl() {
 c_cpu_offload() {
   local bad=0 np
   for np in 1 2; do
-    app off_ref_$np $np "${TINY_transformer[@]}" train.device=cuda train.batch_size=$((24 / np)) train.steps=10 train.epochs=0 || { bad=1; continue; }
-    app off_$np $np "${TINY_transformer[@]}" train.device=cuda fsdp.cpu_offload=true train.batch_size=$((24 / np)) train.steps=10 train.epochs=0 || { bad=1; continue; }
+    app off_ref_$np $np "${TINY_transformer[@]}" train.device=$DEV train.batch_size=$((24 / np)) train.steps=10 train.epochs=0 || { bad=1; continue; }
+    app off_$np $np "${TINY_transformer[@]}" train.device=$DEV fsdp.cpu_offload=true train.batch_size=$((24 / np)) train.steps=10 train.epochs=0 || { bad=1; continue; }
     same_losses off_ref_$np off_$np 1e-5 | tee -a "$NOTE" || bad=1
   done
   return $bad
@@ -231,9 +236,9 @@ c_cpu_offload() {
 c_ckpt_device_cpu() {
   local bad=0 from to
   local base=("${TINY_transformer[@]}" train.batch_size=12 train.steps=10 train.epochs=0 train.eval_every=never)
-  app ck_full_cuda 2 "${base[@]}" train.device=cuda || return 1
-  for from in cuda cpu; do
-    to=cpu; [ $from = cpu ] && to=cuda
+  app ck_full_cuda 2 "${base[@]}" train.device=$DEV || return 1
+  for from in $DEV cpu; do
+    to=cpu; [ $from = cpu ] && to=$DEV
     rm -rf "$W/ck_$from"
     app ck_${from}_first 2 "${base[@]}" train.device=$from checkpoint.dir="$W/ck_$from" train.stop_after_steps=5 || { bad=1; continue; }
     for f in "$W/ck_$from"/*.h5; do "$B/bin/fsdp_ckpt" verify "$f" || bad=1; done
@@ -244,8 +249,8 @@ c_ckpt_device_cpu() {
 }
 c_bench() {
   local bad=0
-  T=240 mpirun_ -np 1 "$B/bin/fsdp_bench" --backend all --device cuda -b 1K -e 256M -f 4 --csv "$L/bench_np1.csv" || bad=1
-  T=240 mpirun_ -np 2 "$B/bin/fsdp_bench" --backend mpi,ucx --device cuda -b 1K -e 256M -f 4 --csv "$L/bench_np2.csv" || bad=1
+  T=150 mpirun_ -np 1 "$B/bin/fsdp_bench" --backend all --device $DEV -b 1K -e 256M -f 4 --csv "$L/bench_np1.csv" || bad=1
+  T=150 mpirun_ -np 2 "$B/bin/fsdp_bench" --backend mpi,ucx --device $DEV -b 1K -e 256M -f 4 --csv "$L/bench_np2.csv" || bad=1
   note "csv: logs/bench_np1.csv (all backends), logs/bench_np2.csv (mpi, ucx)"
   return $bad
 }
@@ -307,7 +312,7 @@ fi
 # ---- report -------------------------------------------------------------------------------------
 failed=0
 {
-  echo "# fsdp-gpu checks$([ $cpu -eq 1 ] && echo ' (--cpu)')"
+  echo "# fsdp-gpu checks$([ $cpu -eq 1 ] && echo ' (--cpu)')$([ "$DEV" != cuda ] && echo " (DRY RUN: train.device $DEV for cuda)")"
   echo
   echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname); bundle: $(head -1 "$B/BUILD-INFO")"
   echo
