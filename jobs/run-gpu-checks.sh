@@ -3,6 +3,7 @@
 # the top of fsdp-gpu/):
 #
 #   run-gpu-checks.sh OUTDIR         every check, on the machine's GPU
+#   run-gpu-checks.sh --print-env    export lines of the environment it sets (eval them)
 #   run-gpu-checks.sh --cpu OUTDIR   no GPU needed: both models a few steps under mpirun -np 2 on
 #                                    mpi and ucx (train.device cpu), a checkpoint saved and verified,
 #                                    and one line saying the GPU is missing
@@ -18,13 +19,11 @@
 # machine's PyTorch (site-packages/nvidia/{cu13,cublas,nccl}/lib).
 set -uo pipefail
 B=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-cpu=0
+cpu=0 print_env=0
 if [ "${1:-}" = --cpu ]; then cpu=1; shift; fi
-[ $# -eq 1 ] || { echo "usage: run-gpu-checks.sh [--cpu] OUTDIR" >&2; exit 2; }
-OUT=$(mkdir -p "$1" && cd "$1" && pwd)
-L=$OUT/logs
-mkdir -p "$L"
-W=$(mktemp -d /tmp/fsdp-gpu-checks.XXXXXX)
+if [ "${1:-}" = --print-env ]; then print_env=1; set -- /dev/null; fi
+[ $# -eq 1 ] || { echo "usage: run-gpu-checks.sh [--cpu] OUTDIR | --print-env" >&2; exit 2; }
+[ $print_env -eq 1 ] || OUT=$(mkdir -p "$1" && cd "$1" && pwd)
 
 # ---- environment: the bundle's libraries, OpenMPI/PMIx/UCX relocated -------------------------
 export OPAL_PREFIX=$B/ompi
@@ -91,6 +90,20 @@ if [ -z "$gpu_libs_line" ]; then
   drv=$(got driver_cuda); rt=$(need cudart | cut -d' ' -f1)
   if [ -n "$drv" ] && [ "$drv" != 0.0 ] && ! ver_ge "$drv" "$rt"; then gpu_libs_line+="driver supports CUDA $drv, older than the static cudart $rt; "; fi
 fi
+
+# --print-env: the environment above as export lines, for commands by hand:
+#   eval "$(/tmp/fsdp-gpu/run-gpu-checks.sh --print-env)"; mpirun -np 2 fsdp_app ...
+if [ $print_env -eq 1 ]; then
+  for v in OPAL_PREFIX OMPI_MCA_mca_base_param_files PMIX_INSTALL_PREFIX PMIX_MCA_mca_base_component_path UCX_MODULE_DIR \
+    OMPI_ALLOW_RUN_AS_ROOT OMPI_ALLOW_RUN_AS_ROOT_CONFIRM OMPI_MCA_rmaps_base_oversubscribe PATH LD_LIBRARY_PATH; do
+    printf 'export %s=%q\n' "$v" "${!v}"
+  done
+  [ -n "$gpu_libs_line" ] && echo "# GPU libraries missing or too old: $gpu_libs_line"
+  exit 0
+fi
+L=$OUT/logs
+mkdir -p "$L"
+W=$(mktemp -d /tmp/fsdp-gpu-checks.XXXXXX)
 
 # ---- the check runner -------------------------------------------------------------------------
 names=() states=() secs=() notes=()
@@ -283,6 +296,10 @@ c_cpu_ckpt() {
   app cpu_resume 2 "${TEXT[@]}" train.device=cpu train.steps=4 train.threads=1 checkpoint.dir="$W/ck" checkpoint.resume=auto || { note "resume failed"; return 1; }
   note "$n checkpoint file(s) verified by fsdp_ckpt verify; resumed at np 2 to step 4"
 }
+c_cpu_np4() {
+  mpirun_ -np 4 "$B/bin/fsdp_bench" --backend mpi,ucx -b 1K -e 64K -f 8 || { note "fsdp_bench at np 4 failed"; return 1; }
+  note "mpirun -np 4 --oversubscribe (relocated OpenMPI, as $(id -un)): fsdp_bench on mpi and ucx, 1 KiB-64 KiB"
+}
 c_cpu_gpu_missing() {
   if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then note "a GPU is here: run without --cpu"; return 0; fi
   note "no GPU on this machine ($(app gpu_probe 1 "${TINY_transformer[@]}" train.device=cuda train.steps=1 2>&1 | grep -v '^+' | grep -m1 -i 'cuda' | cut -c1-200)); GPU checks not run${gpu_libs_line:+; GPU libraries: $gpu_libs_line}"
@@ -293,6 +310,7 @@ echo "fsdp-gpu checks from $B into $OUT ($([ $cpu -eq 1 ] && echo --cpu || echo 
 if [ $cpu -eq 1 ]; then
   check cpu_train c_cpu_train
   check cpu_checkpoint c_cpu_ckpt
+  check cpu_mpirun_np4 c_cpu_np4
   check gpu c_cpu_gpu_missing
 else
   check machine c_machine

@@ -4,7 +4,7 @@
 # libraries came from (OpenMPI, PMIx, UCX, hwloc, libevent, HDF5 and what it pulls in, yaml-cpp,
 # OpenBLAS, libgomp, Boost.Test, zlib, ...) and their -dev packages is hidden (folders under an
 # empty tmpfs, files under /dev/null), `run-gpu-checks.sh --cpu OUT` must pass (both models under
-# mpirun -np 2 on mpi and ucx, a checkpoint saved, verified and resumed, the missing GPU in one
+# mpirun -np 2 on mpi and ucx, a checkpoint saved, verified and resumed, mpirun -np 4, the missing GPU in one
 # line) and ldd of every bundled binary must resolve only to the bundle, the CUDA toolkit's
 # cuBLAS/NCCL (the GPU machine brings its own) or glibc/libstdc++/libgcc_s.
 #
@@ -117,7 +117,7 @@ grep -q "^run-gpu-checks.sh --cpu exit 0" "$work/inside.log" || fail "run-gpu-ch
 grep -q '^FAIL' "$work/inside.log" && fail "see above"
 grep -q '^LDD-BAD' "$work/inside.log" && fail "ldd resolved libraries outside the bundle/CUDA/glibc (LDD-BAD lines)"
 if [ -f "$work/out/report.json" ]; then
-  for c in cpu_train cpu_checkpoint; do
+  for c in cpu_train cpu_checkpoint cpu_mpirun_np4; do
     grep -q "\"name\": \"$c\", \"result\": \"pass\"" "$work/out/report.json" || fail "$c did not pass"
   done
   grep -q '"name": "gpu", "result": "skip", [^}]*"note": "no GPU' "$work/out/report.json" || fail "no one-line 'no GPU' report"
