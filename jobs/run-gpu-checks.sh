@@ -120,7 +120,7 @@ check() {
   ( NOTE=$L/$name.note; "$fn" ) >"$L/$name.log" 2>&1
   rc=$?
   case $rc in 0) state=pass ;; 77) state=skip ;; 78) state="not implemented" ;; *) state=fail ;; esac
-  note=$(grep -v '^$' "$L/$name.note" | paste -sd '\037' | sed 's/\x1f/; /g' | cut -c1-600)
+  note=$(awk 'NF {printf "%s%s", sep, $0; sep = "; "}' "$L/$name.note" | cut -c1-600)
   [ $rc -ne 0 ] && [ $rc -ne 77 ] && [ $rc -ne 78 ] && [ -z "$note" ] && note="exit $rc; see logs/$name.log"
   record "$name" "$state" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')" "$note"
 }
