@@ -15,6 +15,8 @@ packages=(
   libopenblas-openmp-dev
   # data: Fashion-MNIST (IDX, gzipped) and a text corpus (the fortune cookie files)
   dataset-fashion-mnist fortunes fortunes-min
+  # jobs/gpu-bundle.sh packs, and tests/gpu_bundle unpacks, a .tar.xz
+  xz-utils
   # jobs/plot-bench.sh draws fsdp_bench's CSV
   gnuplot-nox
   # tests/fuzz (libFuzzer targets, tests/fuzz/run.sh): clang 14 with its sanitizer and fuzzer

@@ -1,0 +1,21 @@
+// gpu_versions: the versions of the CUDA libraries this binary loads, as the loaded libraries
+// report them (the GPU bundle's run-gpu-checks.sh prints them; none of the calls needs a GPU).
+//   cudart R (linked: static in the bundle)   driver D (0: no driver)   cublas X.Y.Z   nccl X.Y.Z
+#include <cublas_api.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstdio>
+
+int main() {
+  int runtime = 0, driver = 0, major = 0, minor = 0, patch = 0, nccl = 0;
+  cudaRuntimeGetVersion(&runtime);
+  if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+  cublasGetProperty(MAJOR_VERSION, &major);
+  cublasGetProperty(MINOR_VERSION, &minor);
+  cublasGetProperty(PATCH_LEVEL, &patch);
+  ncclGetVersion(&nccl);
+  std::printf("cudart %d.%d\ndriver_cuda %d.%d\ncublas %d.%d.%d\nnccl %d.%d.%d\n", runtime / 1000, runtime % 1000 / 10,
+              driver / 1000, driver % 1000 / 10, major, minor, patch, nccl / 10000, nccl % 10000 / 100, nccl % 100);
+  return 0;
+}

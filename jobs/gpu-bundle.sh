@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Builds the GPU release (-Dgpu=enabled, static cudart) and packs everything the bare GPU
+# machine lacks into one archive that unpacks to fsdp-gpu/ (issue 14, part 1):
+#
+#   bash jobs/gpu-bundle.sh FILE.tar.xz
+#
+#   fsdp-gpu/run-gpu-checks.sh   the checks (jobs/run-gpu-checks.sh); env.sh sets the environment
+#   fsdp-gpu/bin/                fsdp_app fsdp_bench fsdp_ckpt sgemm_peak test_gpu test_comm
+#                                test_device_comm, mpirun (-> ../ompi/bin/orterun)
+#   fsdp-gpu/lib/                every shared library they and the plugins load except glibc,
+#                                libstdc++, libgcc_s, the driver (libcuda), cuBLAS/cuBLASLt and
+#                                NCCL (the GPU machine's own: run-gpu-checks.sh finds them);
+#                                lib/ucx/ UCX's transport modules (found beside libucs)
+#   fsdp-gpu/ompi/               OpenMPI 4.1 relocated (OPAL_PREFIX): bin/orterun, bin/orted, its
+#                                MCA plugins at Debian's relative path, share/openmpi help files
+#   fsdp-gpu/pmix/               PMIx's plugins and help files (PMIX_INSTALL_PREFIX)
+#   fsdp-gpu/etc/                Debian's openmpi-mca-params.conf
+#   fsdp-gpu/input/              the repository's input/*.yaml
+#   fsdp-gpu/data/               a Fashion-MNIST slice (4000 train, 1000 test images, the IDX
+#                                format fsdp_app reads) and ~300 KB of Debian's fortunes
+#   fsdp-gpu/BUILD-INFO          commit, CUDA/cuBLAS/NCCL versions built with, gpu_arch
+#
+# Environment: GPU_BUNDLE_BUILD (build folder, default build-gpu-bundle), GPU_BUNDLE_ARCH
+# (default 80,90: A100 and H100/H200), NVCC (default: nvcc on PATH, else /usr/local/cuda/bin).
+# The archive must stay under 48 MiB (the device tool carries 64 MiB per call): checked at the end.
+set -euo pipefail
+[ $# -eq 1 ] || { echo "usage: jobs/gpu-bundle.sh FILE.tar.xz" >&2; exit 2; }
+root=$(cd "$(dirname "$0")/.." && pwd)
+archive=$(realpath -m "$1")
+build=${GPU_BUNDLE_BUILD:-$root/build-gpu-bundle}
+arch=${GPU_BUNDLE_ARCH:-80,90}
+limit=$((48 * 1024 * 1024))
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+cuda_root=$(dirname "$(dirname "$(command -v nvcc)")")
+multiarch=/usr/lib/x86_64-linux-gnu
+
+apps=(apps/fsdp_app apps/fsdp_bench apps/fsdp_ckpt apps/sgemm_peak apps/gpu_versions)
+tests=(tests/test_gpu tests/test_comm tests/test_device_comm)
+t0=$(date +%s)
+if [ ! -f "$build/build.ninja" ]; then
+  meson setup "$build" "$root" -Dbuildtype=release -Dgpu=enabled -Dgpu_arch="$arch" \
+    -Dnative_arch=false -Dstatic_cudart=true -Dtests=enabled -Dfuzz=disabled >"$build.setup.log" 2>&1 \
+    || { tail -30 "$build.setup.log"; exit 1; }
+fi
+# Only what goes in the bundle; GPU_BUNDLE_JOBS parallel jobs (default 2: shared machines).
+nice ninja -C "$build" -j "${GPU_BUNDLE_JOBS:-2}" "${apps[@]}" "${tests[@]}"
+t1=$(date +%s)
+echo "gpu-bundle: build $((t1 - t0)) s"
+
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+B=$stage/fsdp-gpu
+mkdir -p "$B"/{bin,lib/ucx,etc,data/fashion-mnist,data/fortunes}
+for t in "${apps[@]}" "${tests[@]}"; do cp "$build/$t" "$B/bin/"; done
+strip --strip-unneeded "$B"/bin/*
+
+# OpenMPI at Debian's layout under ompi/ (prefix /usr -> OPAL_PREFIX): the launcher, its MCA
+# plugins (Pkglibdir), the help files (Pkgdatadir). PMIx (prefix .../pmix2) likewise under pmix/.
+ompi_lib=ompi/lib/x86_64-linux-gnu/openmpi/lib
+mkdir -p "$B/ompi/bin" "$B/$ompi_lib" "$B/ompi/share" "$B/pmix/lib" "$B/pmix/share"
+cp /usr/bin/orterun /usr/bin/orted "$B/ompi/bin/"
+ln -s orterun "$B/ompi/bin/mpirun"
+ln -s ../ompi/bin/orterun "$B/bin/mpirun"
+cp -r $multiarch/openmpi/lib/openmpi3 "$B/$ompi_lib/"
+cp -r /usr/share/openmpi "$B/ompi/share/"
+rm -f "$B"/ompi/share/openmpi/*wrapper-data.txt
+cp -r $multiarch/pmix2/lib/pmix "$B/pmix/lib/"
+cp -r $multiarch/pmix2/share/pmix "$B/pmix/share/"
+cp /etc/openmpi/openmpi-mca-params.conf "$B/etc/"
+for m in $multiarch/ucx/libuct_*.so.0 $multiarch/ucx/libucm_*.so.0 $multiarch/ucx/libucx_*.so.0; do
+  [ -e "$m" ] && cp -L "$m" "$B/lib/ucx/"
+done
+
+# Every library the binaries and plugins load, by soname, except the base system's and the
+# GPU machine's own. OpenBLAS: the OpenMP build (Debian's alternative may point at pthreads).
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libmvec|libdl\.so|libpthread|librt\.so|libutil\.so|libresolv|libanl|libnsl|libstdc\+\+|libgcc_s|libcuda\.so|libcublas|libcublasLt|libnccl)'
+declare -A have=()
+collect() {  # ELF files
+  local f soname path
+  for f in "$@"; do
+    while read -r soname path; do
+      [[ $soname =~ $skip ]] && continue
+      [ -n "${have[$soname]:-}" ] && continue
+      if [ "$path" = "not" ] || [ -z "$path" ]; then
+        case $soname in libcublas*|libnccl*|libcuda*) continue ;; esac
+        echo "gpu-bundle: $f needs $soname, which is not found here" >&2; exit 1
+      fi
+      [ "$soname" = libopenblas.so.0 ] && path=$multiarch/openblas-openmp/libopenblas.so.0
+      have[$soname]=$path
+      cp -L "$path" "$B/lib/$soname"
+    done < <(ldd "$f" | awk '/=>/ {print $1, $3}')
+  done
+}
+collect "$B"/bin/* "$B"/ompi/bin/orterun "$B"/ompi/bin/orted "$B/$ompi_lib"/openmpi3/*.so \
+  "$B"/pmix/lib/pmix/*.so "$B"/lib/ucx/*.so.0
+# libmpi's and friends' components dlopen by sonames ldd already saw; strip the debug sections.
+strip --strip-unneeded "$B"/lib/*.so* "$B"/lib/ucx/* 2>/dev/null || true
+
+cp -r "$root/input" "$B/"
+cp "$root/jobs/run-gpu-checks.sh" "$B/run-gpu-checks.sh"
+chmod +x "$B/run-gpu-checks.sh"
+
+# Data: the first 4000 training and 1000 test images of Debian's Fashion-MNIST, in the same
+# gzipped IDX files; ~300 KB of fortunes (whole files, in name order).
+/usr/bin/python3 - "$B/data/fashion-mnist" <<'EOF'
+import gzip, struct, sys
+src, dst = "/usr/share/datasets/fashion-mnist", sys.argv[1]
+for split, n in (("train", 4000), ("t10k", 1000)):
+    img = gzip.open(f"{src}/{split}-images-idx3-ubyte.gz").read()
+    lab = gzip.open(f"{src}/{split}-labels-idx1-ubyte.gz").read()
+    _, _, rows, cols = struct.unpack(">IIII", img[:16])
+    with gzip.open(f"{dst}/{split}-images-idx3-ubyte.gz", "wb", 9) as f:
+        f.write(struct.pack(">IIII", 0x803, n, rows, cols) + img[16:16 + n * rows * cols])
+    with gzip.open(f"{dst}/{split}-labels-idx1-ubyte.gz", "wb", 9) as f:
+        f.write(struct.pack(">II", 0x801, n) + lab[8:8 + n])
+EOF
+total=0
+for f in $(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' | sort); do
+  [ $total -ge 300000 ] && break
+  cp "$f" "$B/data/fortunes/"
+  total=$((total + $(stat -c %s "$f")))
+done
+
+def() { grep -m1 "#define $1 " "$2" | awk '{print $3}'; }
+inc=$cuda_root/include
+{
+  echo "commit $(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+  echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release; echo "$PRETTY_NAME")"
+  echo "gpu_arch $arch"
+  echo "nvcc $(nvcc --version | awk -F'release ' '/release/ {print $2}')"
+  v=$(def CUDART_VERSION "$inc/cuda_runtime_api.h"); echo "cudart $((v / 1000)).$((v % 1000 / 10)) (static)"
+  echo "cublas $(def CUBLAS_VER_MAJOR "$inc/cublas_api.h").$(def CUBLAS_VER_MINOR "$inc/cublas_api.h").$(def CUBLAS_VER_PATCH "$inc/cublas_api.h")"
+  echo "nccl $(def NCCL_MAJOR "$inc/nccl.h").$(def NCCL_MINOR "$inc/nccl.h").$(def NCCL_PATCH "$inc/nccl.h")"
+  echo "nccl_min 2.18.0"
+  echo "openmpi $(dpkg-query -W -f='${Version}' openmpi-bin)"
+  echo "needs $(for b in "$B"/bin/*; do [ -L "$b" ] || readelf -d "$b"; done | awk '/NEEDED/ {gsub(/[][]/, "", $5); print $5}' | grep -E '^lib(cublas|nccl|cuda)' | sort -u | tr '\n' ' ')"
+} >"$B/BUILD-INFO"
+
+tar -C "$stage" -cf - fsdp-gpu | xz -T2 -9 >"$archive.tmp"
+mv "$archive.tmp" "$archive"
+size=$(stat -c %s "$archive")
+echo "gpu-bundle: $archive $size bytes ($(awk -v s="$size" 'BEGIN {printf "%.1f", s / 1048576}') MiB;" \
+  "unpacked $(du -sm "$B" | cut -f1) MiB), packed in $(($(date +%s) - t1)) s"
+if [ "$size" -gt $limit ]; then
+  echo "gpu-bundle: $archive is over the 48 MiB limit" >&2
+  exit 1
+fi

@@ -1,0 +1,361 @@
+#!/usr/bin/env bash
+# The GPU checks of issue 14, run from the unpacked bundle (jobs/gpu-bundle.sh copies this file to
+# the top of fsdp-gpu/):
+#
+#   run-gpu-checks.sh OUTDIR         every check, on the machine's GPU
+#   run-gpu-checks.sh --print-env    export lines of the environment it sets (eval them)
+#   run-gpu-checks.sh --cpu OUTDIR   no GPU needed: both models a few steps under mpirun -np 2 on
+#                                    mpi and ucx (train.device cpu), a checkpoint saved and verified,
+#                                    and one line saying the GPU is missing
+#
+# Writes OUTDIR/report.md, OUTDIR/report.json and OUTDIR/logs/*; goes on past a failing check.
+# Exit status: 0 when no check failed (skipped and not-implemented ones do not count), else 1.
+# RUN_GPU_CHECKS_DEVICE=cpu runs the GPU checks with train.device cpu where they say cuda: a dry
+# run of this script's own logic on a machine without a GPU (what was tested without one).
+# RUN_GPU_CHECKS_ONLY=name,name runs only those checks (names as in the report). Each fsdp_app or
+# fsdp_bench launch has a timeout (120 s; fsdp_bench 150 s), so a hang fails its check only.
+# cuBLAS, cuBLASLt and NCCL are not in the bundle: they are taken from CUDA_LIBS (a folder), else
+# the CUDA toolkit (CUDA_HOME, /usr/local/cuda), else the NVIDIA Python packages beside the
+# machine's PyTorch (site-packages/nvidia/{cu13,cublas,nccl}/lib).
+set -uo pipefail
+B=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cpu=0 print_env=0
+if [ "${1:-}" = --cpu ]; then cpu=1; shift; fi
+if [ "${1:-}" = --print-env ]; then print_env=1; set -- /dev/null; fi
+[ $# -eq 1 ] || { echo "usage: run-gpu-checks.sh [--cpu] OUTDIR | --print-env" >&2; exit 2; }
+[ $print_env -eq 1 ] || OUT=$(mkdir -p "$1" && cd "$1" && pwd)
+
+# ---- environment: the bundle's libraries, OpenMPI/PMIx/UCX relocated -------------------------
+export OPAL_PREFIX=$B/ompi
+export OMPI_MCA_mca_base_param_files=$B/etc/openmpi-mca-params.conf
+export PMIX_INSTALL_PREFIX=$B/pmix PMIX_MCA_mca_base_component_path=$B/pmix/lib/pmix
+export UCX_MODULE_DIR=$B/lib/ucx
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export PATH=$B/bin:$PATH
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+
+# cuBLAS/cuBLASLt/NCCL: the sonames the binaries need (BUILD-INFO "needs"), found on this machine.
+need() { awk -v k="$1" '$1 == k {sub(/^[^ ]+ +/, ""); print}' "$B/BUILD-INFO"; }
+find_lib() {  # SONAME -> the folder that holds it, first of the candidates
+  local d sp
+  local cands=(${CUDA_LIBS:-} ${CUDA_HOME:+$CUDA_HOME/lib64} /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib)
+  for sp in /opt/torch/.venv/lib/python3*/site-packages $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+    cands+=("$sp/nvidia/cu13/lib" "$sp/nvidia/cublas/lib" "$sp/nvidia/nccl/lib")
+  done
+  for d in "${cands[@]}"; do
+    [ -e "$d/$1" ] && { echo "$d"; return; }
+  done
+}
+lib_version() {  # FILE -> x.y.z from the file name, the library's strings, or the pip package
+  local f=$1 real v
+  real=$(readlink -f "$f")
+  v=$(basename "$real" | sed -n 's/^lib[A-Za-z]*\.so\.\([0-9]*\.[0-9]*\.[0-9]*\).*/\1/p')
+  if [ -z "$v" ] && [[ $f == *nccl* ]]; then
+    v=$(grep -a -o -m1 'NCCL version [0-9.]*' "$real" 2>/dev/null | head -1 | awk '{print $3}')
+  fi
+  if [ -z "$v" ]; then  # site-packages/nvidia/X/lib/libY.so.N: the dist-info beside nvidia/
+    local sp=${real%/nvidia/*}
+    local pkg=nvidia_cublas; [[ $f == *nccl* ]] && pkg=nvidia_nccl
+    v=$(ls -d "$sp"/${pkg}*.dist-info 2>/dev/null | head -1 | sed -n 's/.*-\([0-9][0-9.]*\)\.dist-info/\1/p')
+  fi
+  echo "${v:-unknown}"
+}
+ver_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -1)" = "$2" ]; }
+gpu_libs_line=""  # one line: what is missing or too old ("" when all is well)
+gpu_libs_used=""
+libpath=$B/lib
+for so in $(need needs); do
+  case $so in libcuda.so*) continue ;; esac
+  d=$(find_lib "$so")
+  if [ -z "$d" ]; then gpu_libs_line+="$so missing; "; continue; fi
+  gpu_libs_used+="$so from $d; "
+  case ":$libpath:" in *":$d:"*) ;; *) libpath+=":$d" ;; esac
+done
+export LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# The versions the loaded libraries report (gpu_versions; none of its calls needs a GPU), else
+# what the file names or the pip packages say.
+versions=$("$B/bin/gpu_versions" 2>&1) || versions=""
+got() { echo "$versions" | awk -v k="$1" '$1 == k {print $2}'; }
+if [ -z "$gpu_libs_line" ]; then
+  cublas_v=$(got cublas); nccl_v=$(got nccl)
+  [ -n "$cublas_v" ] || cublas_v=$(lib_version "$(find_lib libcublas.so.13)/libcublas.so.13")
+  [ -n "$nccl_v" ] || nccl_v=$(lib_version "$(find_lib libnccl.so.2)/libnccl.so.2")
+  gpu_libs_used="cuBLAS $cublas_v, NCCL $nccl_v, driver CUDA $(got driver_cuda), cudart $(got cudart) static; $gpu_libs_used"
+  built=$(need cublas | cut -d' ' -f1)
+  if [ "$cublas_v" != unknown ] && ! ver_ge "$cublas_v" "$built"; then gpu_libs_line+="cuBLAS $cublas_v older than the $built built with; "; fi
+  built=$(need nccl)
+  if [ "$nccl_v" != unknown ] && ! ver_ge "$nccl_v" "$(need nccl_min)"; then gpu_libs_line+="NCCL $nccl_v older than $(need nccl_min) (ncclCommSplit; built with $built); "
+  elif [ "$nccl_v" != unknown ] && ! ver_ge "$nccl_v" "$built"; then gpu_libs_used+="(NCCL $nccl_v is older than the $built built with: should work, >= $(need nccl_min)) "
+  fi
+  drv=$(got driver_cuda); rt=$(need cudart | cut -d' ' -f1)
+  if [ -n "$drv" ] && [ "$drv" != 0.0 ] && ! ver_ge "$drv" "$rt"; then gpu_libs_line+="driver supports CUDA $drv, older than the static cudart $rt; "; fi
+fi
+
+# --print-env: the environment above as export lines, for commands by hand:
+#   eval "$(/tmp/fsdp-gpu/run-gpu-checks.sh --print-env)"; mpirun -np 2 fsdp_app ...
+if [ $print_env -eq 1 ]; then
+  for v in OPAL_PREFIX OMPI_MCA_mca_base_param_files PMIX_INSTALL_PREFIX PMIX_MCA_mca_base_component_path UCX_MODULE_DIR \
+    OMPI_ALLOW_RUN_AS_ROOT OMPI_ALLOW_RUN_AS_ROOT_CONFIRM OMPI_MCA_rmaps_base_oversubscribe PATH LD_LIBRARY_PATH; do
+    printf 'export %s=%q\n' "$v" "${!v}"
+  done
+  [ -n "$gpu_libs_line" ] && echo "# GPU libraries missing or too old: $gpu_libs_line"
+  exit 0
+fi
+L=$OUT/logs
+mkdir -p "$L"
+W=$(mktemp -d /tmp/fsdp-gpu-checks.XXXXXX)
+
+# ---- the check runner -------------------------------------------------------------------------
+names=() states=() secs=() notes=()
+only=",${RUN_GPU_CHECKS_ONLY:-},"
+DEV=${RUN_GPU_CHECKS_DEVICE:-cuda}
+record() { names+=("$1"); states+=("$2"); secs+=("$3"); notes+=("$4"); echo "[$2] $1 ($3 s) $4"; }
+# check NAME FUNCTION: the function's stdout/stderr go to logs/NAME.log; it returns 0 pass,
+# 77 skip, 78 not implemented, other fail; the lines of logs/NAME.note are the report's note.
+check() {
+  local name=$1 fn=$2 t0 rc state note
+  if [ "$only" != ",," ] && [[ $only != *",$name,"* ]]; then return; fi
+  t0=$(date +%s.%N)
+  : >"$L/$name.note"
+  ( NOTE=$L/$name.note; "$fn" ) >"$L/$name.log" 2>&1
+  rc=$?
+  case $rc in 0) state=pass ;; 77) state=skip ;; 78) state="not implemented" ;; *) state=fail ;; esac
+  note=$(awk 'NF {printf "%s%s", sep, $0; sep = "; "}' "$L/$name.note" | cut -c1-600)
+  [ $rc -ne 0 ] && [ $rc -ne 77 ] && [ $rc -ne 78 ] && [ -z "$note" ] && note="exit $rc; see logs/$name.log"
+  record "$name" "$state" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')" "$note"
+}
+note() { echo "$*" | tee -a "$NOTE"; }
+mpirun_() { timeout "${T:-120}" mpirun --oversubscribe --bind-to none "$@"; }
+
+# fsdp_app at NP ranks with --set pairs; TAG names its metrics file W/TAG.jsonl.
+app() {  # TAG NP SET...
+  local tag=$1 np=$2; shift 2
+  local sets=() s
+  for s in "$@" "output.metrics=$W/$tag.jsonl" "output.log_every=1000"; do sets+=(--set "$s"); done
+  : >"$W/empty.yaml"
+  echo "+ mpirun -np $np fsdp_app ${sets[*]}"
+  rm -f "$W/$tag.jsonl"
+  mpirun_ -np "$np" "$B/bin/fsdp_app" "$W/empty.yaml" "${sets[@]}"
+}
+losses() { grep '"step"' "$W/$1.jsonl" | grep -o '"loss":[^,}]*' | cut -d: -f2; }
+# same_losses A B RTOL [FIRST_STEP_OF_B_IN_A]: every loss of B equals A's within RTOL (relative).
+same_losses() {
+  local a=$1 b=$2 rtol=$3 skip=${4:-0}
+  awk -v rtol="$rtol" -v skip="$skip" -v A="$a" -v Bn="$b" '
+    FNR == NR { a[FNR] = $1; na = FNR; next }
+    { nb = FNR; x = a[FNR + skip]; y = $1; d = x - y; if (d < 0) d = -d; m = (x < 0 ? -x : x); if ((y < 0 ? -y : y) > m) m = (y < 0 ? -y : y)
+      r = d / (m > 0 ? m : 1); if (r > worst) worst = r; if (x == "" || d > rtol * m + 1e-12) bad++ }
+    END { if (nb == 0) { print Bn ": no losses"; exit 1 }
+          printf "%s vs %s: %d losses, max relative difference %.3g%s\n", Bn, A, nb, worst, bad ? " (" bad " over " rtol ")" : ""
+          exit bad ? 1 : 0 }' <(losses "$a") <(losses "$b")
+}
+
+# The models: the full ones on the bundled data (GPU vs CPU, --cpu) and tiny synthetic ones for
+# the world-size sweep (tests/fsdp/equivalence.py's).
+MNIST=(model.kind=mnist_cnn data.kind=fashion_mnist "data.path=$B/data/fashion-mnist" train.optimizer.kind=adadelta
+  train.optimizer.lr=1.0 fsdp.auto_wrap.policy=size_based fsdp.auto_wrap.min_num_params=100 train.global_batch_size=64
+  train.eval_every=never train.dropout=false train.shuffle=true train.seed=1)
+TEXT=(model.kind=transformer model.vocab=256 model.d_model=128 model.n_layers=4 model.n_heads=4 model.d_ff=512
+  model.seq_len=128 data.kind=text "data.path=$B/data/fortunes" train.global_batch_size=16 train.optimizer.kind=adamw
+  train.optimizer.lr=0.001 train.clip_grad_norm=1.0 fsdp.auto_wrap.policy=transformer_layer train.eval_every=never train.seed=1)
+TINY_mnist=(model.kind=mnist_cnn data.kind=synthetic data.synthetic_samples=480 train.optimizer.kind=adadelta
+  train.optimizer.lr=1.0 fsdp.auto_wrap.policy=size_based fsdp.auto_wrap.min_num_params=100)
+TINY_transformer=(model.kind=transformer model.vocab=64 model.d_model=32 model.n_layers=3 model.n_heads=4 model.d_ff=64
+  model.seq_len=16 data.kind=synthetic data.synthetic_samples=480 train.optimizer.kind=adamw train.optimizer.lr=0.003
+  train.clip_grad_norm=1.0 fsdp.auto_wrap.policy=transformer_layer)
+STRATEGIES=(NO_SHARD FULL_SHARD SHARD_GRAD_OP HYBRID_SHARD HYBRID_SHARD_ZERO2)
+
+# ---- the checks ---------------------------------------------------------------------------------
+c_machine() {
+  uname -a; cat /etc/os-release 2>/dev/null | head -2
+  echo "== bundle"; cat "$B/BUILD-INFO"
+  echo "== GPU libraries: $gpu_libs_used"
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    note "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1 | sed 's/^/GPU /'); ${gpu_libs_used}${gpu_libs_line:+PROBLEM: $gpu_libs_line}"
+  else
+    note "no nvidia-smi: no NVIDIA driver on this machine${gpu_libs_line:+; PROBLEM: $gpu_libs_line}"
+    return 1
+  fi
+  echo "== ldd"; for b in "$B"/bin/fsdp_app "$B"/bin/test_gpu; do ldd "$b"; done
+  if ldd "$B"/bin/fsdp_app | grep -q 'not found'; then note "fsdp_app: $(ldd "$B"/bin/fsdp_app | grep 'not found' | tr -s ' \t' ' ' | tr '\n' ';')"; return 1; fi
+  [ -z "$gpu_libs_line" ]
+}
+c_test_gpu() {
+  "$B/bin/test_gpu" --log_level=test_suite --report_level=short --color_output=no
+  local rc=$?
+  [ $rc -eq 77 ] && note "test_gpu skipped (exit 77: no CUDA device)"
+  return $rc
+}
+c_sanitizer() { note "not implemented: compute-sanitizer memcheck/racecheck/synccheck over test_gpu and 3-step runs"; return 78; }
+c_gpu_vs_cpu() {
+  local m bad=0 arr
+  for m in MNIST TEXT; do
+    arr="$m[@]"
+    app "${m}_cpu" 1 "${!arr}" train.steps=20 train.device=cpu || { note "$m cpu run failed"; bad=1; continue; }
+    app "${m}_cuda" 1 "${!arr}" train.steps=20 train.device=$DEV || { note "$m cuda run failed"; bad=1; continue; }
+    same_losses "${m}_cpu" "${m}_cuda" 1e-5 | tee -a "$NOTE" || bad=1
+  done
+  return $bad
+}
+c_bf16() { note "not implemented: bf16 params/reductions GPU vs CPU with a derived tolerance"; return 78; }
+world_sizes() {  # BACKEND
+  local be=$1 model np s g bad=0 arr ref
+  for model in mnist transformer; do
+    arr="TINY_$model[@]"
+    ref=ws_${be}_${model}_np1
+    app "$ref" 1 "${!arr}" train.device=$DEV comm.backend="$be" train.batch_size=24 train.steps=10 train.epochs=0 \
+      train.eval_every=never train.threads=1 fsdp.sharding_strategy=NO_SHARD || { note "$ref failed"; bad=1; continue; }
+    for np in 2 3 4; do
+      g=1; [ $np -eq 4 ] && g=2
+      for s in "${STRATEGIES[@]}"; do
+        app "ws_${be}_${model}_np${np}_$s" $np "${!arr}" train.device=$DEV comm.backend="$be" train.batch_size=$((24 / np)) \
+          train.steps=10 train.epochs=0 train.eval_every=never train.threads=1 fsdp.sharding_strategy="$s" \
+          fsdp.hybrid.shard_group_size=$g || { note "$model np $np $s failed"; bad=1; continue; }
+        same_losses "$ref" "ws_${be}_${model}_np${np}_$s" 1e-5 || { note "$model np $np $s differs from np 1"; bad=1; }
+      done
+    done
+  done
+  [ $bad -eq 0 ] && note "both models, np 1-4, every strategy (HYBRID groups of 2 at np 4): losses within 1e-5 of np 1"
+  return $bad
+}
+c_world_sizes_mpi() { world_sizes mpi; }
+c_world_sizes_ucx() { world_sizes ucx; }
+c_nccl() {
+  local bad=0
+  app nccl_np1 1 "${TINY_transformer[@]}" train.device=$DEV comm.backend=nccl train.batch_size=24 train.steps=10 train.epochs=0 || bad=1
+  app nccl_ref 1 "${TINY_transformer[@]}" train.device=$DEV comm.backend=mpi train.batch_size=24 train.steps=10 train.epochs=0 || bad=1
+  [ $bad -eq 0 ] && { same_losses nccl_ref nccl_np1 1e-5 | tee -a "$NOTE" || bad=1; }
+  echo "== NCCL, two ranks on one GPU (must refuse, clearly)"
+  if T=120 app nccl_np2 2 "${TINY_transformer[@]}" train.device=$DEV comm.backend=nccl train.batch_size=12 train.steps=2 train.epochs=0 >"$W/nccl2.txt" 2>&1; then
+    note "nccl np 2 on one GPU ran instead of refusing"; bad=1
+  else
+    note "nccl np 2 said: $(grep -v '^+\|^---\|^\s*$\|mpirun\|Primary job\|^$' "$W/nccl2.txt" | head -2 | tr '\n' ' ' | cut -c1-300)"
+  fi
+  cat "$W/nccl2.txt"
+  return $bad
+}
+c_cpu_offload() {
+  local bad=0 np
+  for np in 1 2; do
+    app off_ref_$np $np "${TINY_transformer[@]}" train.device=$DEV train.batch_size=$((24 / np)) train.steps=10 train.epochs=0 || { bad=1; continue; }
+    app off_$np $np "${TINY_transformer[@]}" train.device=$DEV fsdp.cpu_offload=true train.batch_size=$((24 / np)) train.steps=10 train.epochs=0 || { bad=1; continue; }
+    same_losses off_ref_$np off_$np 1e-5 | tee -a "$NOTE" || bad=1
+  done
+  return $bad
+}
+c_ckpt_device_cpu() {
+  local bad=0 from to
+  local base=("${TINY_transformer[@]}" train.batch_size=12 train.steps=10 train.epochs=0 train.eval_every=never)
+  app ck_full_cuda 2 "${base[@]}" train.device=$DEV || return 1
+  for from in $DEV cpu; do
+    to=cpu; [ $from = cpu ] && to=$DEV
+    rm -rf "$W/ck_$from"
+    app ck_${from}_first 2 "${base[@]}" train.device=$from checkpoint.dir="$W/ck_$from" train.stop_after_steps=5 || { bad=1; continue; }
+    for f in "$W/ck_$from"/*.h5; do "$B/bin/fsdp_ckpt" verify "$f" || bad=1; done
+    app ck_${from}_to_$to 2 "${base[@]}" train.device=$to checkpoint.dir="$W/ck_$from" checkpoint.resume=auto || { bad=1; continue; }
+    same_losses ck_full_cuda ck_${from}_to_$to 1e-5 5 | tee -a "$NOTE" || bad=1
+  done
+  return $bad
+}
+c_bench() {
+  local bad=0
+  T=150 mpirun_ -np 1 "$B/bin/fsdp_bench" --backend all --device $DEV -b 1K -e 256M -f 4 --csv "$L/bench_np1.csv" || bad=1
+  T=150 mpirun_ -np 2 "$B/bin/fsdp_bench" --backend mpi,ucx --device $DEV -b 1K -e 256M -f 4 --csv "$L/bench_np2.csv" || bad=1
+  note "csv: logs/bench_np1.csv (all backends), logs/bench_np2.csv (mpi, ucx)"
+  return $bad
+}
+c_perf() { note "not implemented: MFU of a GPU-filling transformer vs cuBLAS bf16 peak and PyTorch FSDP2"; return 78; }
+
+# --cpu: no GPU needed.
+c_cpu_train() {
+  local be m bad=0 arr
+  for be in mpi ucx; do
+    for m in MNIST TEXT; do
+      arr="$m[@]"
+      app "cpu_${be}_$m" 2 "${!arr}" train.device=cpu comm.backend=$be train.steps=4 train.threads=1 || { note "$m on $be failed"; bad=1; continue; }
+      echo "$m $be losses: $(losses "cpu_${be}_$m" | tr '\n' ' ')"
+      [ "$(losses "cpu_${be}_$m" | wc -l)" -eq 4 ] || { note "$m on $be: not 4 losses"; bad=1; }
+    done
+  done
+  [ $bad -eq 0 ] && note "mnist_cnn and the transformer, 4 steps each at np 2 on mpi and ucx (cpu)"
+  return $bad
+}
+c_cpu_ckpt() {
+  local f n=0
+  rm -rf "$W/ck"
+  app cpu_ckpt 2 "${TEXT[@]}" train.device=cpu train.steps=3 train.threads=1 checkpoint.dir="$W/ck" checkpoint.every_steps=3 || return 1
+  for f in "$W/ck"/*.h5; do
+    [ -e "$f" ] || break
+    "$B/bin/fsdp_ckpt" verify "$f" || { note "fsdp_ckpt verify $f failed"; return 1; }
+    n=$((n + 1))
+  done
+  [ $n -gt 0 ] || { note "no checkpoint written in $W/ck"; return 1; }
+  app cpu_resume 2 "${TEXT[@]}" train.device=cpu train.steps=4 train.threads=1 checkpoint.dir="$W/ck" checkpoint.resume=auto || { note "resume failed"; return 1; }
+  note "$n checkpoint file(s) verified by fsdp_ckpt verify; resumed at np 2 to step 4"
+}
+c_cpu_np4() {
+  mpirun_ -np 4 "$B/bin/fsdp_bench" --backend mpi,ucx -b 1K -e 64K -f 8 || { note "fsdp_bench at np 4 failed"; return 1; }
+  note "mpirun -np 4 --oversubscribe (relocated OpenMPI, as $(id -un)): fsdp_bench on mpi and ucx, 1 KiB-64 KiB"
+}
+c_cpu_gpu_missing() {
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then note "a GPU is here: run without --cpu"; return 0; fi
+  note "no GPU on this machine ($(app gpu_probe 1 "${TINY_transformer[@]}" train.device=cuda train.steps=1 2>&1 | grep -v '^+' | grep -m1 -i 'cuda' | cut -c1-200)); GPU checks not run${gpu_libs_line:+; GPU libraries: $gpu_libs_line}"
+  return 77
+}
+
+echo "fsdp-gpu checks from $B into $OUT ($([ $cpu -eq 1 ] && echo --cpu || echo gpu))"
+if [ $cpu -eq 1 ]; then
+  check cpu_train c_cpu_train
+  check cpu_checkpoint c_cpu_ckpt
+  check cpu_mpirun_np4 c_cpu_np4
+  check gpu c_cpu_gpu_missing
+else
+  check machine c_machine
+  check test_gpu c_test_gpu
+  check compute_sanitizer c_sanitizer
+  check gpu_vs_cpu_f32 c_gpu_vs_cpu
+  check gpu_vs_cpu_bf16 c_bf16
+  check world_sizes_mpi c_world_sizes_mpi
+  check world_sizes_ucx c_world_sizes_ucx
+  check nccl c_nccl
+  check cpu_offload c_cpu_offload
+  check checkpoint_device_cpu c_ckpt_device_cpu
+  check fsdp_bench_cuda c_bench
+  check performance c_perf
+fi
+
+# ---- report -------------------------------------------------------------------------------------
+failed=0
+{
+  echo "# fsdp-gpu checks$([ $cpu -eq 1 ] && echo ' (--cpu)')$([ "$DEV" != cuda ] && echo " (DRY RUN: train.device $DEV for cuda)")"
+  echo
+  echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname); bundle: $(head -1 "$B/BUILD-INFO")"
+  echo
+  echo "GPU libraries used: ${gpu_libs_used:-none}"
+  [ -n "$gpu_libs_line" ] && echo "GPU libraries missing or too old: $gpu_libs_line"
+  echo
+  echo "| check | result | seconds | note |"
+  echo "| --- | --- | --- | --- |"
+  for i in "${!names[@]}"; do
+    echo "| ${names[$i]} | ${states[$i]} | ${secs[$i]} | ${notes[$i]//|/\\|} |"
+    [ "${states[$i]}" = fail ] && failed=$((failed + 1))
+  done
+  echo
+  echo "$failed failed. Logs: logs/CHECK.log"
+} >"$OUT/report.md"
+jstr() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g; s/\t/ /g' | tr -d '\n\r'; }
+{
+  printf '{"mode": "%s", "bundle": "%s", "gpu_libraries": "%s", "gpu_libraries_problem": "%s", "failed": %d, "checks": [' \
+    "$([ $cpu -eq 1 ] && echo cpu || echo gpu)" "$(jstr "$(head -1 "$B/BUILD-INFO")")" "$(jstr "$gpu_libs_used")" "$(jstr "$gpu_libs_line")" "$failed"
+  for i in "${!names[@]}"; do
+    [ "$i" -gt 0 ] && printf ', '
+    printf '{"name": "%s", "result": "%s", "seconds": %s, "note": "%s"}' "${names[$i]}" "${states[$i]}" "${secs[$i]}" "$(jstr "${notes[$i]}")"
+  done
+  printf ']}\n'
+} >"$OUT/report.json"
+cat "$OUT/report.md"
+rm -rf "$W"
+[ $failed -eq 0 ]
