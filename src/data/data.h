@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "data/tokenizer.h"
 #include "tensor/tensor.h"
 
 namespace fsdp {
@@ -53,8 +54,9 @@ inline constexpr const char* kTextCorpusDir = "/usr/share/games/fortunes";  // D
 // Sequence-to-sequence pairs (data/seq2seq.cpp): a JSON-lines file whose objects have the
 // string fields `source` and `target`, or (path "") deterministic pairs: synthetic_samples to
 // train, a quarter of that to evaluate.
-// Byte tokens as ByT5's (byte + 3, pad 0, eos 1): inputs (S) i32 source ids, targets (L) i32
-// labels with -100 on padding; the last floor(rows * eval_fraction) rows evaluate. A bad row:
+// Tokens from the tokenizer (byte tokens with ByT5's ids by default: byte + 3, pad 0, eos 1):
+// inputs (S) i32 source ids truncated to S-1, eos, pad; targets (L) i32 labels truncated to
+// L-1, eos, then -100 on padding; the last floor(rows * eval_fraction) rows evaluate. A bad row:
 // Error naming the file and line.
 struct Seq2SeqOptions {
   std::string path;
@@ -63,8 +65,16 @@ struct Seq2SeqOptions {
   double eval_fraction = 0.05;
   int64_t synthetic_samples = 1024;
   uint64_t seed = 1;
+  std::shared_ptr<const Tokenizer> tokenizer;  // null: bytes (make_byte_tokenizer)
 };
-std::unique_ptr<Dataset> load_seq2seq(const Seq2SeqOptions& options, bool train);
+// What generation and ROUGE read besides the ids: sample i's texts and the tokenizer.
+class Seq2SeqDataset : public Dataset {
+ public:
+  virtual const std::string& source_text(int64_t i) const = 0;
+  virtual const std::string& target_text(int64_t i) const = 0;
+  virtual const Tokenizer& tokenizer() const = 0;
+};
+std::unique_ptr<Seq2SeqDataset> load_seq2seq(const Seq2SeqOptions& options, bool train);
 
 // Deterministic synthetic data for tests: images (classes, C, H, W) or tokens (vocab, L).
 // Sample i depends only on (seed, i). Images: class = i % classes, pixels N(0,1) plus a class

@@ -1,7 +1,9 @@
 // Sequence-to-sequence pairs from a JSON-lines file (one object per line; two of its string
-// fields are the source and the target), as byte tokens with ByT5's ids: byte + 3, pad 0, eos 1.
-// Sample i: inputs (S) = source bytes truncated to S-1, eos, pad; targets (L) = target bytes
-// truncated to L-1, eos, then -100 (HF's ignored label) up to L. The model derives the padding
+// fields are the source and the target), as the tokenizer's ids (bytes with ByT5's ids by
+// default: byte + 3, pad 0, eos 1). Sample i: inputs (S) = source ids truncated to S-1, eos,
+// pad; targets (L) = target ids truncated to L-1, eos, then -100 (HF's ignored label) up to L.
+// Texts are kept and encoded when a batch asks for them (a corpus of long texts encoded ahead
+// would cost every rank hundreds of MB). The model derives the padding
 // mask and the decoder's input (labels shifted right) from these.
 #include <algorithm>
 #include <cmath>
@@ -20,7 +22,7 @@ void check_fill(const Dataset& dataset, std::span<const int64_t> indices, const 
 
 namespace {
 
-constexpr int32_t kPad = 0, kEos = 1, kByteOffset = 3, kIgnore = -100;
+constexpr int32_t kIgnore = -100;
 
 struct Pair {
   std::string source, target;
@@ -57,42 +59,49 @@ std::vector<Pair> read_pairs(const Seq2SeqOptions& o) {
   return pairs;
 }
 
-// ids (n) = bytes + 3 truncated to n-1, eos, then `fill`.
-void encode(const std::string& text, int32_t* ids, int64_t n, int32_t fill) {
-  const int64_t used = std::min<int64_t>(static_cast<int64_t>(text.size()), n - 1);
-  for (int64_t i = 0; i < used; ++i) ids[i] = static_cast<int32_t>(static_cast<uint8_t>(text[i])) + kByteOffset;
-  ids[used] = kEos;
-  for (int64_t i = used + 1; i < n; ++i) ids[i] = fill;
+// ids (n) = the text's ids truncated to n-1, eos, then `fill`.
+void encode(const Tokenizer& tok, const std::string& text, int32_t* ids, int64_t n, int32_t fill) {
+  const std::vector<int32_t> t = tok.encode(text);
+  const int64_t used = std::min<int64_t>(static_cast<int64_t>(t.size()), n - 1);
+  std::copy_n(t.begin(), used, ids);
+  ids[used] = tok.eos_id();
+  std::fill(ids + used + 1, ids + n, fill);
 }
 
-class Seq2Seq final : public Dataset {
+class Seq2Seq final : public Seq2SeqDataset {
  public:
-  Seq2Seq(std::vector<Pair> pairs, int64_t source_len, int64_t target_len)
-      : pairs_(std::move(pairs)), S_(source_len), L_(target_len) {}
+  Seq2Seq(std::vector<Pair> pairs, int64_t source_len, int64_t target_len, std::shared_ptr<const Tokenizer> tok)
+      : pairs_(std::move(pairs)), S_(source_len), L_(target_len), tok_(std::move(tok)) {}
   int64_t size() const override { return static_cast<int64_t>(pairs_.size()); }
   Shape input_shape() const override { return {S_}; }
   DType input_dtype() const override { return DType::i32; }
   Shape target_shape() const override { return {L_}; }
-  int64_t num_classes() const override { return 256 + kByteOffset; }
+  int64_t num_classes() const override { return tok_->vocab_size(); }
   void fill(std::span<const int64_t> indices, Tensor& inputs, Tensor& targets) const override {
     check_fill(*this, indices, inputs, targets);
     for (size_t n = 0; n < indices.size(); ++n) {
       const Pair& p = pairs_[static_cast<size_t>(indices[n])];
-      encode(p.source, inputs.i32() + static_cast<int64_t>(n) * S_, S_, kPad);
-      encode(p.target, targets.i32() + static_cast<int64_t>(n) * L_, L_, kIgnore);
+      encode(*tok_, p.source, inputs.i32() + static_cast<int64_t>(n) * S_, S_, tok_->pad_id());
+      encode(*tok_, p.target, targets.i32() + static_cast<int64_t>(n) * L_, L_, kIgnore);
     }
   }
-  // The labels that are not -100: the target's bytes that fit, and its eos.
+  // The labels that are not -100: the target's ids that fit, and its eos.
   int64_t loss_elements(std::span<const int64_t> indices) const override {
     int64_t count = 0;
-    for (int64_t i : indices)
-      count += std::min<int64_t>(static_cast<int64_t>(pairs_[static_cast<size_t>(i)].target.size()), L_ - 1) + 1;
+    for (int64_t i : indices) {
+      const auto n = static_cast<int64_t>(tok_->encode(pairs_[static_cast<size_t>(i)].target).size());
+      count += std::min<int64_t>(n, L_ - 1) + 1;
+    }
     return count;
   }
+  const std::string& source_text(int64_t i) const override { return pairs_.at(static_cast<size_t>(i)).source; }
+  const std::string& target_text(int64_t i) const override { return pairs_.at(static_cast<size_t>(i)).target; }
+  const Tokenizer& tokenizer() const override { return *tok_; }
 
  private:
   std::vector<Pair> pairs_;
   int64_t S_, L_;
+  std::shared_ptr<const Tokenizer> tok_;
 };
 
 // Deterministic pairs for tests and plans: lowercase letters, lengths from 1 to twice the
@@ -120,7 +129,7 @@ std::vector<Pair> synthetic_pairs(const Seq2SeqOptions& o) {
 
 }  // namespace
 
-std::unique_ptr<Dataset> load_seq2seq(const Seq2SeqOptions& o, bool train) {
+std::unique_ptr<Seq2SeqDataset> load_seq2seq(const Seq2SeqOptions& o, bool train) {
   std::vector<Pair> pairs = o.path.empty() ? synthetic_pairs(o) : read_pairs(o);
   // The last floor(rows * eval_fraction) rows evaluate, the others train (file order); synthetic
   // data: synthetic_samples train, a quarter of that evaluate.
@@ -132,7 +141,8 @@ std::unique_ptr<Dataset> load_seq2seq(const Seq2SeqOptions& o, bool train) {
                 std::to_string(o.eval_fraction) + " into non-empty train and eval parts");
   std::vector<Pair> part(train ? pairs.begin() : pairs.begin() + (rows - held),
                          train ? pairs.begin() + (rows - held) : pairs.end());
-  return std::make_unique<Seq2Seq>(std::move(part), o.source_len, o.target_len);
+  std::shared_ptr<const Tokenizer> tok = o.tokenizer ? o.tokenizer : std::shared_ptr<const Tokenizer>(make_byte_tokenizer());
+  return std::make_unique<Seq2Seq>(std::move(part), o.source_len, o.target_len, std::move(tok));
 }
 
 }  // namespace fsdp
