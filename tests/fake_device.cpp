@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -141,6 +142,18 @@ class FakeEvent final : public Event {
   const FakeDevice& dev_;
   const void* stream;
   size_t index;  // done once the stream has run this many operations
+};
+
+// record_timed's event: the host's clock when the stream ran up to it (the fake's "device time").
+class FakeTimedEvent final : public Event {
+ public:
+  FakeTimedEvent(const FakeDevice& dev, const void* stream, size_t index, std::shared_ptr<double> seconds)
+      : dev_(dev), stream(stream), index(index), seconds(std::move(seconds)) {}
+  bool done() const override { return dev_.ran(stream) >= index; }
+  const FakeDevice& dev_;
+  const void* stream;
+  size_t index;
+  std::shared_ptr<double> seconds;  // set by the stamping operation when it runs
 };
 
 // Every kernel is the host kernel, enqueued on the compute stream with its arguments captured by
@@ -426,6 +439,22 @@ void FakeDevice::memset_async(void* dst, int value, size_t bytes, Stream stream)
 std::unique_ptr<Event> FakeDevice::record(Stream stream) {
   if (!stream.native) ++counts_.null_stream_ops;
   return std::make_unique<FakeEvent>(*this, stream.native, queues_[stream.native].ops.size());
+}
+
+std::unique_ptr<Event> FakeDevice::record_timed(Stream stream) {
+  auto seconds = std::make_shared<double>(0.0);
+  enqueue(stream, [seconds] {
+    *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  });
+  return std::make_unique<FakeTimedEvent>(*this, stream.native, queues_[stream.native].ops.size(), seconds);
+}
+
+double FakeDevice::elapsed_s(const Event& from, const Event& to) {
+  const auto& a = dynamic_cast<const FakeTimedEvent&>(from);
+  const auto& b = dynamic_cast<const FakeTimedEvent&>(to);
+  run_until(a.stream, a.index);
+  run_until(b.stream, b.index);
+  return *b.seconds - *a.seconds;
 }
 
 void FakeDevice::wait(Stream stream, const Event& event) {

@@ -72,6 +72,10 @@ class FakeDevice final : public DeviceRuntime {
   Stream compute_stream() override { return Stream{&compute_tag_}; }
   Stream comm_stream() override { return Stream{&comm_tag_}; }
   std::unique_ptr<Event> record(Stream stream) override;
+  // Timed events (the trace's device spans): stamped with the host's clock when the stream runs
+  // up to them; elapsed_s runs both streams that far first.
+  std::unique_ptr<Event> record_timed(Stream stream) override;
+  double elapsed_s(const Event& from, const Event& to) override;
   void wait(Stream stream, const Event& event) override;
   void synchronize(const Event& event, double timeout_s) override;
   void synchronize(Stream stream) override;

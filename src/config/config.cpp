@@ -66,13 +66,17 @@ struct Betas {
 struct EvalEveryTarget {
   EvalEvery* dst;
 };
+struct StepWindow {  // [first, last]
+  int64_t* first;
+  int64_t* last;
+};
 // An enumerated key: the value must be one of `names`; set(i) stores the i-th value.
 struct Choice {
   std::vector<std::string> names;
   std::function<void(size_t)> set;
 };
 using Target = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*, Betas,
-                            EvalEveryTarget, Choice>;
+                            EvalEveryTarget, StepWindow, Choice>;
 
 // The choice of one enum's name table (config/enums.h).
 template <class E, size_t N>
@@ -250,6 +254,8 @@ std::vector<Field> schema(Config& c) {
       {"output.metrics", &c.output.metrics},
       {"output.log_every", &c.output.log_every, at_least(1)},
       {"output.save_weights", &c.output.save_weights},
+      {"output.trace", &c.output.trace},
+      {"output.trace_steps", StepWindow{&c.output.trace_first_step, &c.output.trace_last_step}},
   };
 }
 
@@ -631,6 +637,16 @@ void Reader::convert(const Field& f, const YAML::Node& v) const {
                    }
                    dst.set(static_cast<size_t>(it - dst.names.begin()));
                  },
+                 [&](StepWindow dst) {
+                   const auto step = [&](size_t i) { return v.IsSequence() ? number<int64_t>(v[i]) : std::nullopt; };
+                   if (!v.IsSequence() || v.size() != 2 || !step(0) || !step(1))
+                     expected("a list of two step numbers [first, last]");
+                   if (*step(0) < 1 || *step(1) < *step(0))
+                     fail(f.path, "must be [first, last] with 1 <= first <= last, got [" + v[0].Scalar() + ", " +
+                                      v[1].Scalar() + "]");
+                   *dst.first = *step(0);
+                   *dst.last = *step(1);
+                 },
                  [&](EvalEveryTarget dst) {
                    const std::string s = v.IsScalar() ? v.Scalar() : "";
                    if (s == "epoch" || s == "never") {
@@ -737,6 +753,8 @@ void Reader::check_rules(const Config& c) const {
     if (k.resume == "auto")
       fail("checkpoint.resume", "auto needs checkpoint.dir (it resumes from the newest file there)");
   }
+  if (given("output.trace_steps") && c.output.trace.empty())
+    fail("output.trace_steps", "needs output.trace (the file the steps are traced to)");
   if (k.save_best && c.train.eval_every.never())
     fail(blame("checkpoint.save_best", "train.eval_every"),
          "checkpoint.save_best needs evaluations (train.eval_every is never)");

@@ -4,6 +4,7 @@
 // `--set dotted.key=value` overrides are applied to the YAML tree before validation, and an
 // error in one names "--set dotted.key".
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -136,6 +137,11 @@ struct OutputConfig {
   std::string metrics;       // JSON-lines file, "" = none
   int64_t log_every = 10;    // >= 1
   std::string save_weights;  // at the end: HDF5 file with /model/<state_dict name> (full shapes)
+  // Chrome trace of every rank's FSDP phases (train/trace_file.h), "" = none; the metrics lines
+  // then carry the step breakdown. trace_steps: [first, last], 1-based and inclusive.
+  std::string trace;
+  int64_t trace_first_step = 1;
+  int64_t trace_last_step = std::numeric_limits<int64_t>::max();
 };
 
 struct Config {

@@ -190,6 +190,7 @@ int FsdpEngine::index_of(const Unit& u) const {
 
 void FsdpEngine::unshard(Unit& u, const char* phase) {
   if (u.state != UnitState::sharded) return;
+  const auto span = trace_->scope(Track::host, "unshard", &u.spec.name);
   u.gather_phase = phase;
   const int64_t n = mesh_.shard->size(), r = mesh_.shard->rank();
   const float* mine = shards_.f32() + u.shard_offset;
@@ -209,8 +210,11 @@ void FsdpEngine::unshard(Unit& u, const char* phase) {
     float* slot = u.gathered.f32() + r * u.shard_numel;
     comm_waits_for_compute();
     rt_->copy_async(slot, mine, count * sizeof(float), copy_kind(*rt_, *shard_rt_), comm);
-    traffic_.all_gather.add(u.padded_numel * static_cast<int64_t>(sizeof(float)), false);
-    u.pending_gather = mesh_.shard->all_gather(slot, u.gathered.f32(), count, DType::f32, comm);
+    const int64_t bytes = u.padded_numel * static_cast<int64_t>(sizeof(float));
+    traffic_.all_gather.add(bytes, false);
+    u.pending_gather = trace_->collective({"all_gather", CommGroup::shard, bytes, DType::f32, &u.spec.name}, comm, [&] {
+      return mesh_.shard->all_gather(slot, u.gathered.f32(), count, DType::f32, comm);
+    });
   } else {
     // Gathering in bf16/f16 moves half the bytes; the f32 compute copy holds the rounded values.
     ensure(u.gathered_lowp, {u.padded_numel}, options_.param_dtype, MemCategory::gathered, *rt_);
@@ -224,8 +228,11 @@ void FsdpEngine::unshard(Unit& u, const char* phase) {
     }
     rt_->kernels().cast(slot, options_.param_dtype, mine, DType::f32, static_cast<int64_t>(count));
     comm_waits_for_compute();
-    traffic_.all_gather.add(u.padded_numel * static_cast<int64_t>(dtype_bytes(options_.param_dtype)), false);
-    u.pending_gather = mesh_.shard->all_gather(slot, base, count, options_.param_dtype, comm);
+    const int64_t bytes = u.padded_numel * static_cast<int64_t>(dtype_bytes(options_.param_dtype));
+    traffic_.all_gather.add(bytes, false);
+    const CollectiveInfo info{"all_gather", CommGroup::shard, bytes, options_.param_dtype, &u.spec.name};
+    u.pending_gather = trace_->collective(
+        info, comm, [&] { return mesh_.shard->all_gather(slot, base, count, options_.param_dtype, comm); });
   }
   u.state = UnitState::gathering;
 }
@@ -235,7 +242,10 @@ void FsdpEngine::wait_for_unshard(Unit& u, const char* phase) {
   if (u.state == UnitState::gathering) {
     // The compute stream waits for the all_gather (an event on device backends); host backends
     // complete it here, within comm.timeout_s.
-    wait_on_naming(*u.pending_gather, rt_->compute_stream(), &u, u.gather_phase);
+    {
+      const auto span = trace_->scope(Track::compute, "wait_for_unshard", &u.spec.name);
+      wait_on_naming(*u.pending_gather, rt_->compute_stream(), &u, u.gather_phase);
+    }
     u.pending_gather.reset();
     u.staged_shard = Tensor();
     if (options_.param_dtype != DType::f32) {
@@ -248,6 +258,7 @@ void FsdpEngine::wait_for_unshard(Unit& u, const char* phase) {
 }
 
 void FsdpEngine::reshard(Unit& u) {
+  const auto span = trace_->scope(Track::host, "reshard", &u.spec.name);
   if (u.state == UnitState::gathering) wait_for_unshard(u, u.gather_phase);
   if (mesh_.shard->size() == 1 && options_.param_dtype == DType::f32 && !offloaded()) return;  // nothing was gathered
   bind_data(u.layout, nullptr);
@@ -300,6 +311,7 @@ int FsdpEngine::next_in_backward(const Unit& u) const {
 void FsdpEngine::pre_forward(Module& module) {
   Unit& u = unit_of(module);
   wait_for_unshard(u, "forward");
+  trace_->begin(Track::compute, "forward", &u.spec.name);  // ends in post_forward
   if (in_backward_) return;  // a recompute: the unit's backward follows, which reduces and frees
   record(forward_order_, index_of(u));
   u.forward_uses += 1;
@@ -307,6 +319,7 @@ void FsdpEngine::pre_forward(Module& module) {
 }
 
 void FsdpEngine::post_forward(Module& module) {
+  trace_->end(Track::compute);
   Unit& u = unit_of(module);
   if (!in_backward_ && !keeps_params_after_forward(u)) reshard(u);
 }
@@ -332,9 +345,11 @@ void FsdpEngine::pre_backward(Module& module) {
     }
   }
   if (options_.backward_prefetch == BackwardPrefetch::pre) prefetch(next_in_backward(u), "backward prefetch");
+  trace_->begin(Track::compute, "backward", &u.spec.name);  // ends in post_backward
 }
 
 void FsdpEngine::post_backward(Module& module) {
+  trace_->end(Track::compute);
   Unit& u = unit_of(module);
   if (--u.backward_left > 0) return;  // a module used twice: its other backward is still to come
   u.backward_done = true;
@@ -347,6 +362,7 @@ bool FsdpEngine::direct_grads() const {
 }
 
 void FsdpEngine::post_backward(Unit& u) {
+  const auto span = trace_->scope(Track::host, "post_backward", &u.spec.name);
   bind_grad(u.layout, nullptr);
   if (sync_grads_ && !direct_grads()) {
     // At most one reduction in flight besides this one: bounds the full gradients kept alive.
@@ -356,12 +372,16 @@ void FsdpEngine::post_backward(Unit& u) {
     }
     const Stream comm = rt_->comm_stream();
     const size_t count = static_cast<size_t>(u.shard_numel);
-    traffic_.reduce_scatter.add(u.padded_numel * static_cast<int64_t>(dtype_bytes(options_.reduce_dtype)), false);
+    const int64_t bytes = u.padded_numel * static_cast<int64_t>(dtype_bytes(options_.reduce_dtype));
+    traffic_.reduce_scatter.add(bytes, false);
+    const CollectiveInfo info{"reduce_scatter", CommGroup::shard, bytes, options_.reduce_dtype, &u.spec.name};
     if (options_.reduce_dtype == DType::f32 && !offloaded()) {
       // Straight into the grad shard (overwritten: under no_sync the full gradient accumulated).
       comm_waits_for_compute();  // the full gradient is compute's output
-      auto work = mesh_.shard->reduce_scatter(u.full_grad.f32(), grad_shards_.f32() + u.shard_offset, count, DType::f32,
-                                              ReduceOp::sum, comm);
+      auto work = trace_->collective(info, comm, [&] {
+        return mesh_.shard->reduce_scatter(u.full_grad.f32(), grad_shards_.f32() + u.shard_offset, count, DType::f32,
+                                           ReduceOp::sum, comm);
+      });
       pending_reductions_.push_back({std::move(work), std::move(u.full_grad), Tensor(), u.shard_offset, &u});
     } else {
       // Reduce in reduce_dtype (bf16/f16: half the bytes) into a shard-size buffer, then add it
@@ -375,9 +395,13 @@ void FsdpEngine::post_backward(Unit& u) {
       }
       Tensor out = Tensor::empty(*rt_, {u.shard_numel}, options_.reduce_dtype, MemCategory::comm);
       comm_waits_for_compute();
-      PendingReduction p{
-          mesh_.shard->reduce_scatter(in.raw(), out.raw(), count, options_.reduce_dtype, ReduceOp::sum, comm),
-          std::move(in), std::move(out), u.shard_offset, &u};
+      PendingReduction p{trace_->collective(info, comm,
+                                            [&] {
+                                              return mesh_.shard->reduce_scatter(in.raw(), out.raw(), count,
+                                                                                 options_.reduce_dtype, ReduceOp::sum,
+                                                                                 comm);
+                                            }),
+                         std::move(in), std::move(out), u.shard_offset, &u};
       complete(p);
     }
     u.full_grad = Tensor();
@@ -387,7 +411,10 @@ void FsdpEngine::post_backward(Unit& u) {
 
 void FsdpEngine::complete(PendingReduction& p) {
   const Stream compute = rt_->compute_stream();
-  wait_on_naming(*p.work, compute, p.unit, "post_backward");
+  {
+    const auto span = trace_->scope(Track::compute, "wait_reduce_scatter", p.unit ? &p.unit->spec.name : nullptr);
+    wait_on_naming(*p.work, compute, p.unit, "post_backward");
+  }
   if (!p.output.defined()) return;  // reduced straight into the grad shard
   const int64_t count = p.output.numel();
   float* dst = grad_shards_.f32() + p.shard_offset;
@@ -439,9 +466,13 @@ void FsdpEngine::finish_backward() {
     // HYBRID and NO_SHARD: replicas of the same shard sum their gradients — one all_reduce over
     // every unit's shard at once, ordered on the stream that owns the shards.
     const Stream s = shard_rt_->compute_stream();
-    traffic_.all_reduce.add(grad_shards_.numel() * static_cast<int64_t>(sizeof(float)), true);
-    auto work = mesh_.replicate->all_reduce(grad_shards_.raw(), grad_shards_.raw(),
-                                            static_cast<size_t>(grad_shards_.numel()), DType::f32, ReduceOp::sum, s);
+    const int64_t bytes = grad_shards_.numel() * static_cast<int64_t>(sizeof(float));
+    traffic_.all_reduce.add(bytes, true);
+    auto work = trace_->collective({"all_reduce", CommGroup::replicate, bytes, DType::f32}, s, [&] {
+      return mesh_.replicate->all_reduce(grad_shards_.raw(), grad_shards_.raw(),
+                                         static_cast<size_t>(grad_shards_.numel()), DType::f32, ReduceOp::sum, s);
+    });
+    const auto span = trace_->scope(Track::compute, "wait_all_reduce");
     wait_on_naming(*work, s, nullptr, "replicate all_reduce");
   }
 }
@@ -464,7 +495,8 @@ void FsdpEngine::end_forward_only() {
 // The next three return or use host values: the kernels wait for the shard stream there.
 bool FsdpEngine::grads_finite() {
   int32_t bad = shard_rt_->kernels().all_finite(grad_shards_.f32(), grad_shards_.numel()) ? 0 : 1;
-  world_.all_reduce(&bad, &bad, 1, DType::i32, ReduceOp::max)->wait();
+  const CollectiveInfo info{"all_reduce", CommGroup::world, sizeof bad, DType::i32, nullptr, true};
+  trace_->collective(info, {}, [&] { return world_.all_reduce(&bad, &bad, 1, DType::i32, ReduceOp::max); })->wait();
   return bad == 0;
 }
 
@@ -473,17 +505,23 @@ void FsdpEngine::scale_grads(float factor) {
 }
 
 double FsdpEngine::clip_grad_norm(double max_norm) {
+  const auto span = trace_->scope(Track::compute, "clip_grad_norm");
+  const CollectiveInfo info{"all_reduce", CommGroup::shard, sizeof(double), DType::f64, nullptr, true};
   double local = shard_rt_->kernels().sum_squares(grad_shards_.f32(), grad_shards_.numel());
   double total = local;
   // Shards of one replica partition the gradient: their squares add up over the shard group.
   if (rt_->device() == Device::cpu) {
-    mesh_.shard->all_reduce(&local, &total, 1, DType::f64, ReduceOp::sum)->wait();
+    trace_->collective(info, {}, [&] { return mesh_.shard->all_reduce(&local, &total, 1, DType::f64, ReduceOp::sum); })
+        ->wait();
   } else {  // the shard group's communicator may move device memory only (NCCL)
     Tensor host = Tensor::empty({1}, DType::f64, MemCategory::comm, &mem_);
     *static_cast<double*>(host.raw()) = local;
     Tensor dev = to_device(*rt_, host, MemCategory::comm);
-    mesh_.shard->all_reduce(dev.raw(), dev.raw(), 1, DType::f64, ReduceOp::sum, rt_->compute_stream())
-        ->wait_on(rt_->compute_stream());
+    const Stream s = rt_->compute_stream();
+    trace_
+        ->collective(info, s,
+                     [&] { return mesh_.shard->all_reduce(dev.raw(), dev.raw(), 1, DType::f64, ReduceOp::sum, s); })
+        ->wait_on(s);
     total = *static_cast<const double*>(to_host(*rt_, dev).raw());
   }
   double norm = std::sqrt(total);

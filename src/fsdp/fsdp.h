@@ -18,6 +18,7 @@
 
 #include "comm/comm.h"
 #include "config/enums.h"
+#include "fsdp/trace.h"
 #include "models/model.h"
 #include "nn/flat.h"
 #include "tensor/device.h"
@@ -172,6 +173,10 @@ class FsdpEngine : public ModuleHooks {
   const FsdpOptions& options() const { return options_; }
   // The current (or last) step's collectives; the scalar all_reduces (loss, norm) not counted.
   const StepTraffic& step_traffic() const { return traffic_; }
+  // Where the verbs' spans and collectives go (fsdp/trace.h); null: the engine's own, off. The
+  // tracer must outlive the engine.
+  void set_tracer(Tracer* tracer) { trace_ = tracer ? tracer : &no_trace_; }
+  Tracer& tracer() { return *trace_; }
 
   // ModuleHooks
   void pre_forward(Module& module) override;
@@ -233,6 +238,8 @@ class FsdpEngine : public ModuleHooks {
   void complete(PendingReduction& p);
   std::vector<PendingReduction> pending_reductions_;
   StepTraffic traffic_;
+  Tracer no_trace_;
+  Tracer* trace_ = &no_trace_;
 };
 
 }  // namespace fsdp

@@ -75,7 +75,29 @@ class DeviceRuntime {
   virtual void synchronize(const Event& event, double timeout_s) = 0;  // the host waits, then CommTimeout-like Error
   virtual void synchronize(Stream stream) = 0;
 
+  // The trace (fsdp/trace.h) times device work with these; nothing else calls them. An event
+  // that carries the time `stream` reaches it (the host runtime's: the time of the call), and
+  // the seconds from `from` to `to` (waits for both; negative when `to` came first). Events of
+  // record() carry no time. The defaults are the host's: a host runtime has no stream to wait on.
+  virtual std::unique_ptr<Event> record_timed(Stream stream);
+  virtual double elapsed_s(const Event& from, const Event& to);
+  // Named ranges for a profiler attached from outside (NVTX on CUDA, so Nsight Systems shows the
+  // trace's names); no-ops elsewhere. Pushes and pops nest on the calling thread.
+  virtual void range_push(const char* name) {}
+  virtual void range_pop() {}
+
   virtual Kernels& kernels() = 0;  // enqueued on compute_stream()
+};
+
+// The event of the default record_timed: complete when made, stamped with the host's clock.
+class HostTimedEvent final : public Event {
+ public:
+  HostTimedEvent();
+  bool done() const override { return true; }
+  double seconds() const { return seconds_; }  // steady_clock, seconds since its epoch
+
+ private:
+  double seconds_;
 };
 
 // A host runtime always exists; cuda throws Error when this binary was built without CUDA

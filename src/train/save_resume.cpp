@@ -159,6 +159,7 @@ std::string Trainer::diverged(int64_t step, const std::string& what) const {
 
 CheckpointStats Trainer::save(const std::string& path, int64_t steps_done, double lr) {
   State& s = *s_;
+  const auto span = s.engine->tracer().scope(Track::host, "checkpoint_save");
   HostCheckpointState staged(*s.engine, *s.optimizer, s.mem);
   staged.copy_from_device();
   if (s.env.planning) return {};  // a plan stages the state as a save does and writes nothing
@@ -184,6 +185,7 @@ CheckpointStats Trainer::save(const std::string& path, int64_t steps_done, doubl
 
 void Trainer::write_weights() {
   State& s = *s_;
+  const auto span = s.engine->tracer().scope(Track::host, "save_weights");
   const bool leader = s.env.rank == 0;
   std::unique_ptr<WeightWriter> writer;
   if (leader && !s.env.planning) writer = std::make_unique<WeightWriter>(s.c.output.save_weights);

@@ -21,6 +21,7 @@
 #include "train/checkpointing.h"
 #include "train/evaluate.h"
 #include "train/model_from_config.h"
+#include "train/trace_file.h"
 #include "train/trainer_state.h"
 
 namespace fsdp {
@@ -88,6 +89,12 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
   Communicator* data_world = s.comms.device ? s.comms.device.get() : s.env.world;
   ProcessMesh mesh = make_mesh(*data_world, fo.strategy, fo.shard_group_size, node_colors);
   s.engine = std::make_unique<FsdpEngine>(*s.model, *s.env.world, std::move(mesh), fo, s.mem, s.runtime.get());
+  if (!s.env.planning) {
+    s.tracer = std::make_unique<Tracer>(*s.runtime, !c.output.trace.empty(), c.output.trace_first_step,
+                                        c.output.trace_last_step);
+    s.engine->set_tracer(s.tracer.get());
+    if (s.tracer->tracing()) s.trace_clock = align_trace_clock(*s.env.world, node_colors);
+  }
   s.engine->init_shards(c.train.seed);
   s.scaler.enabled = fo.param_dtype == DType::f16 || fo.reduce_dtype == DType::f16;
   s.scaler.scale = c.fsdp.mixed_precision.init_loss_scale;
@@ -119,6 +126,7 @@ Trainer::StepResult Trainer::train_step(int64_t step, double lr) {
   const Config& c = s.c;
   const RunEnv& env = s.env;
   FsdpEngine& engine = *s.engine;
+  Tracer& trace = engine.tracer();
   RunCtx ctx;
   ctx.mem = &s.mem;
   ctx.seed = c.train.seed;
@@ -140,14 +148,19 @@ Trainer::StepResult Trainer::train_step(int64_t step, double lr) {
     auto [offset, count] = Sampler::rank_slice(s.micro_global, env.rank, env.world_size);
     std::span<const int64_t> mine(global.data() + m * s.micro_global + offset, count);
     ctx.sample_offset = step * s.global_batch + m * s.micro_global + offset;
+    trace.begin(Track::host, "data");
     load_batch(*s.data.train, mine, s.batch, &s.mem);
     const BatchBuffers& in = upload_batch(engine.runtime(), s.batch, s.dev_batch);
+    trace.end(Track::host);
     engine.set_sync_grads(m + 1 == c.train.grad_accum);
     r.loss += s.model->forward(ctx, in.inputs, in.targets);
     s.model->backward(ctx);
   }
   engine.finish_backward();
-  env.world->all_reduce(&r.loss, &r.loss, 1, DType::f64, ReduceOp::sum)->wait();
+  trace
+      .collective({"all_reduce", CommGroup::world, sizeof r.loss, DType::f64, nullptr, true}, {},
+                  [&] { return env.world->all_reduce(&r.loss, &r.loss, 1, DType::f64, ReduceOp::sum); })
+      ->wait();
 
   // With f16 loss scaling a non-finite step is the rule (the scaler skips it and lowers the
   // scale); otherwise it means divergence: stop before the optimizer writes it into the weights.
@@ -162,6 +175,7 @@ Trainer::StepResult Trainer::train_step(int64_t step, double lr) {
     if (c.train.clip_grad_norm > 0.0) r.grad_norm = engine.clip_grad_norm(c.train.clip_grad_norm);
     if (!s.scaler.enabled && !std::isfinite(r.grad_norm))
       throw AgreedError(diverged(step + 1, "the gradient norm is " + number(r.grad_norm)));
+    const auto span = trace.scope(Track::compute, "optimizer");
     s.optimizer->step(engine.param_shards(), engine.grad_shards(), lr);
   }
   return r;
@@ -232,19 +246,40 @@ TrainSummary Trainer::run() {
   const int64_t end_step = s.c.train.stop_after_steps > 0
                                ? std::min(s.total_steps, s.start_step + s.c.train.stop_after_steps)
                                : s.total_steps;
-  for (int64_t step = s.start_step; step < end_step; ++step) {
-    const auto t0 = Clock::now();
-    p.lr = s.schedule->lr(step, step / s.steps_per_epoch);
-    const StepResult r = train_step(step, p.lr);
-    report_step(step, r, seconds_since(t0));
-    maybe_evaluate(step);
-    maybe_checkpoint(step + 1);
+  Tracer& trace = *s.tracer;
+  try {
+    for (int64_t step = s.start_step; step < end_step; ++step) {
+      trace.begin_step(step);
+      const auto t0 = Clock::now();
+      p.lr = s.schedule->lr(step, step / s.steps_per_epoch);
+      const StepResult r = train_step(step, p.lr);
+      const double step_s = seconds_since(t0);
+      report_step(step, r, step_s, trace.end_step());
+      maybe_evaluate(step);
+      maybe_checkpoint(step + 1);
+    }
+    finish();
+  } catch (...) {
+    // No gather now (a rank may be gone): each rank that gets here keeps its own spans.
+    if (trace.tracing()) try {
+        write_rank_trace(s.c.output.trace, s.env.rank, trace.take_events(), s.trace_clock, trace.on_device());
+      } catch (...) {  // the run's own error is the one to report
+      }
+    throw;
   }
-  finish();
+  write_trace_file();
   return p.summary;
 }
 
-void Trainer::report_step(int64_t step, const StepResult& r, double step_s) {
+void Trainer::write_trace_file() {
+  State& s = *s_;
+  Tracer& trace = *s.tracer;
+  if (!trace.tracing()) return;
+  write_trace(*s.env.world, s.c.output.trace, trace.take_events(), s.trace_clock, trace.on_device());
+  if (s.env.rank == 0) std::printf("trace: %s\n", s.c.output.trace.c_str());
+}
+
+void Trainer::report_step(int64_t step, const StepResult& r, double step_s, const StepBreakdown& b) {
   State& s = *s_;
   Progress& p = s.progress;
   const Config& c = s.c;
@@ -266,6 +301,10 @@ void Trainer::report_step(int64_t step, const StepResult& r, double step_s) {
   if (r.grad_norm >= 0.0) j.num("grad_norm", r.grad_norm);  // before clipping, as PyTorch returns it
   if (s.scaler.enabled) j.num("loss_scale", r.loss_scale).integer("step_skipped", r.applied ? 0 : 1);
   j.raw("mem_peak_bytes", mem_peaks_json(s.mem)).raw("mem_plan_bytes", s.plan.peaks_json());
+  if (s.tracer->tracing()) {  // rank 0's breakdown (fsdp/trace.h defines the fields)
+    j.num("compute_s", b.compute_s).num("exposed_comm_s", b.exposed_comm_s).num("optimizer_s", b.optimizer_s);
+    j.num("comm_s", b.comm_s).num("overlap", b.overlap());
+  }
   p.metrics->write(j);
   if (p.tty) {
     std::printf("\r[epoch %lld] step %lld/%lld  loss %.4f  lr %.3g  %.0f %s/s   ", static_cast<long long>(epoch) + 1,
@@ -290,7 +329,11 @@ void Trainer::evaluate_and_report(int64_t step_done, int64_t epoch) {
   State& s = *s_;
   Progress& p = s.progress;
   const CheckpointConfig& ck = s.c.checkpoint;
-  const EvalResult r = evaluate(*s.model, *s.engine, *s.data.eval, eval_options(), s.mem);
+  EvalResult r;
+  {
+    const auto span = s.tracer->scope(Track::host, "evaluate");
+    r = evaluate(*s.model, *s.engine, *s.data.eval, eval_options(), s.mem);
+  }
   p.summary.eval_loss = r.loss;
   p.summary.eval_accuracy = r.accuracy;
   p.last_eval_step = step_done;

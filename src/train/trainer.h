@@ -22,6 +22,7 @@ struct MemoryPlan;
 struct EvalOptions;
 struct CheckpointMeta;
 struct CheckpointStats;
+struct StepBreakdown;
 
 struct RunEnv {
   int rank = 0;
@@ -80,10 +81,12 @@ class Trainer {
   StepResult train_step(int64_t step, double lr);
   // output.save_weights: every unit gathered in turn, written by rank 0.
   void write_weights();
-  // The loop's named calls (run() is the loop): the metrics line and progress of one step, the
+  // The loop's named calls (run() is the loop): the metrics line (with the step breakdown when
+  // tracing) and progress of one step, the
   // evaluation when train.eval_every says so, the periodic save, and the run's end (closing
   // evaluation and save, save_weights, the done line).
-  void report_step(int64_t step, const StepResult& result, double step_s);
+  void report_step(int64_t step, const StepResult& result, double step_s, const StepBreakdown& breakdown);
+  void write_trace_file();  // the end of a traced run (collective)
   void maybe_evaluate(int64_t step);
   void evaluate_and_report(int64_t step_done, int64_t epoch);
   void maybe_checkpoint(int64_t steps_done);

@@ -10,6 +10,7 @@
 #include "config/config.h"
 #include "data/data.h"
 #include "fsdp/fsdp.h"
+#include "fsdp/trace.h"
 #include "models/model.h"
 #include "optim/optim.h"
 #include "tensor/device.h"
@@ -19,6 +20,7 @@
 #include "train/loss_scaler.h"
 #include "train/metrics.h"
 #include "train/plan.h"
+#include "train/trace_file.h"
 #include "train/trainer.h"
 
 namespace fsdp {
@@ -44,6 +46,9 @@ struct Trainer::State {
   RunCommunicators comms;
   Datasets data;
   std::unique_ptr<Model> model;
+  // output.trace (and NVTX ranges on a device); declared before the engine, which holds it.
+  std::unique_ptr<Tracer> tracer;
+  TraceClock trace_clock;
   std::unique_ptr<FsdpEngine> engine;
   std::unique_ptr<Optimizer> optimizer;
   int64_t micro_global = 0, global_batch = 0, steps_per_epoch = 0, total_steps = 0;

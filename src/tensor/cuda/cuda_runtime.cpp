@@ -1,5 +1,6 @@
 #include "tensor/cuda/cuda_runtime.h"
 
+#include <nvtx3/nvToolsExt.h>
 #include <sched.h>
 
 #include <chrono>
@@ -57,8 +58,9 @@ StreamHandle::~StreamHandle() {
   if (stream_) report(cudaStreamDestroy(stream_), "cudaStreamDestroy");
 }
 
-EventHandle::EventHandle() {
-  check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags", "event");
+EventHandle::EventHandle(bool timed) {
+  check_cuda(cudaEventCreateWithFlags(&event_, timed ? cudaEventDefault : cudaEventDisableTiming),
+             "cudaEventCreateWithFlags", "event");
 }
 EventHandle::~EventHandle() {
   if (event_) report(cudaEventDestroy(event_), "cudaEventDestroy");
@@ -78,7 +80,7 @@ DeviceBuffer::~DeviceBuffer() {
   if (ptr_) report(cudaFree(ptr_), "cudaFree");
 }
 
-CudaEvent::CudaEvent(cudaStream_t stream) {
+CudaEvent::CudaEvent(cudaStream_t stream, bool timed) : event_(timed) {
   check_cuda(cudaEventRecord(event_.get(), stream), "cudaEventRecord", "record");
 }
 
@@ -198,6 +200,26 @@ void CudaRuntime::synchronize(const Event& event, double timeout_s) {
 void CudaRuntime::synchronize(Stream stream) {
   check_cuda(cudaStreamSynchronize(native(stream)), "cudaStreamSynchronize", "cuda:" + std::to_string(device_));
 }
+
+std::unique_ptr<Event> CudaRuntime::record_timed(Stream stream) {
+  return std::make_unique<CudaEvent>(native(stream), true);
+}
+
+double CudaRuntime::elapsed_s(const Event& from, const Event& to) {
+  const auto* a = dynamic_cast<const CudaEvent*>(&from);
+  const auto* b = dynamic_cast<const CudaEvent*>(&to);
+  if (!a || !b) throw Error("cuda: elapsed_s: events that record_timed did not make");
+  check_cuda(cudaEventSynchronize(a->get()), "cudaEventSynchronize", "trace event");
+  check_cuda(cudaEventSynchronize(b->get()), "cudaEventSynchronize", "trace event");
+  float ms = 0.0f;
+  check_cuda(cudaEventElapsedTime(&ms, a->get(), b->get()), "cudaEventElapsedTime", "trace event");
+  return static_cast<double>(ms) * 1e-3;
+}
+
+// NVTX3 is header-only (it finds an attached tool at the first call): without Nsight, a call
+// is a check of a null function pointer.
+void CudaRuntime::range_push(const char* name) { nvtxRangePushA(name); }
+void CudaRuntime::range_pop() { nvtxRangePop(); }
 
 Kernels& CudaRuntime::kernels() { return *kernels_; }
 

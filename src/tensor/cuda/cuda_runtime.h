@@ -31,10 +31,10 @@ class StreamHandle {
   cudaStream_t stream_ = nullptr;
 };
 
-// An event with timing disabled (the cheapest to record and query).
+// An event with timing disabled (the cheapest to record and query), or enabled (the trace's).
 class EventHandle {
  public:
-  EventHandle();
+  explicit EventHandle(bool timed = false);
   ~EventHandle();
   EventHandle(const EventHandle&) = delete;
   EventHandle& operator=(const EventHandle&) = delete;
@@ -73,7 +73,7 @@ class DeviceBuffer {
 // A cudaEvent recorded on a stream (the Event of device.h).
 class CudaEvent final : public Event {
  public:
-  explicit CudaEvent(cudaStream_t stream);
+  explicit CudaEvent(cudaStream_t stream, bool timed = false);
   bool done() const override;  // cudaEventQuery: true once the stream's earlier work finished
   cudaEvent_t get() const { return event_.get(); }
 
@@ -120,6 +120,11 @@ class CudaRuntime final : public DeviceRuntime {
   void wait(Stream stream, const Event& event) override;
   void synchronize(const Event& event, double timeout_s) override;
   void synchronize(Stream stream) override;
+  // Timing-enabled events (cudaEventElapsedTime, ~0.5 us resolution); NVTX ranges.
+  std::unique_ptr<Event> record_timed(Stream stream) override;
+  double elapsed_s(const Event& from, const Event& to) override;
+  void range_push(const char* name) override;
+  void range_pop() override;
 
   Kernels& kernels() override;
 
