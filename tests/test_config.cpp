@@ -5,6 +5,7 @@
 #include <boost/test/unit_test.hpp>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "config/backends.h"
@@ -52,7 +53,8 @@ std::string dump(const Config& c) {
     << c.comm.backend << ' ' << c.comm.timeout_s << '\n'
     << c.checkpoint.dir << ' ' << fsdp::enum_name(c.checkpoint.format) << ' ' << c.checkpoint.every_steps << ' '
     << c.checkpoint.keep << ' ' << c.checkpoint.save_best << ' ' << c.checkpoint.resume << '\n'
-    << c.output.metrics << ' ' << c.output.log_every << '\n';
+    << c.output.metrics << ' ' << c.output.log_every << ' ' << c.output.trace << ' ' << c.output.trace_first_step << ' '
+    << c.output.trace_last_step << '\n';
   for (const auto& name : f.wrap_modules) s << name << ' ';
   return s.str();
 }
@@ -476,6 +478,32 @@ BOOST_AUTO_TEST_CASE(checkpoint_keys_that_need_a_folder_or_evaluations) {
   BOOST_TEST(c.checkpoint.resume == "/x/ckpt_00000010.h5");
   BOOST_TEST(c.train.stop_after_steps == 7);
   BOOST_TEST(error_of("train: {stop_after_steps: -1}\n").find("train.stop_after_steps") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(trace_keys) {
+  const Config off = parse_config("", "in.yaml");
+  BOOST_TEST(off.output.trace.empty());
+  BOOST_TEST(off.output.trace_first_step == 1);
+  BOOST_TEST(off.output.trace_last_step == std::numeric_limits<int64_t>::max());
+  const Config c = parse_config("output: {trace: out/t.json, trace_steps: [3, 5]}\n", "in.yaml");
+  BOOST_TEST(c.output.trace == "out/t.json");
+  BOOST_TEST(c.output.trace_first_step == 3);
+  BOOST_TEST(c.output.trace_last_step == 5);
+  const Config one = parse_config("output: {trace: t.json}\n", "in.yaml", {"output.trace_steps=[2, 2]"});
+  BOOST_TEST(one.output.trace_first_step == 2);
+  BOOST_TEST(one.output.trace_last_step == 2);
+  BOOST_TEST(error_of("output: {trace_steps: [1, 2]}\n") ==
+             "in.yaml:1: output.trace_steps: needs output.trace (the file the steps are traced to)");
+  BOOST_TEST(error_of("output: {trace: t.json, trace_steps: [5, 2]}\n") ==
+             "in.yaml:1: output.trace_steps: must be [first, last] with 1 <= first <= last, got [5, 2]");
+  BOOST_TEST(error_of("output: {trace: t.json, trace_steps: [0, 2]}\n") ==
+             "in.yaml:1: output.trace_steps: must be [first, last] with 1 <= first <= last, got [0, 2]");
+  for (const char* bad : {"3", "[1]", "[1, 2, 3]", "[a, 2]", "[1.5, 2]", "{first: 1}"})
+    BOOST_TEST(error_of(std::string("output: {trace: t.json, trace_steps: ") + bad + "}\n")
+                       .find("output.trace_steps: expected a list of two step numbers [first, last], got ") !=
+                   std::string::npos,
+               bad);
+  BOOST_TEST(error_of("output: {trace: [a]}\n") == "in.yaml:1: output.trace: expected a string, got a list");
 }
 
 BOOST_AUTO_TEST_CASE(device_keys) {
