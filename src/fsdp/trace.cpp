@@ -253,9 +253,8 @@ StepBreakdown Tracer::end_step() {
   const StepBreakdown b = breakdown(events_, step_first_event_);
   // The step span (its first event) carries the breakdown, for jobs/plot-trace.py.
   char args[256];
-  std::snprintf(args, sizeof args,
-                "\"compute_s\": %.9g, \"exposed_comm_s\": %.9g, \"optimizer_s\": %.9g, \"comm_s\": %.9g", b.compute_s,
-                b.exposed_comm_s, b.optimizer_s, b.comm_s);
+  std::snprintf(args, sizeof args, R"("compute_s": %.9g, "exposed_comm_s": %.9g, "optimizer_s": %.9g, "comm_s": %.9g)",
+                b.compute_s, b.exposed_comm_s, b.optimizer_s, b.comm_s);
   events_[step_first_event_].args_json = args;
   return b;
 }

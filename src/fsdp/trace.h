@@ -45,10 +45,10 @@ enum class CommGroup : uint8_t { shard, replicate, world };
 
 // One collective as the trace names it: bytes are the whole array (StepTraffic's convention).
 struct CollectiveInfo {
-  const char* name;  // all_gather, reduce_scatter, all_reduce
-  CommGroup group;
-  int64_t bytes;
-  DType dtype;
+  const char* name = "";  // all_gather, reduce_scatter, all_reduce
+  CommGroup group = CommGroup::world;
+  int64_t bytes = 0;
+  DType dtype = DType::f32;
   const std::string* unit = nullptr;  // the unit it is for (null: several, or none)
   // A host value (the loss, the grad norm, finiteness): traced, but not FSDP's traffic, so
   // outside comm_s and exposed_comm_s.

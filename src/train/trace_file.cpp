@@ -11,6 +11,7 @@
 
 #include "comm/comm.h"
 #include "tensor/error.h"
+#include "train/metrics.h"
 
 namespace fsdp {
 
@@ -19,17 +20,6 @@ namespace {
 constexpr int kClockRounds = 5;
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-// JSON string contents (names are ours; unit names are module paths, but quote them anyway).
-std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) continue;
-    out += c;
-  }
-  return out + "\"";
-}
 
 // Microseconds with three decimals from whole nanoseconds: a child's span never pokes out of
 // its parent's through rounding.
@@ -45,11 +35,15 @@ const char* track_name(Track t, bool device) {
   return "host";
 }
 
-std::string metadata(const char* what, int rank, int tid, const std::string& name) {
-  std::string s = "{\"name\": \"" + std::string(what) + "\", \"ph\": \"M\", \"pid\": " + std::to_string(rank);
-  if (tid >= 0) s += ", \"tid\": " + std::to_string(tid);
-  return s + ", \"args\": {\"name\": " + quoted(name) + "}}";
+// A metadata event (a process's or a thread's name, a sort index); tid -1: the process's.
+std::string metadata(const char* what, int rank, int tid, const JsonLine& args) {
+  JsonLine e;
+  e.str("name", what).str("ph", "M").integer("pid", rank);
+  if (tid >= 0) e.integer("tid", tid);
+  return e.raw("args", args.text()).text();
 }
+
+JsonLine named(const std::string& name) { return JsonLine().str("name", name); }
 
 std::string file_body(const std::string& events, const TraceClock& clock) {
   std::string offsets, applied;
@@ -61,11 +55,12 @@ std::string file_body(const std::string& events, const TraceClock& clock) {
     offsets += micros(std::llround(clock.measured_s[r] * 1e9));
     applied += std::to_string(r < clock.applied.size() ? clock.applied[r] : 0);
   }
-  return "{\"traceEvents\": [\n" + events +
-         "\n], \"displayTimeUnit\": \"ms\", \"otherData\": {\"clock\": \"steady_clock; ts in us since rank 0's "
-         "start\", "
-         "\"clock_offsets_us\": [" +
-         offsets + "], \"clock_offsets_applied\": [" + applied + "]}}\n";
+  JsonLine other;
+  other.str("clock", "steady_clock; ts in us since rank 0's start");
+  other.raw("clock_offsets_us", "[" + offsets + "]").raw("clock_offsets_applied", "[" + applied + "]");
+  // The outer object: the events, then the rest of its fields.
+  const std::string rest = JsonLine().str("displayTimeUnit", "ms").raw("otherData", other.text()).text();
+  return R"({"traceEvents": [)" + std::string("\n") + events + "\n], " + rest.substr(1) + "\n";
 }
 
 void write_file(const std::string& path, const std::string& text) {
@@ -77,7 +72,7 @@ void write_file(const std::string& path, const std::string& text) {
   const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size();
   const int saved = errno;
   if (std::fclose(f) != 0 || !wrote) {
-    std::remove(tmp.c_str());
+    (void)std::remove(tmp.c_str());
     throw Error("output.trace: cannot write " + tmp + " (" + std::strerror(wrote ? errno : saved) + ")");
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
@@ -100,6 +95,7 @@ TraceClock align_trace_clock(Communicator& world, const std::vector<int>& node_c
   c.applied.resize(static_cast<size_t>(n));
   for (size_t r = 0; r < static_cast<size_t>(n); ++r) {
     std::vector<double> d;
+    d.reserve(rounds.size());
     for (const auto& readings : rounds) d.push_back(readings[r] - readings[0]);
     std::nth_element(d.begin(), d.begin() + kClockRounds / 2, d.end());
     c.measured_s[r] = d[kClockRounds / 2];
@@ -114,12 +110,11 @@ TraceClock align_trace_clock(Communicator& world, const std::vector<int>& node_c
 }
 
 std::string trace_events_json(const std::vector<TraceEvent>& events, int rank, const TraceClock& clock, bool device) {
-  std::string out = metadata("process_name", rank, -1, "rank " + std::to_string(rank));
-  out += ",\n{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": " + std::to_string(rank) +
-         ", \"args\": {\"sort_index\": " + std::to_string(rank) + "}}";
+  std::string out = metadata("process_name", rank, -1, named("rank " + std::to_string(rank)));
+  out += ",\n" + metadata("process_sort_index", rank, -1, JsonLine().integer("sort_index", rank));
   for (Track t : {Track::host, Track::compute}) {
     if (t == Track::host && !device) continue;  // host runs: the host thread is the compute track
-    out += ",\n" + metadata("thread_name", rank, static_cast<int>(t), track_name(t, device));
+    out += ",\n" + metadata("thread_name", rank, static_cast<int>(t), named(track_name(t, device)));
   }
   // Parents before children: by track, start, then the longer span first.
   std::vector<const TraceEvent*> sorted;
@@ -147,23 +142,25 @@ std::string trace_events_json(const std::vector<TraceEvent>& events, int rank, c
         lane_end.push_back(end);
         const std::string name = track_name(track, device);
         out += ",\n" + metadata("thread_name", rank, thread + static_cast<int>(lane),
-                                lane == 0 ? name : name + " #" + std::to_string(lane + 1));
+                                named(lane == 0 ? name : name + " #" + std::to_string(lane + 1)));
       }
       lane_end[lane] = end;
       thread += static_cast<int>(lane);
     }
-    out += ",\n{\"name\": " + quoted(e->name) + ", \"cat\": \"" + track_name(track, device) +
-           "\", \"ph\": \"X\", \"pid\": " + std::to_string(rank) + ", \"tid\": " + std::to_string(thread) +
-           ", \"ts\": " + micros(begin) + ", \"dur\": " + micros(end - begin) +
-           ", \"args\": {\"step\": " + std::to_string(e->step);
-    if (!e->unit.empty()) out += ", \"unit\": " + quoted(e->unit);
+    JsonLine args;
+    args.integer("step", e->step);
+    if (!e->unit.empty()) args.str("unit", e->unit);
     if (e->group) {
-      out += ", \"bytes\": " + std::to_string(e->bytes) + ", \"dtype\": \"" + std::string(dtype_name(e->dtype)) +
-             "\", \"group\": \"" + e->group + "\", \"seq\": " + std::to_string(e->seq);
-      if (e->scalar) out += ", \"scalar\": true";
+      args.integer("bytes", e->bytes).str("dtype", std::string(dtype_name(e->dtype))).str("group", e->group);
+      args.integer("seq", static_cast<int64_t>(e->seq));
+      if (e->scalar) args.raw("scalar", "true");
     }
-    if (!e->args_json.empty()) out += ", " + e->args_json;
-    out += "}}";
+    std::string args_text = args.text();
+    if (!e->args_json.empty()) args_text.insert(args_text.size() - 1, ", " + e->args_json);
+    JsonLine x;
+    x.str("name", e->name).str("cat", track_name(track, device)).str("ph", "X").integer("pid", rank);
+    x.integer("tid", thread).raw("ts", micros(begin)).raw("dur", micros(end - begin)).raw("args", args_text);
+    out += ",\n" + x.text();
   }
   return out;
 }
@@ -195,7 +192,7 @@ std::string rank_trace_path(const std::string& path, int rank) {
 
 std::string write_rank_trace(const std::string& path, int rank, const std::vector<TraceEvent>& events,
                              const TraceClock& clock, bool device) {
-  const std::string out = rank_trace_path(path, rank);
+  std::string out = rank_trace_path(path, rank);
   write_file(out, file_body(trace_events_json(events, rank, clock, device), clock));
   return out;
 }
