@@ -250,6 +250,11 @@ std::vector<Field> schema(Config& c) {
       {"output.metrics", &c.output.metrics},
       {"output.log_every", &c.output.log_every, at_least(1)},
       {"output.save_weights", &c.output.save_weights},
+      {"generate.num_beams", &c.generate.num_beams, at_least(1)},
+      {"generate.max_new_tokens", &c.generate.max_new_tokens, at_least(0)},
+      {"generate.length_penalty", &c.generate.length_penalty},
+      {"generate.batch_size", &c.generate.batch_size, at_least(0)},
+      {"generate.rouge_samples", &c.generate.rouge_samples, at_least(-1)},
   };
 }
 
@@ -705,6 +710,11 @@ void Reader::check_rules(const Config& c) const {
                                                       ") must be divisible by model.n_heads (" +
                                                       std::to_string(m.n_heads) + ")");
   const bool pairs = c.data.kind == DataKind::seq2seq || c.data.kind == DataKind::synthetic;
+  if (m.kind != ModelKind::t5)
+    for (const auto& [path, g] : given_)
+      if (path.starts_with("generate."))
+        fail(path, "text generation needs a sequence-to-sequence model (model.kind t5); model.kind is " +
+                       std::string(enum_name(m.kind)));
   if ((c.data.kind == DataKind::seq2seq && m.kind != ModelKind::t5) || (m.kind == ModelKind::t5 && !pairs))
     fail(blame("model.kind", "data.kind"), "model.kind t5 reads data.kind seq2seq (or synthetic); got model.kind " +
                                                std::string(enum_name(m.kind)) + " with data.kind " +

@@ -138,6 +138,18 @@ struct OutputConfig {
   std::string save_weights;  // at the end: HDF5 file with /model/<state_dict name> (full shapes)
 };
 
+// Text generation (sequence-to-sequence models): fsdp_app --generate N, and ROUGE on the
+// validation set at each evaluation.
+struct GenerateConfig {
+  int64_t num_beams = 1;        // 1: greedy search
+  int64_t max_new_tokens = 0;   // 0: data.target_len
+  double length_penalty = 1.0;  // beam search: hypotheses score sum_logprobs / length^this
+  int64_t batch_size = 0;       // samples per rank per decoding batch; 0: train.eval_batch_size
+  // Validation samples scored with ROUGE-1/2/L at each evaluation: the first N; -1 (default)
+  // the whole validation set for data.kind seq2seq and none for synthetic pairs; 0 none.
+  int64_t rouge_samples = -1;
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
@@ -146,6 +158,7 @@ struct Config {
   CommConfig comm;
   CheckpointConfig checkpoint;
   OutputConfig output;
+  GenerateConfig generate;
   std::string source_path;  // the input file
   std::string yaml_text;    // the input file's text after overrides (stored in checkpoints)
 };
