@@ -51,7 +51,8 @@ struct Hypotheses {
         // Python's sorted() of (score, index) pairs: the worst goes, the next worst is the bar.
         std::vector<size_t> order(beams.size());
         std::iota(order.begin(), order.end(), size_t{0});
-        std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return beams[a].score < beams[b].score; });
+        std::stable_sort(order.begin(), order.end(),
+                         [&](size_t a, size_t b) { return beams[a].score < beams[b].score; });
         worst_score = beams[order[1]].score;
         beams.erase(beams.begin() + static_cast<std::ptrdiff_t>(order[0]));
       } else {

@@ -521,7 +521,6 @@ class LmHead : public Layer {
   Tensor xs_, scaled_, y_, dx_;
 };
 
-
 // Incremental decoding for generate(): one position per running sequence per step. N = batch *
 // beams sequences; each decoder block keeps its self-attention keys and values of the positions
 // so far, (Tmax, N, I) position-major so a step writes one contiguous (N, I) slab, and the
@@ -533,8 +532,15 @@ class T5Decoding final : public DecodeSteps {
   // enc (B, S, C): the encoder's output; valid (B, S) i32 the source mask on the host.
   T5Decoding(RunCtx& ctx, const T5Config& c, const Embedding& shared, const T5Stack& decoder, const LmHead& head,
              const Tensor& enc, const Tensor& valid, int64_t beams, int64_t max_steps)
-      : ctx_(ctx), c_(c), shared_(shared), decoder_(decoder), head_(head), N_(enc.dim(0) * beams), S_(enc.dim(1)),
-        Tmax_(max_steps), I_(c.num_heads * c.d_kv) {
+      : ctx_(ctx),
+        c_(c),
+        shared_(shared),
+        decoder_(decoder),
+        head_(head),
+        N_(enc.dim(0) * beams),
+        S_(enc.dim(1)),
+        Tmax_(max_steps),
+        I_(c.num_heads * c.d_kv) {
     const int64_t B = enc.dim(0), C = c.d_model;
     Kernels& k = ctx.kernels();
     // Sequence i = b * beams + j reads sample b's encoder output and mask.
@@ -633,7 +639,8 @@ class T5Decoding final : public DecodeSteps {
     if (identity || t_ == 0) return;
     Tensor rows = Tensor::empty({t_ * N_}, DType::i32, MemCategory::activations, ctx_.mem);
     for (int64_t p = 0; p < t_; ++p)
-      for (int64_t i = 0; i < N_; ++i) rows.i32()[p * N_ + i] = static_cast<int32_t>(p * N_ + origin[static_cast<size_t>(i)]);
+      for (int64_t i = 0; i < N_; ++i)
+        rows.i32()[p * N_ + i] = static_cast<int32_t>(p * N_ + origin[static_cast<size_t>(i)]);
     const Tensor dev_rows = upload(ctx_, rows);
     for (Cache& cache : layers_)
       for (Tensor* t : {&cache.k, &cache.v}) {
@@ -647,8 +654,8 @@ class T5Decoding final : public DecodeSteps {
   void position_bias(int64_t T) {
     Tensor bucket = Tensor::empty({T}, DType::i32, MemCategory::activations, ctx_.mem);
     for (int64_t j = 0; j < T; ++j)
-      bucket.i32()[j] = t5_relative_bucket(j - t_, false, c_.relative_attention_num_buckets,
-                                           c_.relative_attention_max_distance);
+      bucket.i32()[j] =
+          t5_relative_bucket(j - t_, false, c_.relative_attention_num_buckets, c_.relative_attention_max_distance);
     const auto& sa = static_cast<const T5Attention&>(decoder_.blocks().at(0)->sublayer(0).sub());
     ctx_.kernels().relative_bias_forward(bias_.f32(), sa.relative_attention_bias->weight.data,
                                          upload(ctx_, bucket).i32(), c_.num_heads, 1, T);
@@ -705,15 +712,15 @@ class T5Decoding final : public DecodeSteps {
   const T5Stack& decoder_;
   const LmHead& head_;
   int64_t N_, S_, Tmax_, I_;
-  int64_t t_ = 0;            // the position the next step feeds
-  Tensor enc_;               // (N, S, C) the encoder output, per sequence
-  Tensor key_valid_;         // (N, S) i32
+  int64_t t_ = 0;     // the position the next step feeds
+  Tensor enc_;        // (N, S, C) the encoder output, per sequence
+  Tensor key_valid_;  // (N, S) i32
   std::vector<Cache> layers_;
-  Tensor h_, n_, rstd_;      // (N, C) hidden state, its norm; (N)
-  Tensor q_, y_, out_;       // (N, I), (N, I), (N, C)
-  Tensor probs_;             // (N, H, max(Tmax, S))
-  Tensor ff_, ff_gate_;      // (N, F)
-  Tensor bias_;              // (H, Tmax)
+  Tensor h_, n_, rstd_;  // (N, C) hidden state, its norm; (N)
+  Tensor q_, y_, out_;   // (N, I), (N, I), (N, C)
+  Tensor probs_;         // (N, H, max(Tmax, S))
+  Tensor ff_, ff_gate_;  // (N, F)
+  Tensor bias_;          // (H, Tmax)
   Tensor logits_, host_logits_, scratch_;
 };
 

@@ -74,8 +74,7 @@ RougeResult rouge_of_samples(Model& model, FsdpEngine& engine, const Seq2SeqData
   const int64_t first = Sampler::rank_slice(count, o.rank, o.world_size).first;
   double sums[3] = {0.0, 0.0, 0.0};
   for (size_t i = 0; i < mine.size(); ++i) {
-    const RougeScores s =
-        rouge(data.target_text(first + static_cast<int64_t>(i)), data.tokenizer().decode(mine[i]));
+    const RougeScores s = rouge(data.target_text(first + static_cast<int64_t>(i)), data.tokenizer().decode(mine[i]));
     sums[0] += s.rouge1;
     sums[1] += s.rouge2;
     sums[2] += s.rougeL;

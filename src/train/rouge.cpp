@@ -16,8 +16,8 @@ double fmeasure(double precision, double recall) {
 double ngram_f(const std::vector<std::string>& ref, const std::vector<std::string>& pred, size_t n) {
   auto grams = [n](const std::vector<std::string>& tokens) {
     std::map<std::vector<std::string>, long> counts;
-    for (size_t i = 0; i + n <= tokens.size(); ++i) ++counts[{tokens.begin() + static_cast<long>(i),
-                                                                  tokens.begin() + static_cast<long>(i + n)}];
+    for (size_t i = 0; i + n <= tokens.size(); ++i)
+      ++counts[{tokens.begin() + static_cast<long>(i), tokens.begin() + static_cast<long>(i + n)}];
     return counts;
   };
   const auto r = grams(ref), p = grams(pred);
