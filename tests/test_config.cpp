@@ -408,6 +408,16 @@ BOOST_AUTO_TEST_CASE(t5_keys_and_presets) {
              "--set model.vocab_size: model.vocab_size: must be >= 259 for t5's byte tokens (ids 3..258), got 200");
   BOOST_TEST(error_of("model: {kind: t5}\ndata: {kind: seq2seq}\n") ==
              "in.yaml:1: data.path: data.kind seq2seq needs data.path (a JSON-lines file)");
+  // generate.*: defaults, and only for a sequence-to-sequence model.
+  BOOST_TEST(base.generate.num_beams == 1);
+  BOOST_TEST(base.generate.rouge_samples == -1);
+  const Config beams = parse_config(t5, "in.yaml", {"generate.num_beams=4", "generate.length_penalty=0.6"});
+  BOOST_TEST(beams.generate.num_beams == 4);
+  BOOST_TEST(beams.generate.length_penalty == 0.6);
+  BOOST_TEST(error_of(t5, {"generate.num_beams=0"}) == "--set generate.num_beams: generate.num_beams: must be >= 1, got 0");
+  BOOST_TEST(error_of("model: {kind: mnist_cnn}\ngenerate: {num_beams: 2}\n") ==
+             "in.yaml:2: generate.num_beams: text generation needs a sequence-to-sequence model (model.kind t5); "
+             "model.kind is mnist_cnn");
 }
 
 BOOST_AUTO_TEST_CASE(enumerations_list_the_allowed_values) {
