@@ -73,7 +73,7 @@ classify() {
   fi
 }
 
-command -v clang++ >/dev/null || { echo "fuzz: clang++ not found (bash jobs/install-deps.sh)"; exit 1; }
+command -v clang++ >/dev/null || { echo "fuzz: clang++ not found (bash jobs/install-deps.sh --tests)"; exit 1; }
 options=(-Dfuzz=enabled -Dtests=disabled -Db_sanitize=address,undefined -Db_lundef=false
          -Dbuildtype=plain "-Dcpp_args=-O1 -g" -Dgpu=disabled -Ducx=disabled)
 if [ -f "$build/build.ninja" ]; then

@@ -200,7 +200,7 @@ JobRequeue=1
     def start(self, timeout=60):
         miss = missing_programs()
         if miss:
-            raise ClusterError(f"not installed: {', '.join(miss)} (bash jobs/install-deps.sh)")
+            raise ClusterError(f"not installed: {', '.join(miss)} (bash jobs/install-deps.sh --tests)")
         if self.dir is None:
             self.dir = tempfile.mkdtemp(prefix="fsdp_slurm_")
         os.chmod(self.dir, 0o755)

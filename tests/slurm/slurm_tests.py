@@ -403,7 +403,7 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     miss = missing_programs()
     if miss:
-        H.check("slurm installed", False, f"missing {', '.join(miss)}: bash jobs/install-deps.sh")
+        H.check("slurm installed", False, f"missing {', '.join(miss)}: bash jobs/install-deps.sh --tests")
         H.finish()
     only = os.environ.get("SLURM_TEST_ONLY", "")
     want = lambda *names: not only or any(only in n for n in names)  # noqa: E731
