@@ -75,7 +75,7 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
     request.eval_data = s.data.eval;
     s.plan = plan_memory(c, request);
     check_plan_fits(s.plan, static_cast<int>(std::count(node_colors.begin(), node_colors.end(), s.env.node_color)),
-                    device);
+                    *s.runtime);
   }
   s.model = make_model(c.model);
   const int64_t outputs = c.model.kind == ModelKind::transformer ? c.model.vocab
@@ -256,6 +256,8 @@ MemoryPlan Trainer::plan() {
   for (size_t i = 0; i < kMemCategoryCount; ++i)
     plan.peak_bytes[i] = static_cast<int64_t>(s.mem.peak_bytes(static_cast<MemCategory>(i)));
   plan.total_peak_bytes = static_cast<int64_t>(s.mem.peak_total_bytes());
+  plan.host_peak_bytes = static_cast<int64_t>(s.mem.peak_bytes(MemSpace::host));
+  plan.device_peak_bytes = static_cast<int64_t>(s.mem.peak_bytes(MemSpace::device));
   if (engine.options().activation_checkpointing)
     plan.notes.emplace_back("activation checkpointing: wrapped units recompute in backward");
   return plan;
