@@ -618,7 +618,7 @@ int export_hf(const Args& args, const fsdp::MpiSession& mpi) {
     fsdp::load_checkpoint(in, slice->state, load_options, MPI_COMM_WORLD, &load_stats);
   } catch (const Error& e) {  // agreed inside: the same on every rank
     if (mpi.rank() == 0) std::fprintf(stderr, "fsdp_ckpt: %s\n", e.what());
-    if (mpi.rank() == 0) std::remove(tmp.c_str());
+    if (mpi.rank() == 0) (void)std::remove(tmp.c_str());  // best effort: the error above is what matters
     return 1;
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -640,7 +640,7 @@ int export_hf(const Args& args, const fsdp::MpiSession& mpi) {
     error = describe(e);
   }
   if (!all_ok(error, mpi)) {
-    if (mpi.rank() == 0) std::remove(tmp.c_str());
+    if (mpi.rank() == 0) (void)std::remove(tmp.c_str());  // best effort, as above
     return 1;
   }
   if (mpi.rank() == 0) {

@@ -41,7 +41,7 @@ std::vector<const Entry*> map_params(const SafetensorsReader& reader, const std:
                         shape_str(e->tensor->shape) + ", the model expects " + shape_str(p->shape));
           if (!found) found = e;
         }
-      if (!found) throw Error(path + ": missing tensor " + tried);
+      if (!found) throw Error(std::string(path).append(": missing tensor ").append(tried));
       const std::string& file = reader.file_path(found->file);
       if (found->tensor->shape != p->shape)
         throw Error(file + ": tensor " + found->tensor->name + " has shape " + shape_str(found->tensor->shape) +

@@ -736,7 +736,7 @@ void Reader::read_init_from_config(Config& c, const std::vector<Field>& table) {
   for (const auto& [key, text] : hf.keys) {
     const std::string path = "model." + key;
     const YAML::Node value(text);
-    file.given_[path] = Given{value, YAML::Mark::null_mark()};
+    file.given_.emplace(path, Given{value, YAML::Mark::null_mark()});
     if (!given(path)) {
       file.convert(field(table, path), value);
       from_init_from_.emplace_back(path, text);

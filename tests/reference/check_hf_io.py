@@ -13,6 +13,9 @@ In: HF's own init written by save_pretrained with a small max_shard_size (the
    model.safetensors.index.json form; v1_0 in float32, v1_1 in bfloat16) is fsdp_app's
    model.init_from (np 2; the yaml's model keys must agree with config.json): fsdp_app's first-step
    loss equals HF's loss on that batch with those weights to LOSS_RTOL.
+Transformer (no transformers class matches it; export-hf writes our names and model_type
+   fsdp_transformer): its exported folder as model.init_from gives bitwise the first-step loss of
+   the checkpoint it came from as model.init_from.
 Damage: the same folder with one shard cut short makes fsdp_app (np 2) exit 1 with one line
    naming that file.
 
@@ -50,9 +53,10 @@ def check(fails, what, ours, theirs):
 
 
 def app_run(build, cfg, sets, log):
-    """fsdp_app at np 2 on t5_<cfg>.yaml; returns {step: loss}."""
+    """fsdp_app at np 2 on t5_<cfg>.yaml (or transformer.yaml); returns {step: loss}."""
     metrics = log.replace(".log", ".jsonl")
-    run(["timeout", "300"] + MPIRUN + [os.path.join(build, "apps", "fsdp_app"), os.path.join(HERE, f"t5_{cfg}.yaml"),
+    yaml_file = os.path.join(HERE, "transformer.yaml" if cfg == "transformer" else f"t5_{cfg}.yaml")
+    run(["timeout", "300"] + MPIRUN + [os.path.join(build, "apps", "fsdp_app"), yaml_file,
                                        "--set", f"output.metrics={metrics}"] +
         [a for kv in sets for a in ("--set", kv)], log)
     return losses_of(metrics)
@@ -83,6 +87,25 @@ def out_direction(build, py, out, pairs, cfg, fails):
                    os.path.join(d, "init_bf16.log"))
     check(fails, f"out {cfg} bf16: batch 1 loss with the exported bf16 weights, loaded by both", back[1],
           theirs["loss"])
+
+
+def transformer(build, out, fails):
+    d = os.path.join(out, "out_transformer")
+    os.makedirs(d)
+    ck, folder = os.path.join(d, "ck"), os.path.join(d, "hf")
+    app_run(build, "transformer", ["train.steps=3", f"checkpoint.dir={ck}", "checkpoint.format=consolidated"],
+            os.path.join(d, "train.log"))
+    ckpt = os.path.join(ck, "ckpt_00000003.h5")
+    run(["timeout", "120"] + MPIRUN + [os.path.join(build, "apps", "fsdp_ckpt"), "export-hf", ckpt, folder],
+        os.path.join(d, "export.log"))
+    model_type = json.load(open(os.path.join(folder, "config.json"))).get("model_type")
+    from_h5 = app_run(build, "transformer", ["train.steps=1", f"model.init_from={ckpt}"], os.path.join(d, "h5.log"))
+    from_st = app_run(build, "transformer", ["train.steps=1", f"model.init_from={folder}"], os.path.join(d, "st.log"))
+    ok = model_type == "fsdp_transformer" and from_h5[1] == from_st[1]
+    print(f"out transformer: {'PASS' if ok else 'FAIL'}: model_type {model_type}, first-step loss from the checkpoint "
+          f"{from_h5[1]!r}, from the exported folder {from_st[1]!r} (bitwise equal expected)", flush=True)
+    if not ok:
+        fails.append(f"transformer export: model_type {model_type}, losses {from_h5[1]!r} vs {from_st[1]!r}")
 
 
 def in_direction(build, py, out, pairs, cfg, dtype, fails):
@@ -137,6 +160,7 @@ def main():
         run([PYTHON, os.path.join(HERE, "t5_pairs.py"), pairs], os.path.join(out, "pairs.log"))
         for cfg in ("v1_0", "v1_1"):
             out_direction(build, py, out, pairs, cfg, fails)
+        transformer(build, out, fails)
         in_direction(build, py, out, pairs, "v1_0", "f32", fails)
         folder, shards = in_direction(build, py, out, pairs, "v1_1", "bf16", fails)
         damaged(build, out, folder, shards, "v1_1", pairs, fails)
