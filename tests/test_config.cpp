@@ -459,10 +459,12 @@ BOOST_AUTO_TEST_CASE(hf_folder_config_json_sets_the_model_keys) {
              "keys; give one (" +
                  json + " has them)");
   write(R"({"model_type": "t5", "d_model": -3})");
-  BOOST_TEST(error_of(yaml) == json + ": model.d_model: must be >= 1, got '-3'");
+  BOOST_TEST(error_of(yaml) == json + ": model.d_model: must be >= 1, got -3");
   write(R"({"model_type": "t5", "feed_forward_proj": "gated-silu"})");
   BOOST_TEST(error_of(yaml) ==
-             json + ": model.feed_forward_proj: expected one of [relu, gated-gelu], got 'gated-silu'");
+             json +
+                 ": model.feed_forward_proj: expected one of [relu, gated-gelu], got 'gated-silu' (did you "
+                 "mean 'gated-gelu'?)");
   write(R"({"model_type": "t5", "d_model": [1]})");
   BOOST_TEST(error_of(yaml) == "in.yaml:1: model.init_from: " + json +
                                    ": d_model is array, not a number, string or "

@@ -77,6 +77,11 @@ def out_direction(build, py, out, pairs, cfg, fails):
     for folder in (f32, bf16):
         if sorted(os.listdir(folder)) != ["config.json", "model.safetensors"]:
             raise Fail(f"{folder} holds {sorted(os.listdir(folder))}, not config.json and model.safetensors")
+    again = subprocess.run([ckpt_tool, "export-hf", ckpt, f32], capture_output=True, text=True, timeout=60)
+    want = f"fsdp_ckpt: {f32}/model.safetensors exists (use --force to replace it)"
+    if again.returncode != 1 or again.stderr.strip() != want:
+        fails.append(f"export-hf into an exported folder: exit {again.returncode}, {again.stderr.strip()!r}, "
+                     f"expected exit 1 and {want!r}")
     data = ["--data", pairs]
     theirs = hf(py, ["loss", "--config", cfg, "--model", f32, "--batch-index", "3"] + data,
                 os.path.join(d, "hf_f32.log"))
