@@ -28,7 +28,9 @@ struct ModelConfig {
   int64_t n_heads = 8;  // d_model % n_heads == 0
   int64_t d_ff = 2048;
   int64_t seq_len = 256;
-  std::string init_from;  // HDF5 file with /model/<state_dict name> datasets; "" = none
+  // "" = none; an HDF5 file with /model/<state_dict name> datasets, a .safetensors file, or a
+  // Hugging Face model folder (config.json fills the model keys: config/hf_config.h)
+  std::string init_from;
   // t5, by HF's config.json names (d_model and d_ff above are shared). model.preset (t5-small,
   // t5-base, ..., google/t5-v1_1-xxl) sets them all; keys given beside it override.
   std::string preset;
@@ -44,6 +46,7 @@ struct ModelConfig {
   double dropout_rate = 0.1;
   double layer_norm_epsilon = 1e-6;
   double initializer_factor = 1.0;
+  bool operator==(const ModelConfig&) const = default;
 };
 
 struct DataConfig {

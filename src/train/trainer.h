@@ -100,6 +100,7 @@ class Trainer {
   int64_t rouge_samples() const;
   void restore();  // the end of set-up: resume, or model.init_from (save_resume.cpp)
   void resume(const std::string& path);
+  void init_from_hf();  // model.init_from as a .safetensors file or a Hugging Face folder
   // The root attributes of a checkpoint taken after `steps_done` steps.
   CheckpointMeta position(int64_t steps_done, double lr) const;
   // A non-finite state is not written (NonFiniteCheckpoint): an Error naming the step and the
