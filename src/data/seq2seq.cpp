@@ -141,7 +141,8 @@ std::unique_ptr<Seq2SeqDataset> load_seq2seq(const Seq2SeqOptions& o, bool train
                 std::to_string(o.eval_fraction) + " into non-empty train and eval parts");
   std::vector<Pair> part(train ? pairs.begin() : pairs.begin() + (rows - held),
                          train ? pairs.begin() + (rows - held) : pairs.end());
-  std::shared_ptr<const Tokenizer> tok = o.tokenizer ? o.tokenizer : std::shared_ptr<const Tokenizer>(make_byte_tokenizer());
+  std::shared_ptr<const Tokenizer> tok =
+      o.tokenizer ? o.tokenizer : std::shared_ptr<const Tokenizer>(make_byte_tokenizer());
   return std::make_unique<Seq2Seq>(std::move(part), o.source_len, o.target_len, std::move(tok));
 }
 
