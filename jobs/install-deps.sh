@@ -11,6 +11,10 @@ packages=(
   libyaml-cpp-dev libboost-test-dev zlib1g-dev
   # JSON (seq2seq data rows; Hugging Face config.json and safetensors headers)
   nlohmann-json3-dev
+  # SentencePiece (data.tokenizer: the spiece.model of HF T5 folders): the library, spm_train
+  # (jobs/make-summaries.sh trains one), and Python's binding for the reference check that our
+  # ids equal Python's and our decoding HF T5Tokenizer's (tests/reference/check_sentencepiece.py)
+  libsentencepiece-dev sentencepiece python3-sentencepiece
   # OpenBLAS built with OpenMP: one thread pool shared with our loops (see meson.build)
   libopenblas-openmp-dev
   # data: Fashion-MNIST (IDX, gzipped) and a text corpus (the fortune cookie files)
