@@ -50,7 +50,7 @@ if [ ! -e "${lists[0]}" ]; then
   lists=("$DIR"/lists/*_i18n_Translation-en*)
   [ -e "${lists[0]}" ] ||
     fail "apt-get update fetched no Translation-en list (no network, or no reachable apt source?):" \
-      "$(grep -E '^(E|W|Err):' "$DIR/apt-update.log" | head -n1 | cut -c1-160) (log $DIR/apt-update.log)"
+      "$(grep -E '^(E|W):' "$DIR/apt-update.log" | head -n1 | tr -s ' ' | cut -c1-200) (log $DIR/apt-update.log)"
 fi
 echo "lists: $(ls "$DIR"/lists/*_i18n_Translation-en* | wc -l) Translation-en files," \
   "$(du -ch "$DIR"/lists/*_i18n_Translation-en* | tail -n1 | cut -f1) compressed"
