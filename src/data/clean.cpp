@@ -6,16 +6,6 @@ namespace fsdp {
 
 namespace {
 
-std::string replace_all(std::string_view text, std::string_view from, std::string_view to) {
-  std::string out;
-  size_t start = 0;
-  for (size_t at = text.find(from); at != std::string_view::npos; at = text.find(from, start)) {
-    out.append(text.substr(start, at - start)).append(to);
-    start = at + from.size();
-  }
-  return out.append(text.substr(start));
-}
-
 // Python's len() of UTF-8 text: the bytes that start a code point.
 int64_t code_points(std::string_view text) {
   int64_t n = 0;
@@ -52,6 +42,16 @@ std::string clean_text(std::string text) {
 }
 
 }  // namespace
+
+std::string replace_all(std::string_view text, std::string_view from, std::string_view to) {
+  std::string out;
+  size_t start = 0;
+  for (size_t at = text.find(from); at != std::string_view::npos; at = text.find(from, start)) {
+    out.append(text.substr(start, at - start)).append(to);
+    start = at + from.size();
+  }
+  return out.append(text.substr(start));
+}
 
 std::string strip_space(std::string_view text) {
   constexpr std::string_view kSpace = " \t\n\r\f\v";

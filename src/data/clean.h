@@ -6,6 +6,9 @@
 
 namespace fsdp {
 
+// Every `from` in `text` replaced by `to`, left to right (Python's str.replace).
+std::string replace_all(std::string_view text, std::string_view from, std::string_view to);
+
 // Python's str.strip() for ASCII whitespace.
 std::string strip_space(std::string_view text);
 

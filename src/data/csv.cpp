@@ -5,7 +5,7 @@
 namespace fsdp {
 
 namespace {
-constexpr size_t kBlockBytes = size_t{1} << 20;
+constexpr size_t kBlockBytes = size_t{1} << 16;
 }  // namespace
 
 CsvReader::CsvReader(std::istream& in, std::string where) : in_(in), where_(std::move(where)), buffer_(kBlockBytes) {}

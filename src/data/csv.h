@@ -28,8 +28,8 @@ class CsvReader {
 
   std::istream& in_;
   std::string where_;
-  std::vector<char> buffer_;  // read in large blocks: a 600 MB wikihowAll.csv byte by byte
-  size_t pos_ = 0, end_ = 0;  // from the stream would cost seconds
+  std::vector<char> buffer_;  // 64 KiB blocks: a 600 MB wikihowAll.csv byte by byte from the
+  size_t pos_ = 0, end_ = 0;  // stream would cost seconds
   int64_t line_ = 1, record_line_ = 0;
   bool started_ = false;
 };

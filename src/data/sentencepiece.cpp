@@ -28,15 +28,7 @@ std::string clean_up_tokenization(std::string text) {
   static constexpr std::pair<std::string_view, std::string_view> kRules[] = {
       {" .", "."},     {" ?", "?"},   {" !", "!"},   {" ,", ","},     {" ' ", "'"},
       {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
-  for (const auto& [from, to] : kRules) {
-    std::string out;
-    size_t start = 0;
-    for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, start)) {
-      out.append(text, start, at - start).append(to);
-      start = at + from.size();
-    }
-    text = out.append(text, start, std::string::npos);
-  }
+  for (const auto& [from, to] : kRules) text = replace_all(text, from, to);
   return text;
 }
 

@@ -32,6 +32,13 @@ struct Pair {
   std::string source, target;
 };
 
+// "seq2seq data FILE:LINE: what", the one form of a bad row's message.
+Error bad_row(const std::string& path, int64_t line, const std::string& what) {
+  std::string message = "seq2seq data " + path;
+  message.append(":").append(std::to_string(line)).append(": ").append(what);
+  return Error(message);
+}
+
 // A file's rows as (source, target), or an Error naming the file, the line and the problem.
 std::vector<Pair> read_jsonl(const std::string& path, const Seq2SeqOptions& o) {
   std::ifstream in(path, std::ios::binary);
@@ -40,9 +47,7 @@ std::vector<Pair> read_jsonl(const std::string& path, const Seq2SeqOptions& o) {
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines separate nothing
-    auto bad = [&](const std::string& what) {
-      return Error("seq2seq data " + path + ":" + std::to_string(number) + ": " + what);
-    };
+    auto bad = [&](const std::string& what) { return bad_row(path, number, what); };
     nlohmann::json row;
     try {
       row = nlohmann::json::parse(line);
@@ -65,23 +70,20 @@ std::vector<Pair> read_jsonl(const std::string& path, const Seq2SeqOptions& o) {
 std::vector<Pair> read_csv(const std::string& path, const Seq2SeqOptions& o) {
   std::ifstream in(path, std::ios::binary);
   if (!in.is_open()) throw Error("seq2seq data " + path + ": cannot open");
-  const std::string where = "seq2seq data " + path;
-  CsvReader reader(in, where);
+  CsvReader reader(in, "seq2seq data " + path);
   std::vector<std::string> header, fields;
   if (!reader.next(header)) return {};
   auto column = [&](const std::string& name) {
     size_t found = header.size();
     for (size_t k = 0; k < header.size(); ++k) {
       if (header[k] != name) continue;
-      if (found < header.size())
-        throw Error(where + ":" + std::to_string(reader.line()) + ": column \"" + name + "\" twice in the header");
+      if (found < header.size()) throw bad_row(path, reader.line(), "column \"" + name + "\" twice in the header");
       found = k;
     }
     if (found == header.size()) {
       std::string names;
       for (const std::string& h : header) names += (names.empty() ? "" : ", ") + h;
-      throw Error(where + ":" + std::to_string(reader.line()) + ": no column \"" + name +
-                  "\" in the header (columns: " + names + ")");
+      throw bad_row(path, reader.line(), "no column \"" + name + "\" in the header (columns: " + names + ")");
     }
     return found;
   };
@@ -89,8 +91,9 @@ std::vector<Pair> read_csv(const std::string& path, const Seq2SeqOptions& o) {
   std::vector<Pair> pairs;
   while (reader.next(fields)) {
     if (fields.size() != header.size())
-      throw Error(where + ":" + std::to_string(reader.line()) + ": " + std::to_string(fields.size()) +
-                  (fields.size() == 1 ? " field" : " fields") + ", the header has " + std::to_string(header.size()));
+      throw bad_row(path, reader.line(),
+                    std::to_string(fields.size()) + (fields.size() == 1 ? " field" : " fields") + ", the header has " +
+                        std::to_string(header.size()));
     pairs.push_back({std::move(fields[source]), std::move(fields[target])});
   }
   return pairs;
