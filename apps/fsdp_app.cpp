@@ -30,7 +30,9 @@ constexpr const char* kUsage =
     "  trains the model described by INPUT.yaml (see input/ and the README)\n"
     "  --plan          print the predicted per-rank memory by category and the bytes each\n"
     "                  collective moves per step, then exit without training\n"
-    "  --world-size N  plan for N ranks instead of the ranks of this launch\n";
+    "  --world-size N  plan for N ranks instead of the ranks of this launch\n"
+    "  --generate N    decode the first N validation samples (sequence-to-sequence models) and\n"
+    "                  print one JSON line each (index, source, reference, generated); no training\n";
 
 struct Args {
   std::string input;
@@ -38,6 +40,7 @@ struct Args {
   bool help = false;
   bool plan = false;
   int plan_world_size = 0;  // 0: this launch's
+  int64_t generate = 0;     // --generate N: samples to decode instead of training
 };
 
 Args parse_args(int argc, char** argv) {
@@ -57,6 +60,12 @@ Args parse_args(int argc, char** argv) {
       if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos || v.size() > 7 || std::stoi(v) < 1)
         throw fsdp::Error("--world-size '" + v + "': expected a positive number of ranks");
       a.plan_world_size = std::stoi(v);
+    } else if (s == "--generate") {
+      if (i + 1 >= argc) throw fsdp::Error("--generate needs a number of samples");
+      std::string v = argv[++i];
+      if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos || v.size() > 9 || std::stoll(v) < 1)
+        throw fsdp::Error("--generate '" + v + "': expected a positive number of samples");
+      a.generate = std::stoll(v);
     } else if (s.rfind("--set=", 0) == 0) {
       a.overrides.push_back(s.substr(6));
     } else if (s.rfind('-', 0) == 0) {
@@ -68,6 +77,7 @@ Args parse_args(int argc, char** argv) {
     }
   }
   if (a.plan_world_size > 0 && !a.plan) throw fsdp::Error("--world-size goes with --plan");
+  if (a.plan && a.generate > 0) throw fsdp::Error("--plan and --generate do not go together");
   if (!a.help && a.input.empty())
     throw fsdp::Error("no input file given (usage: fsdp_app INPUT.yaml [--set key=value ...])");
   return a;
@@ -84,6 +94,7 @@ int main(int argc, char** argv) {
   fsdp::MpiSession mpi(&argc, &argv);
   std::unique_ptr<fsdp::Trainer> trainer;
   std::string setup_error;
+  int64_t generate = 0;
   try {
     Args args = parse_args(argc, argv);
     if (args.help) {
@@ -91,6 +102,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     fsdp::Config config = fsdp::load_config(args.input, args.overrides);
+    generate = args.generate;
+    if (generate > 0 && config.model.kind != fsdp::ModelKind::t5)
+      throw fsdp::Error("--generate needs a sequence-to-sequence model (model.kind t5); " + args.input +
+                        " has model.kind " + std::string(fsdp::enum_name(config.model.kind)));
     if (args.plan) {
       // The real step on the meta device: a plan for any size runs anywhere, allocating nothing.
       fsdp::PlanRequest request;
@@ -129,7 +144,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
-    trainer->run();
+    if (generate > 0)
+      trainer->generate(generate);
+    else
+      trainer->run();
     return 0;
   } catch (const fsdp::AgreedError& e) {
     // Every rank stopped here with this message: one line, and a normal end on every rank.

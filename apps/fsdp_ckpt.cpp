@@ -3,9 +3,12 @@
 //   verify FILE                  every tensor's CRC-32, chunk by chunk
 //   consolidate IN OUT           sharded -> consolidated
 //   reshard IN OUT [--format F]  any format -> any format
+//   export-hf CKPT DIR [--dtype D] a Hugging Face model folder: config.json, model.safetensors
 // inspect and verify run on one process (rank 0 under mpirun). consolidate and reshard run alone
 // or under mpirun -np K for any K: each rank holds 1/K of every unit, loads its slice with
 // load_checkpoint and writes it with save_checkpoint, so no rank ever holds the whole state.
+// export-hf likewise: each rank loads its slice of the parameters and pwrites it into its place
+// in the one safetensors file.
 //
 // Errors: one line on stderr (rank 0's) and a non-zero exit, never a crash or a hang: 2 for bad
 // arguments, 1 for a bad file or a failed check. A conversion's set-up failures are agreed on by
@@ -17,19 +20,27 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/h5.h"
+#include "ckpt/safetensors.h"
+#include "comm/agree.h"
 #include "comm/mpi_env.h"
+#include "config/config.h"
+#include "config/hf_config.h"
+#include "models/model.h"
 #include "tensor/error.h"
+#include "train/model_from_config.h"
 
 namespace {
 
@@ -51,9 +62,15 @@ constexpr const char* kUsage =
     "                      write IN (either format) in the given format (default sharded). A\n"
     "                      consolidated IN becomes one unit per parameter; a sharded IN keeps\n"
     "                      its units and their padding\n"
+    "  export-hf CKPT DIR [--dtype f32|bf16|f16] [--force]\n"
+    "                      write the parameters of checkpoint CKPT (either format) as a Hugging\n"
+    "                      Face model folder: DIR/model.safetensors (default f32) and\n"
+    "                      DIR/config.json from the model keys of the checkpoint's config_yaml.\n"
+    "                      t5: T5ForConditionalGeneration.from_pretrained(DIR) loads it; the\n"
+    "                      transformer: our names, model_type fsdp_transformer (no HF class)\n"
     "\n"
-    "consolidate and reshard run alone or under mpirun -np K for any K (each rank holds 1/K of\n"
-    "the state). fsdp_app itself loads either format at any world size, strategy and wrap\n"
+    "consolidate, reshard and export-hf run alone or under mpirun -np K for any K (each rank\n"
+    "holds 1/K of the state). fsdp_app itself loads either format at any world size, strategy and wrap\n"
     "policy (checkpoint.resume), so these two only matter for handing files to other tools.\n"
     "OUT is written as OUT.tmp and renamed when complete and verified; an existing OUT is\n"
     "replaced only with --force. Exit status: 0 ok, 1 bad file or failed check, 2 bad arguments.\n";
@@ -62,6 +79,7 @@ struct Args {
   std::string command;
   std::vector<std::string> files;
   std::string format;  // reshard's --format
+  std::string dtype;   // export-hf's --dtype
   bool force = false;
   bool help = false;
 };
@@ -79,6 +97,11 @@ Args parse_args(int argc, char** argv) {
       a.format = s == "--format" ? argv[++i] : s.substr(9);
       if (a.format != "sharded" && a.format != "consolidated")
         throw Error("--format '" + a.format + "': expected sharded or consolidated");
+    } else if (s == "--dtype" || s.rfind("--dtype=", 0) == 0) {
+      if (s == "--dtype" && i + 1 >= argc) throw Error("--dtype needs f32, bf16 or f16");
+      a.dtype = s == "--dtype" ? argv[++i] : s.substr(8);
+      if (a.dtype != "f32" && a.dtype != "bf16" && a.dtype != "f16")
+        throw Error("--dtype '" + a.dtype + "': expected f32, bf16 or f16");
     } else if (s.rfind('-', 0) == 0 && s.size() > 1) {
       throw Error("unknown option '" + s + "' (try --help)");
     } else if (a.command.empty()) {
@@ -88,20 +111,26 @@ Args parse_args(int argc, char** argv) {
     }
   }
   if (a.help) return a;
-  if (a.command.empty()) throw Error("no command given: inspect, verify, consolidate or reshard (try --help)");
+  if (a.command.empty())
+    throw Error("no command given: inspect, verify, consolidate, reshard or export-hf (try --help)");
   size_t files = 0;
   if (a.command == "inspect" || a.command == "verify")
     files = 1;
-  else if (a.command == "consolidate" || a.command == "reshard")
+  else if (a.command == "consolidate" || a.command == "reshard" || a.command == "export-hf")
     files = 2;
   else
-    throw Error("unknown command '" + a.command + "': expected inspect, verify, consolidate or reshard");
+    throw Error("unknown command '" + a.command + "': expected inspect, verify, consolidate, reshard or export-hf");
   if (a.files.size() != files)
-    throw Error(a.command + " takes " + (files == 1 ? "one file" : "an input and an output file") + ", got " +
-                std::to_string(a.files.size()) + " (try --help)");
+    throw Error(a.command + " takes " +
+                (files == 1                 ? "one file"
+                 : a.command == "export-hf" ? "a checkpoint and an output folder"
+                                            : "an input and an output file") +
+                ", got " + std::to_string(a.files.size()) + " (try --help)");
+  if (!a.dtype.empty() && a.command != "export-hf") throw Error("--dtype goes with export-hf");
+  if (a.dtype.empty()) a.dtype = "f32";
   if (!a.format.empty() && a.command != "reshard") throw Error("--format goes with reshard");
-  if (a.force && a.command != "consolidate" && a.command != "reshard")
-    throw Error("--force goes with consolidate or reshard");
+  if (a.force && a.command != "consolidate" && a.command != "reshard" && a.command != "export-hf")
+    throw Error("--force goes with consolidate, reshard or export-hf");
   if (a.command == "consolidate") a.format = "consolidated";
   if (a.command == "reshard" && a.format.empty()) a.format = "sharded";
   return a;
@@ -388,7 +417,8 @@ struct Slice {
 // Rank r of k holds [n * r / k, n * (r + 1) / k) (without overflow).
 int64_t split(int64_t n, int r, int k) { return n / k * r + n % k * r / k; }
 
-std::unique_ptr<Slice> make_slice(const std::string& in, int rank, int size) {
+// with_optimizer false: the parameters only (export-hf).
+std::unique_ptr<Slice> make_slice(const std::string& in, int rank, int size, bool with_optimizer = true) {
   auto s = std::make_unique<Slice>();
   s->contents = fsdp::list_checkpoint(in);
   const fsdp::CheckpointContents& c = s->contents;
@@ -422,7 +452,7 @@ std::unique_ptr<Slice> make_slice(const std::string& in, int rank, int size) {
     local += u.held_count;
     s->state.units.push_back(u);
   }
-  s->state.state_names = c.meta.optimizer_states;
+  if (with_optimizer) s->state.state_names = c.meta.optimizer_states;
   s->buffers.resize(1 + s->state.state_names.size());
   for (auto& b : s->buffers) {
     b.assign(std::max<int64_t>(local, 1), 0.0f);
@@ -497,6 +527,140 @@ int convert(const Args& args, const fsdp::MpiSession& mpi) {
   return 0;
 }
 
+// ---- export-hf -------------------------------------------------------------------------
+
+// The model a checkpoint was trained with: the model keys of its config_yaml, which holds a
+// model folder's config.json keys too (config.cpp merges them in). The folder or file it
+// started from need not exist any more, nor its comm.backend be built here.
+fsdp::ModelConfig checkpoint_model(const fsdp::CheckpointMeta& meta, const std::string& path) {
+  if (meta.config_yaml.empty()) throw Error(path + ": no config_yaml attribute: the model keys are unknown");
+  return fsdp::parse_config(meta.config_yaml, path + " (config_yaml)", {"model.init_from=", "comm.backend=mpi"}).model;
+}
+
+// The output folder: made when missing; existing files are replaced only with --force.
+void check_export_dir(const std::string& dir, bool force) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) throw Error(dir + " exists and is not a folder");
+  for (const char* name : {"model.safetensors", "config.json"}) {
+    const fs::path p = fs::path(dir) / name;
+    if (fs::exists(p, ec) && !force) throw Error(p.string() + " exists (use --force to replace it)");
+  }
+  fs::path parent = fs::path(dir).parent_path();
+  if (parent.empty()) parent = ".";
+  if (!fs::is_directory(parent, ec)) throw Error(dir + ": folder " + parent.string() + " does not exist");
+}
+
+void write_text_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) throw Error(tmp + ": cannot create (" + std::strerror(errno) + ")");
+  const bool written =
+      std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 && fsync(fileno(f)) == 0;
+  if (std::fclose(f) != 0 || !written) throw Error(tmp + ": cannot write (" + std::strerror(errno) + ")");
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error("cannot rename " + tmp + " to " + path);
+}
+
+// Every rank's outcome of a phase; false (after printing the first failure, once) when any failed.
+bool all_ok(const std::string& error, const fsdp::MpiSession& mpi) {
+  const fsdp::Agreement a = fsdp::agree_on_error(MPI_COMM_WORLD, error);
+  if (!a.ok() && mpi.rank() == 0) std::fprintf(stderr, "fsdp_ckpt: %s\n", a.text().c_str());
+  return a.ok();
+}
+
+int export_hf(const Args& args, const fsdp::MpiSession& mpi) {
+  const std::string& in = args.files[0];
+  const std::string& dir = args.files[1];
+  const std::string out = (fs::path(dir) / "model.safetensors").string(), tmp = out + ".tmp";
+  const fsdp::DType dtype = fsdp::parse_dtype(args.dtype);
+  std::unique_ptr<Slice> slice;
+  std::unique_ptr<fsdp::SafetensorsWriter> writer;
+  std::map<std::string, size_t> spec_of;  // name -> its place in the file
+  std::string config_json, error;
+  try {
+    slice = make_slice(in, mpi.rank(), mpi.size(), false);
+    const fsdp::ModelConfig model = checkpoint_model(slice->contents.meta, in);
+    config_json = fsdp::hf_config_json(model, dtype == fsdp::DType::f32    ? "float32"
+                                              : dtype == fsdp::DType::bf16 ? "bfloat16"
+                                                                           : "float16");
+    // The file holds the model's parameters in named_parameters() order (HF's), each once: T5's
+    // tied aliases are left to from_pretrained, which ties them as save_pretrained expects.
+    std::map<std::string, const fsdp::CheckpointTensor*> in_ckpt;
+    for (const fsdp::CheckpointTensor& t : slice->contents.tensors) in_ckpt.emplace(t.name, &t);
+    std::vector<fsdp::SafetensorsWriter::Spec> specs;
+    const std::unique_ptr<fsdp::Model> net = fsdp::make_model(model);  // names and shapes only
+    for (const fsdp::Param* p : net->params()) {
+      const auto it = in_ckpt.find(p->name);
+      if (it == in_ckpt.end()) throw Error(in + ": no tensor " + p->name + ", which its config_yaml's model has");
+      if (it->second->shape != p->shape)
+        throw Error(in + ": " + p->name + " has shape " + fsdp::shape_str(it->second->shape) +
+                    ", its config_yaml's model " + fsdp::shape_str(p->shape));
+      spec_of[p->name] = specs.size();
+      specs.push_back({p->name, p->shape});
+      in_ckpt.erase(it);
+    }
+    if (!in_ckpt.empty()) throw Error(in + ": tensor " + in_ckpt.begin()->first + " is not in its config_yaml's model");
+    writer = std::make_unique<fsdp::SafetensorsWriter>(std::move(specs), dtype,
+                                                       std::map<std::string, std::string>{{"format", "pt"}});
+    check_export_dir(dir, args.force);
+    if (mpi.rank() == 0) {
+      fs::create_directories(dir);
+      writer->create(tmp);  // header and size; the other ranks open it after the agreement
+    }
+  } catch (const std::exception& e) {
+    error = describe(e);
+  }
+  if (!all_ok(error, mpi)) return 1;
+
+  fsdp::LoadOptions load_options;
+  load_options.optimizer_state = false;
+  fsdp::CheckpointStats load_stats;
+  try {
+    fsdp::load_checkpoint(in, slice->state, load_options, MPI_COMM_WORLD, &load_stats);
+  } catch (const Error& e) {  // agreed inside: the same on every rank
+    if (mpi.rank() == 0) std::fprintf(stderr, "fsdp_ckpt: %s\n", e.what());
+    if (mpi.rank() == 0) (void)std::remove(tmp.c_str());  // best effort: the error above is what matters
+    return 1;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    if (mpi.rank() != 0) writer->open(tmp);
+    for (const fsdp::UnitShard& u : slice->state.units) {
+      const int64_t h_begin = u.held_begin, h_end = u.held_begin + u.held_count;
+      for (size_t i = 0; i < u.layout->params.size(); ++i) {
+        const int64_t p_begin = u.layout->offsets[i], p_end = p_begin + u.layout->params[i]->numel();
+        const int64_t lo = std::max(p_begin, h_begin), hi = std::min(p_end, h_end);
+        if (lo < hi)
+          writer->write_f32(spec_of.at(u.layout->params[i]->name), lo - p_begin, hi - lo,
+                            slice->state.buffers[0] + u.local_offset + (lo - h_begin));
+      }
+    }
+    writer->close();
+    error.clear();
+  } catch (const std::exception& e) {
+    error = describe(e);
+  }
+  if (!all_ok(error, mpi)) {
+    if (mpi.rank() == 0) (void)std::remove(tmp.c_str());  // best effort, as above
+    return 1;
+  }
+  if (mpi.rank() == 0) {
+    try {
+      if (std::rename(tmp.c_str(), out.c_str()) != 0) throw Error("cannot rename " + tmp + " to " + out);
+      write_text_file((fs::path(dir) / "config.json").string(), config_json);
+      const fsdp::SafetensorsReader check(dir);  // the header as any reader sees it
+      std::printf(
+          "%s (%s, step %lld) -> %s: %zu tensors, %s, %.1f MB; read in %.2f s, written in %.2f s on %d rank%s\n",
+          in.c_str(), slice->contents.meta.format.c_str(), static_cast<long long>(slice->contents.meta.step),
+          dir.c_str(), check.tensors().size(), args.dtype.c_str(), static_cast<double>(writer->file_bytes()) / 1e6,
+          load_stats.seconds, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), mpi.size(),
+          mpi.size() == 1 ? "" : "s");
+      error.clear();
+    } catch (const std::exception& e) {
+      error = describe(e);
+    }
+  }
+  return all_ok(error, mpi) ? 0 : 1;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -513,6 +677,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (args.command == "consolidate" || args.command == "reshard") return convert(args, mpi);
+  if (args.command == "export-hf") return export_hf(args, mpi);
 
   // inspect and verify: one process reads, the others wait for its exit status.
   int rc = 0;

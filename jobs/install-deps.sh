@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# Installs every Debian package fsdp-hpc needs to build, run and test. Idempotent and quiet:
-# packages already present are skipped by apt; the dpkg lock is waited on, not fought.
+# Installs the Debian packages fsdp-hpc needs. Idempotent and quiet: packages already present
+# are skipped; the dpkg lock is waited on, not fought.
+#   bash jobs/install-deps.sh          what building and running need (the compiler, Meson,
+#                                      OpenMPI, UCX, parallel HDF5, yaml-cpp, OpenBLAS, JSON,
+#                                      SentencePiece, the data, plotting)
+#   bash jobs/install-deps.sh --tests  that, and what the tests and quality gates add (Boost.Test,
+#                                      clang with its fuzzer and sanitizer runtimes, clang-tidy,
+#                                      cppcheck, clang-format, PyTorch and h5py for the reference
+#                                      checks, Slurm and munge, network namespaces)
+# README.md's "Two commands" gives the time and download size of each on a fresh machine.
 set -euo pipefail
 
-packages=(
+run_packages=(
   # build
   g++ meson ninja-build pkg-config
   # libraries found by dependency() in meson.build
   openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools libucx-dev ucx-utils
-  libyaml-cpp-dev libboost-test-dev zlib1g-dev
+  libyaml-cpp-dev zlib1g-dev
   # JSON (seq2seq data rows; Hugging Face config.json and safetensors headers)
   nlohmann-json3-dev
-  # SentencePiece (data.tokenizer: the spiece.model of HF T5 folders): the library, spm_train
-  # (jobs/make-summaries.sh trains one), and Python's binding for the reference check that our
-  # ids equal Python's and our decoding HF T5Tokenizer's (tests/reference/check_sentencepiece.py)
-  libsentencepiece-dev sentencepiece python3-sentencepiece
+  # SentencePiece (data.tokenizer: the spiece.model of HF T5 folders): the library, and
+  # spm_train (jobs/make-summaries.sh trains one)
+  libsentencepiece-dev sentencepiece
   # OpenBLAS built with OpenMP: one thread pool shared with our loops (see meson.build)
   libopenblas-openmp-dev
   # data: Fashion-MNIST (IDX, gzipped) and a text corpus (the fortune cookie files)
@@ -23,24 +30,43 @@ packages=(
   xz-utils
   # jobs/plot-bench.sh draws fsdp_bench's CSV
   gnuplot-nox
+)
+
+test_packages=(
+  # the Boost.Test suites (meson builds them when Boost.Test is found)
+  libboost-test-dev
   # tests/fuzz (libFuzzer targets, tests/fuzz/run.sh): clang 14 with its sanitizer and fuzzer
   # runtimes (libclang-rt-14-dev) and LLVM's OpenMP runtime, which clang's -fopenmp links
   clang libclang-rt-14-dev libomp-14-dev
   # tests/lint.sh: clang-tidy 14 (.clang-tidy), cppcheck 2.10 (tests/lint/cppcheck.supp) and
   # clang-format 14 (.clang-format); clang-tidy parses with clang's own omp.h (libomp-14-dev)
-  clang-tidy cppcheck clang-format libomp-14-dev
+  clang-tidy cppcheck clang-format
   # reference checks against PyTorch (Debian's system python3, not pyenv's)
   python3-torch python3-h5py python3-numpy
+  # ... and against Python's sentencepiece, which HF's T5Tokenizer uses too
+  # (tests/reference/check_sentencepiece.py: our ids and our decoding)
+  python3-sentencepiece
   # ... and against Hugging Face transformers (PyPI) in a venv over Debian's torch
   # (tests/reference/hf_venv.sh: `python3 -m venv` needs python3-venv)
   python3-venv
   # tests/multihost: simulated hosts (ip netns, veth, bridge; unshare and nsenter)
   iproute2 util-linux
-  # Slurm for jobs/*.sbatch and tests/slurm, which starts its own private munged, slurmctld and
-  # slurmd (nothing here configures a system-wide one). srun --mpi=pmix needs Slurm's mpi_pmix
-  # plugin (slurm-wlm-basic-plugins) and the PMIx library it opens (libpmix2).
+  # Slurm for tests/slurm, which starts its own private munged, slurmctld and slurmd (nothing
+  # here configures a system-wide one; on a cluster, jobs/*.sbatch use the cluster's Slurm).
+  # srun --mpi=pmix needs Slurm's mpi_pmix plugin (slurm-wlm-basic-plugins) and the PMIx
+  # library it opens (libpmix2).
   slurm-wlm slurm-wlm-basic-plugins munge libpmix2
 )
+
+packages=("${run_packages[@]}")
+case "${1:-}" in
+  "") ;;
+  --tests) packages+=("${test_packages[@]}") ;;
+  *)
+    echo "usage: bash jobs/install-deps.sh [--tests]" >&2
+    exit 2
+    ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do

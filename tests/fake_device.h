@@ -39,6 +39,7 @@ constexpr int kHostTouchExit = 86;  // exit status after the host touched fake d
 struct FakeDeviceOptions {
   size_t arena_bytes = size_t{1} << 30;  // reserved address space (pages are touched on use)
   bool drop_stream_waits = false;
+  int64_t free_bytes = -1;  // what device_memory() reports as free (-1: unknown, not checked)
 };
 
 struct FakeDeviceCounts {
@@ -61,6 +62,7 @@ class FakeDevice final : public DeviceRuntime {
 
   Device device() const override { return Device::cuda; }
   std::string describe() const override { return "fake cuda (deferred streams, guarded memory)"; }
+  DeviceMemory device_memory() override { return {options_.free_bytes, 1, "fake cuda:0"}; }
   MemoryTracker& tracker() override { return tracker_; }
   void* allocate(size_t bytes, MemCategory category, Stream stream) override;
   void deallocate(void* ptr, size_t bytes, MemCategory category, Stream stream) override;

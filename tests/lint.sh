@@ -14,7 +14,7 @@ root=$(pwd)
 build=${1:-build-lint}
 jobs=${LINT_JOBS:-2}
 
-bash jobs/install-deps.sh || { echo "install-deps failed"; echo "0 passed, 3 failed"; exit 1; }
+bash jobs/install-deps.sh --tests || { echo "install-deps failed"; echo "0 passed, 3 failed"; exit 1; }
 if [ ! -f "$build/compile_commands.json" ]; then
   if [ ! -e "$build" ]; then
     meson setup "$build" >/dev/null || { echo "meson setup $build failed"; echo "0 passed, 3 failed"; exit 1; }
@@ -87,7 +87,7 @@ if command -v clang-tidy >/dev/null; then
   fi
   report clang-tidy "$nfiles" "$tidy_findings" "$work/tidy.log" "$tidy_status"
 else
-  echo "clang-tidy: not installed (bash jobs/install-deps.sh)"
+  echo "clang-tidy: not installed (bash jobs/install-deps.sh --tests)"
   failed=$((failed + 1))
 fi
 
@@ -102,7 +102,7 @@ if command -v cppcheck >/dev/null; then
   cppcheck_findings=$(count_unique "$work/cppcheck.log")
   report cppcheck "$nfiles" "$cppcheck_findings" "$work/cppcheck.log" "$cppcheck_status"
 else
-  echo "cppcheck: not installed (bash jobs/install-deps.sh)"
+  echo "cppcheck: not installed (bash jobs/install-deps.sh --tests)"
   failed=$((failed + 1))
 fi
 
@@ -120,7 +120,7 @@ if command -v clang-format >/dev/null; then
   [ "$format_findings" -gt 0 ] && echo "clang-format: $format_bad_files files need formatting (clang-format -i FILE)"
   report clang-format "$format_files" "$format_findings" "$work/format.log" "$format_status"
 else
-  echo "clang-format: not installed (bash jobs/install-deps.sh)"
+  echo "clang-format: not installed (bash jobs/install-deps.sh --tests)"
   failed=$((failed + 1))
 fi
 

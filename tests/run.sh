@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 shift || true
 
-bash jobs/install-deps.sh || { echo "install-deps failed"; echo "0 passed, 1 failed"; exit 1; }
+bash jobs/install-deps.sh --tests || { echo "install-deps failed"; echo "0 passed, 1 failed"; exit 1; }
 if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" >/dev/null || { echo "meson setup failed"; echo "0 passed, 1 failed"; exit 1; }
 fi

@@ -48,7 +48,7 @@ shift || true
 
 fail() { echo "$1"; echo "0 passed, 1 failed"; exit 1; }
 
-bash jobs/install-deps.sh || fail "install-deps failed"
+bash jobs/install-deps.sh --tests || fail "install-deps failed"
 t0=$(date +%s)
 options=(-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized -Dtests_optimization=0)
 if [ ! -f "$build/build.ninja" ]; then

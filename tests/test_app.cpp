@@ -96,9 +96,19 @@ BOOST_AUTO_TEST_CASE(no_arguments_and_bad_options) {
   expect_error(run("a.yaml --bogus"), "unknown option '--bogus'");
   expect_error(run("a.yaml b.yaml"), "one input file only");
   expect_error(run("a.yaml --set"), "--set needs");
+  expect_error(run("a.yaml --generate"), "--generate needs a number of samples");
+  expect_error(run("a.yaml --generate 0"), "--generate '0': expected a positive number of samples");
+  expect_error(run("a.yaml --generate 3 --plan"), "--plan and --generate do not go together");
   Run help = run("--help");
   BOOST_TEST(help.exit_code == 0);
   BOOST_TEST(help.out.find("usage: fsdp_app") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(generate_needs_a_seq2seq_model) {
+  TempDir d;
+  const std::string cfg = d.file("c.yaml", kTinyCnn);
+  expect_error(run(cfg + " --generate 2"),
+               "--generate needs a sequence-to-sequence model (model.kind t5); " + cfg + " has model.kind mnist_cnn");
 }
 
 BOOST_AUTO_TEST_CASE(missing_input_file) {

@@ -409,6 +409,97 @@ BOOST_AUTO_TEST_CASE(t5_keys_and_presets) {
              "--set model.vocab_size: model.vocab_size: must be >= 259 for t5's byte tokens (ids 3..258), got 200");
   BOOST_TEST(error_of("model: {kind: t5}\ndata: {kind: seq2seq}\n") ==
              "in.yaml:1: data.path: data.kind seq2seq needs data.path (a CSV or JSON-lines file)");
+  // generate.*: defaults, and only for a sequence-to-sequence model.
+  BOOST_TEST(base.generate.num_beams == 1);
+  BOOST_TEST(base.generate.rouge_samples == -1);
+  const Config beams = parse_config(t5, "in.yaml", {"generate.num_beams=4", "generate.length_penalty=0.6"});
+  BOOST_TEST(beams.generate.num_beams == 4);
+  BOOST_TEST(beams.generate.length_penalty == 0.6);
+  BOOST_TEST(error_of(t5, {"generate.num_beams=0"}) == "--set generate.num_beams: generate.num_beams: must be >= 1, got 0");
+  BOOST_TEST(error_of("model: {kind: mnist_cnn}\ngenerate: {num_beams: 2}\n") ==
+             "in.yaml:2: generate.num_beams: text generation needs a sequence-to-sequence model (model.kind t5); "
+             "model.kind is mnist_cnn");
+}
+
+// model.init_from as a Hugging Face folder: config.json fills the model keys (T5Config's
+// defaults where it is silent), model.kind too; a key the YAML also gives must agree, except
+// dropout_rate; a preset beside a folder is refused; the keys end up in yaml_text.
+BOOST_AUTO_TEST_CASE(hf_folder_config_json_sets_the_model_keys) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("fsdp_config_hf_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string json = (dir / "config.json").string();
+  auto write = [&](const std::string& text) { std::ofstream(json) << text; };
+  write(R"({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "d_model": 96, "d_ff": 256,
+            "num_layers": 3, "num_heads": 6, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": false,
+            "dropout_rate": 0.0, "layer_norm_epsilon": 1e-05, "n_positions": 512, "num_decoder_layers": null})");
+  const std::string yaml = "model: {init_from: " + dir.string() + "}\ndata: {kind: seq2seq, path: x.jsonl}\n";
+  const Config c = parse_config(yaml, "in.yaml");
+  BOOST_TEST((c.model.kind == ModelKind::t5));
+  BOOST_TEST(c.model.d_model == 96);
+  BOOST_TEST(c.model.d_ff == 256);
+  BOOST_TEST(c.model.num_layers == 3);
+  BOOST_TEST(c.model.num_decoder_layers == 3);  // null: num_layers, as T5Config does
+  BOOST_TEST(c.model.num_heads == 6);
+  BOOST_TEST(c.model.d_kv == 64);  // T5Config's default
+  BOOST_TEST(c.model.vocab_size == 32128);
+  BOOST_TEST((c.model.feed_forward_proj == FeedForwardProj::gated_gelu));
+  BOOST_TEST(!c.model.tie_word_embeddings);
+  BOOST_TEST(c.model.dropout_rate == 0.0);
+  BOOST_TEST(c.model.layer_norm_epsilon == 1e-5);
+  // yaml_text holds the keys: parsed without the folder it gives the same model.
+  BOOST_TEST(c.yaml_text.find("#   model keys from " + json + "\n") != std::string::npos);
+  const Config again = parse_config(c.yaml_text, "stored", {"model.init_from="});
+  BOOST_TEST((again.model.kind == ModelKind::t5));
+  Config a = again;
+  a.model.init_from = c.model.init_from;
+  BOOST_TEST((a.model == c.model));
+  // The YAML may repeat a key with the same value, and change dropout_rate; nothing else.
+  BOOST_TEST(parse_config(yaml, "in.yaml", {"model.d_model=96", "model.kind=t5"}).model.d_model == 96);
+  BOOST_TEST(parse_config(yaml, "in.yaml", {"model.dropout_rate=0.2"}).model.dropout_rate == 0.2);
+  BOOST_TEST(error_of(yaml, {"model.d_model=64"}) ==
+             "--set model.d_model: model.d_model: '64' disagrees with 96 in " + json +
+                 " (the folder's weights were made with that; remove the key or make it agree)");
+  BOOST_TEST(error_of(yaml, {"model.layer_norm_epsilon=1e-6"}) ==
+             "--set model.layer_norm_epsilon: model.layer_norm_epsilon: '1e-6' disagrees with 1e-05 in " + json +
+                 " (the folder's weights were made with that; remove the key or make it agree)");
+  BOOST_TEST(error_of(yaml, {"model.kind=transformer"}) ==
+             "--set model.kind: model.kind: is transformer, but " + json + " describes a t5 model");
+  BOOST_TEST(error_of(yaml, {"model.preset=t5-base"}) ==
+             "--set model.preset: model.preset: a preset and a model folder (model.init_from) both set the model "
+             "keys; give one (" +
+                 json + " has them)");
+  write(R"({"model_type": "t5", "d_model": -3})");
+  BOOST_TEST(error_of(yaml) == json + ": model.d_model: must be >= 1, got -3");
+  write(R"({"model_type": "t5", "feed_forward_proj": "gated-silu"})");
+  BOOST_TEST(error_of(yaml) ==
+             json +
+                 ": model.feed_forward_proj: expected one of [relu, gated-gelu], got 'gated-silu' (did you "
+                 "mean 'gated-gelu'?)");
+  write(R"({"model_type": "t5", "d_model": [1]})");
+  BOOST_TEST(error_of(yaml) == "in.yaml:1: model.init_from: " + json +
+                                   ": d_model is array, not a number, string or "
+                                   "boolean");
+  write(R"({"model_type": "bert"})");
+  BOOST_TEST(error_of(yaml) == "in.yaml:1: model.init_from: " + json +
+                                   ": model_type 'bert'; fsdp_app reads t5 (T5ForConditionalGeneration) and "
+                                   "fsdp_transformer");
+  write("{\"model_type\": ");
+  BOOST_TEST(error_of(yaml).starts_with("in.yaml:1: model.init_from: " + json + ": bad JSON ([json.exception."));
+  // Our transformer's export: every key required.
+  write(R"({"model_type": "fsdp_transformer", "vocab": 256, "d_model": 32, "n_layers": 2, "n_heads": 4,
+            "d_ff": 64, "seq_len": 16})");
+  const Config lm = parse_config("model: {init_from: " + dir.string() + "}\ndata: {kind: text}\n", "in.yaml");
+  BOOST_TEST((lm.model.kind == ModelKind::transformer));
+  BOOST_TEST(lm.model.n_layers == 2);
+  BOOST_TEST(lm.model.seq_len == 16);
+  write(R"({"model_type": "fsdp_transformer", "vocab": 256})");
+  BOOST_TEST(error_of("model: {init_from: " + dir.string() + "}\n") ==
+             "in.yaml:1: model.init_from: " + json + ": no d_model (model_type fsdp_transformer)");
+  fs::remove(json);
+  BOOST_TEST(error_of(yaml) ==
+             "in.yaml:1: model.init_from: " + json + ": cannot open (a Hugging Face model folder has a config.json)");
+  fs::remove_all(dir);
 }
 
 // The seq2seq data keys: a SentencePiece model (t5 only; its own size is checked when it is

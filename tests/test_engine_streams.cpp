@@ -323,6 +323,24 @@ BOOST_AUTO_TEST_CASE(dropped_stream_waits_are_caught) {
   }
 }
 
+// A run whose planned device peak exceeds the device's free memory stops at set-up with one line
+// giving the numbers (check_plan_fits), on every rank alike; with room, the same run trains.
+BOOST_AUTO_TEST_CASE(a_run_that_cannot_fit_the_device_is_refused_at_start) {
+  const std::vector<std::string> o = {"train.steps=1", "train.eval_every=never"};
+  FakeDeviceOptions small;
+  small.free_bytes = 4096;
+  RunResult dev = train_once(kLm, o, true, small);
+  const int n = world_size();
+  const std::string sharing =
+      std::to_string(n) + " rank" + (n == 1 ? "" : "s") + " on fake cuda:0 would need " + std::to_string(n) + " x ";
+  report(dev.error.find("memory plan: " + sharing) == 0 &&
+             dev.error.find("of device memory at their peak, and the device has 4.00 KiB free") != std::string::npos,
+         "expected the device refusal, got: '" + dev.error + "'");
+  FakeDeviceOptions roomy;
+  roomy.free_bytes = int64_t{1} << 30;
+  report(train_once(kLm, o, true, roomy).error.empty(), "a run that fits was refused");
+}
+
 int main(int argc, char** argv) {
   fsdp::MpiSession mpi(&argc, &argv);
   return ut::unit_test_main(

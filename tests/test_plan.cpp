@@ -126,6 +126,8 @@ BOOST_AUTO_TEST_CASE(plan_matches_measured_t5) {
   // Nested units under the recursing size_based policy, recomputed in backward.
   check_plan_against_run(kT5, {"fsdp.auto_wrap.policy=size_based", "fsdp.auto_wrap.min_num_params=300",
                                "fsdp.activation_checkpointing=true"});
+  // ROUGE at each evaluation decodes with every unit gathered (and beam caches per sequence).
+  check_plan_against_run(kT5, {"generate.rouge_samples=7", "generate.num_beams=2", "generate.batch_size=3"});
 }
 
 BOOST_AUTO_TEST_CASE(plan_matches_measured_mnist_cnn) {

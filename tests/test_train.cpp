@@ -147,3 +147,102 @@ BOOST_AUTO_TEST_CASE(f16_dynamic_loss_scaling_skips_overflowing_steps) {
   BOOST_TEST(last_loss < first_loss);
   std::filesystem::remove(m);
 }
+
+// ---- ROUGE (train/rouge.h): rouge_score 0.1.2's numbers, worked by hand ----------------------
+#include "models/generate.h"
+#include "train/rouge.h"
+
+BOOST_AUTO_TEST_SUITE(rouge_scores)
+
+BOOST_AUTO_TEST_CASE(tokenizer_is_rouge_scores) {
+  // Lowercase; every run outside [a-z0-9] separates (punctuation, apostrophes, non-ASCII bytes).
+  const std::vector<std::string> want = {"hello", "world", "42x", "don", "t", "caf"};
+  BOOST_CHECK(fsdp::rouge_tokenize("Hello, WORLD!\n42x -- don't caf\xc3\xa9") == want);
+  BOOST_CHECK(fsdp::rouge_tokenize(" ,;  ").empty());
+}
+
+BOOST_AUTO_TEST_CASE(f_measures) {
+  // ref: the cat sat on the mat / pred: the cat is on the mat
+  // unigrams: the 2 + cat + on + mat = 5 of 6 each side -> 5/6; bigrams: the cat, on the,
+  // the mat = 3 of 5 -> 3/5; LCS the cat on the mat = 5 -> 5/6.
+  const fsdp::RougeScores s = fsdp::rouge("The cat sat on the mat.", "the cat is on the mat");
+  BOOST_CHECK_CLOSE(s.rouge1, 5.0 / 6.0, 1e-12);
+  BOOST_CHECK_CLOSE(s.rouge2, 3.0 / 5.0, 1e-12);
+  BOOST_CHECK_CLOSE(s.rougeL, 5.0 / 6.0, 1e-12);
+  // Counts clip: "a a a" against "a": P 1/3, R 1 -> F 0.5; no bigram in the reference -> 0.
+  const fsdp::RougeScores clip = fsdp::rouge("a", "a a a");
+  BOOST_CHECK_CLOSE(clip.rouge1, 0.5, 1e-12);
+  BOOST_CHECK_EQUAL(clip.rouge2, 0.0);
+  BOOST_CHECK_CLOSE(clip.rougeL, 0.5, 1e-12);
+  // LCS keeps order: ref a b c d, pred d c b a -> LCS 1 -> 1/4.
+  BOOST_CHECK_CLOSE(fsdp::rouge("a b c d", "d c b a").rougeL, 0.25, 1e-12);
+  const fsdp::RougeScores empty = fsdp::rouge("something", "");
+  BOOST_CHECK_EQUAL(empty.rouge1 + empty.rouge2 + empty.rougeL, 0.0);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- greedy and beam search (models/generate.h) over a fixed next-token table ---------------
+namespace {
+
+// Tokens: 0 pad, 1 eos, 2 "a", 3 "b". The next-token probabilities depend on the last token:
+// start: a .5, b .4, eos .1; after a: eos .3, a .35, b .35; after b: eos .9, a .05, b .05.
+// Greedy takes a, then a (a and b tie: the first), then a. Beam search with 2 beams finds
+// "b eos" (log .36 / 2 = -0.51) over every continuation of a.
+class TableSteps : public fsdp::DecodeSteps {
+ public:
+  explicit TableSteps(int64_t n) : last_(static_cast<size_t>(n), -1), logits_(static_cast<size_t>(n) * 4) {}
+  int64_t vocab_size() const override { return 4; }
+  const float* step(std::span<const int32_t> tokens, std::span<const int32_t> origin) override {
+    ++calls;
+    std::vector<int32_t> prev(last_.size());
+    for (size_t i = 0; i < last_.size(); ++i) prev[i] = last_[static_cast<size_t>(origin[i])];
+    for (size_t i = 0; i < last_.size(); ++i) {
+      // the start token (0 at the first step) reads as "start"
+      const int32_t last = prev[i] < 0 ? -1 : tokens[i];
+      const float* p = last == 2 ? kAfterA : last == 3 ? kAfterB : kStart;
+      for (int v = 0; v < 4; ++v) logits_[i * 4 + static_cast<size_t>(v)] = std::log(p[v]);
+      last_[i] = tokens[i];
+    }
+    return logits_.data();
+  }
+  int calls = 0;
+
+ private:
+  static constexpr float kStart[4] = {1e-6f, 0.1f, 0.5f, 0.4f};
+  static constexpr float kAfterA[4] = {1e-6f, 0.3f, 0.35f, 0.35f};
+  static constexpr float kAfterB[4] = {1e-6f, 0.9f, 0.05f, 0.05f};
+  std::vector<int32_t> last_;  // each sequence's last fed token, -1 before the first step
+  std::vector<float> logits_;
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(search)
+
+BOOST_AUTO_TEST_CASE(greedy_takes_the_first_maximum_and_stops_at_max_new_tokens) {
+  TableSteps steps(2);
+  fsdp::GenerateOptions o;
+  o.max_new_tokens = 3;
+  const auto out = fsdp::greedy_search(steps, 2, o);
+  const std::vector<int32_t> want = {2, 2, 2};
+  BOOST_CHECK(out.at(0) == want);
+  BOOST_CHECK(out.at(1) == want);
+  BOOST_CHECK_EQUAL(steps.calls, 3);
+}
+
+BOOST_AUTO_TEST_CASE(beam_search_finds_the_better_finished_hypothesis) {
+  TableSteps steps(2 * 2);
+  fsdp::GenerateOptions o;
+  o.max_new_tokens = 10;
+  o.num_beams = 2;
+  const auto out = fsdp::beam_search(steps, 2, o);
+  const std::vector<int32_t> want = {3, 1};  // b eos
+  BOOST_CHECK(out.at(0) == want);
+  BOOST_CHECK(out.at(1) == want);
+  // Step 2 finishes "b eos"; step 3 finishes "a b eos" (-1.848 / 3), and with two hypotheses
+  // no running beam can beat the worst: done after 3 steps, not 10.
+  BOOST_CHECK_EQUAL(steps.calls, 3);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -14,6 +14,7 @@
 #include "config/config.h"
 
 #include "config/backends.h"
+#include "config/hf_config.h"
 #include "tensor/device.h"  // device_name
 
 #include <yaml-cpp/eventhandler.h>
@@ -26,6 +27,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <map>
@@ -254,6 +256,11 @@ std::vector<Field> schema(Config& c) {
       {"output.metrics", &c.output.metrics},
       {"output.log_every", &c.output.log_every, at_least(1)},
       {"output.save_weights", &c.output.save_weights},
+      {"generate.num_beams", &c.generate.num_beams, at_least(1)},
+      {"generate.max_new_tokens", &c.generate.max_new_tokens, at_least(0)},
+      {"generate.length_penalty", &c.generate.length_penalty},
+      {"generate.batch_size", &c.generate.batch_size, at_least(0)},
+      {"generate.rouge_samples", &c.generate.rouge_samples, at_least(-1)},
   };
 }
 
@@ -425,6 +432,9 @@ class Reader {
   YAML::Node load(const std::string& text) const;
   void apply(const std::string& override_text, YAML::Node& root);
   void read(const YAML::Node& root, Config& c);
+  // The model keys a model.init_from folder's config.json set (path, YAML text), model.kind
+  // first when it came from there: parse_config writes them into yaml_text.
+  const std::vector<std::pair<std::string, std::string>>& from_init_from() const { return from_init_from_; }
 
  private:
   struct Given {
@@ -432,7 +442,9 @@ class Reader {
     YAML::Mark mark;  // of the key: a value's own mark can be lines further down
   };
 
+  // A value without a place (a config.json's) is named by its file alone.
   std::string file_at(const YAML::Mark& mark) const {
+    if (mark.is_null()) return source_;
     return source_ + ":" + std::to_string(std::max(mark.line, 0) + 1);
   }
   std::string where(const std::string& path, const YAML::Mark& mark) const;
@@ -446,12 +458,14 @@ class Reader {
             const std::set<std::string>& sections);
   void convert(const Field& f, const YAML::Node& v) const;
   void check_optimizer(OptimizerConfig& o) const;
+  void read_init_from_config(Config& c, const std::vector<Field>& table);
   void check_model(ModelConfig& m) const;
   void check_rules(const Config& c) const;
 
   std::string source_;
   std::vector<std::string> set_keys_;  // overrides applied so far, in order
   std::map<std::string, Given> given_;
+  std::vector<std::pair<std::string, std::string>> from_init_from_;
 };
 
 // An override replaces the whole subtree at its key, so the latest one at or above `path`
@@ -697,7 +711,53 @@ void Reader::check_model(ModelConfig& m) const {
     set("feed_forward_proj", m.feed_forward_proj, t.v1_1 ? FeedForwardProj::gated_gelu : FeedForwardProj::relu);
     set("tie_word_embeddings", m.tie_word_embeddings, !t.v1_1);
   }
-  if (!given(p + "num_decoder_layers")) m.num_decoder_layers = m.num_layers;
+  const bool from_file =
+      std::ranges::any_of(from_init_from_, [&](const auto& kv) { return kv.first == p + "num_decoder_layers"; });
+  if (!given(p + "num_decoder_layers") && !from_file) m.num_decoder_layers = m.num_layers;
+}
+
+// model.init_from as a Hugging Face folder: its config.json fills the model keys (model.kind
+// too, when the YAML leaves it out). A key the YAML also gives must have the file's value: the
+// folder's weights were made with it, and an override would fail later as a shape mismatch or,
+// for layer_norm_epsilon, not at all. The exception is dropout_rate, a training choice the YAML
+// may change, as transformers' from_pretrained(DIR, dropout_rate=...) does.
+void Reader::read_init_from_config(Config& c, const std::vector<Field>& table) {
+  if (c.model.init_from.empty() || init_from_kind(c.model.init_from) != InitFromKind::hf_folder) return;
+  HfConfigKeys hf;
+  try {
+    hf = read_hf_config(c.model.init_from);
+  } catch (const Error& e) {
+    fail("model.init_from", e.what());
+  }
+  const std::string kind(name_of(kModelKinds, hf.kind));
+  if (given("model.kind") && c.model.kind != hf.kind)
+    fail("model.kind", "is " + std::string(name_of(kModelKinds, c.model.kind)) + ", but " + hf.path + " describes a " +
+                           kind + " model");
+  if (!given("model.kind")) from_init_from_.emplace_back("model.kind", kind);
+  c.model.kind = hf.kind;
+  if (given("model.preset"))
+    fail("model.preset",
+         "a preset and a model folder (model.init_from) both set the model keys; give one (" + hf.path + " has them)");
+  auto field = [](const std::vector<Field>& fields, const std::string& path) -> const Field& {
+    return *std::ranges::find_if(fields, [&](const Field& f) { return f.path == path; });
+  };
+  Reader file(hf.path);  // its messages name config.json
+  for (const auto& [key, text] : hf.keys) {
+    const std::string path = "model." + key;
+    const YAML::Node value(text);
+    file.given_.emplace(path, Given{value, YAML::Mark::null_mark()});
+    if (!given(path)) {
+      file.convert(field(table, path), value);
+      from_init_from_.emplace_back(path, text);
+      continue;
+    }
+    Config in_file, in_yaml;
+    file.convert(field(schema(in_file), path), value);
+    convert(field(schema(in_yaml), path), given_.at(path).value);
+    if (key == "dropout_rate" || in_file.model == in_yaml.model) continue;
+    fail(path, "'" + given_.at(path).value.Scalar() + "' disagrees with " + text + " in " + hf.path +
+                   " (the folder's weights were made with that; remove the key or make it agree)");
+  }
 }
 
 void Reader::check_rules(const Config& c) const {
@@ -709,6 +769,11 @@ void Reader::check_rules(const Config& c) const {
                                                       ") must be divisible by model.n_heads (" +
                                                       std::to_string(m.n_heads) + ")");
   const bool pairs = c.data.kind == DataKind::seq2seq || c.data.kind == DataKind::synthetic;
+  if (m.kind != ModelKind::t5)
+    for (const auto& [path, g] : given_)
+      if (path.starts_with("generate."))
+        fail(path, "text generation needs a sequence-to-sequence model (model.kind t5); model.kind is " +
+                       std::string(enum_name(m.kind)));
   if ((c.data.kind == DataKind::seq2seq && m.kind != ModelKind::t5) || (m.kind == ModelKind::t5 && !pairs))
     fail(blame("model.kind", "data.kind"), "model.kind t5 reads data.kind seq2seq (or synthetic); got model.kind " +
                                                std::string(enum_name(m.kind)) + " with data.kind " +
@@ -767,16 +832,19 @@ void Reader::read(const YAML::Node& root, Config& c) {
   for (const Field& f : table)
     if (const auto it = given_.find(f.path); it != given_.end()) convert(f, it->second.value);
   check_optimizer(c.train.optimizer);
+  read_init_from_config(c, table);
   check_model(c.model);
   check_rules(c);
 }
 
-std::string merged_text(const YAML::Node& root, const std::string& source, const std::vector<std::string>& overrides) {
+std::string merged_text(const YAML::Node& root, const std::string& source, const std::vector<std::string>& overrides,
+                        const std::string& keys_from) {
   std::string out = "# " + source + " with overrides merged:\n";
   for (std::string o : overrides) {
     std::ranges::replace(o, '\n', ' ');  // keep each one a comment line
     out += "#   --set " + o + "\n";
   }
+  if (!keys_from.empty()) out += "#   model keys from " + keys_from + "\n";
   YAML::Emitter emitter;
   emitter << root;
   return out + emitter.c_str() + "\n";
@@ -792,7 +860,15 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   Config c;
   reader.read(root, c);
   c.source_path = source_name;
-  c.yaml_text = overrides.empty() ? yaml_text : merged_text(root, source_name, overrides);
+  // Keys from a model folder's config.json go into the text too: a checkpoint's config_yaml then
+  // describes the model without the folder (fsdp_ckpt export-hf reads it).
+  std::string keys_from;
+  for (const auto& [path, text] : reader.from_init_from()) {
+    root["model"][path.substr(path.find('.') + 1)] = text;
+    keys_from = (std::filesystem::path(c.model.init_from) / "config.json").string();
+  }
+  c.yaml_text =
+      overrides.empty() && keys_from.empty() ? yaml_text : merged_text(root, source_name, overrides, keys_from);
   return c;
 }
 

@@ -28,7 +28,9 @@ struct ModelConfig {
   int64_t n_heads = 8;  // d_model % n_heads == 0
   int64_t d_ff = 2048;
   int64_t seq_len = 256;
-  std::string init_from;  // HDF5 file with /model/<state_dict name> datasets; "" = none
+  // "" = none; an HDF5 file with /model/<state_dict name> datasets, a .safetensors file, or a
+  // Hugging Face model folder (config.json fills the model keys: config/hf_config.h)
+  std::string init_from;
   // t5, by HF's config.json names (d_model and d_ff above are shared). model.preset (t5-small,
   // t5-base, ..., google/t5-v1_1-xxl) sets them all; keys given beside it override.
   std::string preset;
@@ -44,6 +46,7 @@ struct ModelConfig {
   double dropout_rate = 0.1;
   double layer_norm_epsilon = 1e-6;
   double initializer_factor = 1.0;
+  bool operator==(const ModelConfig&) const = default;
 };
 
 struct DataConfig {
@@ -143,6 +146,18 @@ struct OutputConfig {
   std::string save_weights;  // at the end: HDF5 file with /model/<state_dict name> (full shapes)
 };
 
+// Text generation (sequence-to-sequence models): fsdp_app --generate N, and ROUGE on the
+// validation set at each evaluation.
+struct GenerateConfig {
+  int64_t num_beams = 1;        // 1: greedy search
+  int64_t max_new_tokens = 0;   // 0: data.target_len
+  double length_penalty = 1.0;  // beam search: hypotheses score sum_logprobs / length^this
+  int64_t batch_size = 0;       // samples per rank per decoding batch; 0: train.eval_batch_size
+  // Validation samples scored with ROUGE-1/2/L at each evaluation: the first N; -1 (default)
+  // the whole validation set for data.kind seq2seq and none for synthetic pairs; 0 none.
+  int64_t rouge_samples = -1;
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
@@ -151,6 +166,7 @@ struct Config {
   CommConfig comm;
   CheckpointConfig checkpoint;
   OutputConfig output;
+  GenerateConfig generate;
   std::string source_path;  // the input file
   std::string yaml_text;    // the input file's text after overrides (stored in checkpoints)
 };

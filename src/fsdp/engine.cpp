@@ -461,6 +461,13 @@ void FsdpEngine::end_forward_only() {
   }
 }
 
+void FsdpEngine::unshard_all() {
+  for (auto& u : units_) unshard(*u, "generation");
+  for (auto& u : units_) wait_for_unshard(*u, "generation");
+}
+
+void FsdpEngine::reshard_all() { end_forward_only(); }
+
 // The next three return or use host values: the kernels wait for the shard stream there.
 bool FsdpEngine::grads_finite() {
   int32_t bad = shard_rt_->kernels().all_finite(grad_shards_.f32(), grad_shards_.numel()) ? 0 : 1;

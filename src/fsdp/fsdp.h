@@ -150,6 +150,13 @@ class FsdpEngine : public ModuleHooks {
   void for_each_gathered_unit(const std::function<void(const Unit&)>& fn);
   // After a forward without backward (evaluation): free what forward left gathered.
   void end_forward_only();
+  // Generation: every unit gathered at once (all the all_gathers issued, then waited), so a
+  // decoding loop of one forward per token runs with no collective per token (ZeRO-3's 10x
+  // slower generation is one gather per unit per token); reshard_all frees them. In between,
+  // run the model without the engine's hooks (RunCtx::hooks null). Costs the whole model's
+  // parameters on every rank for that time (the memory plan counts it).
+  void unshard_all();
+  void reshard_all();
 
   // Global L2 norm of the gradient (f64 partial sums, one all_reduce over the shard group),
   // then scales the grad shards by min(1, max_norm / (norm + 1e-6)) as PyTorch does.

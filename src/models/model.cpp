@@ -4,6 +4,10 @@
 
 namespace fsdp {
 
+std::vector<std::vector<int32_t>> Model::generate(RunCtx&, const Tensor&, const GenerateOptions&) {
+  throw Error("model " + type() + " does not generate text (only sequence-to-sequence models do: model.kind t5)");
+}
+
 double Model::forward(RunCtx& ctx, const Tensor& inputs, const Tensor& targets) {
   ctx.pre_forward(*this);
   output_ = run_forward(ctx, inputs, targets);

@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "models/generate.h"
 #include "nn/layers.h"
 #include "nn/loss.h"
 #include "nn/module.h"
@@ -28,6 +29,11 @@ class Model : public Module {
   const std::vector<Layer*>& layers() const { return layers_; }
   // The class names the transformer_layer wrap policy wraps ("TransformerBlock", "T5Block").
   virtual std::vector<std::string> block_types() const { return {}; }
+  // Sequence-to-sequence models (T5): the generated ids of each sample of inputs (B, S) i32,
+  // greedy or beam search (models/generate.h), the encoder run once and the decoder's keys and
+  // values cached. The parameters must be in place: an FSDP run gathers every unit first
+  // (FsdpEngine::unshard_all) and runs this with ctx.hooks null. The others: an Error.
+  virtual std::vector<std::vector<int32_t>> generate(RunCtx& ctx, const Tensor& inputs, const GenerateOptions& o);
 
  protected:
   // A sequential model: every layer in registration order, then the loss.

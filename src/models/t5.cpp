@@ -6,6 +6,7 @@
 // H heads, I = H * d_kv the inner attention width, F d_ff, V vocab.
 #include "models/t5.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 
@@ -255,6 +256,8 @@ class Residual : public Layer {
     y_ = dx_ = Tensor();
     for (Layer* l : std::array<Layer*, 3>{sub_, norm_, dropout_}) l->release_activations();
   }
+  Layer& sub() const { return *sub_; }
+  const T5LayerNorm& norm() const { return *norm_; }
 
  private:
   const T5Config& c_;
@@ -382,6 +385,8 @@ class T5Block : public Layer {
     y_ = dx_ = Tensor();
     for (Layer* l : sub_) l->release_activations();
   }
+  // layer.0 self-attention, (decoder) layer.1 cross-attention, then the feed-forward.
+  Residual& sublayer(size_t i) const { return static_cast<Residual&>(*sub_.at(i)); }
 
  private:
   std::vector<Layer*> sub_;
@@ -456,6 +461,7 @@ class T5Stack : public Layer {
     for (Layer* l : std::array<Layer*, 3>{final_layer_norm, dropout_, final_dropout_}) l->release_activations();
   }
 
+  const std::vector<T5Block*>& blocks() const { return blocks_; }
   T5LayerNorm* final_layer_norm = nullptr;
 
  private:
@@ -505,12 +511,217 @@ class LmHead : public Layer {
     return dx_;
   }
   void release_activations() override { xs_ = scaled_ = y_ = dx_ = Tensor(); }
+  const Param& weight() const { return *weight_; }
+  float scale() const { return scale_; }
 
  private:
   int64_t C_, V_;
   Param* weight_ = nullptr;
   float scale_ = 1.0f;
   Tensor xs_, scaled_, y_, dx_;
+};
+
+// Incremental decoding for generate(): one position per running sequence per step. N = batch *
+// beams sequences; each decoder block keeps its self-attention keys and values of the positions
+// so far, (Tmax, N, I) position-major so a step writes one contiguous (N, I) slab, and the
+// cross-attention's keys and values of the encoder output, (N, S, I), computed once. The math is
+// the training forward's (t5.cpp above) restricted to the last query: the position bias of
+// query t against keys 0..t (causal buckets), no dropout.
+class T5Decoding final : public DecodeSteps {
+ public:
+  // enc (B, S, C): the encoder's output; valid (B, S) i32 the source mask on the host.
+  T5Decoding(RunCtx& ctx, const T5Config& c, const Embedding& shared, const T5Stack& decoder, const LmHead& head,
+             const Tensor& enc, const Tensor& valid, int64_t beams, int64_t max_steps)
+      : ctx_(ctx),
+        c_(c),
+        shared_(shared),
+        decoder_(decoder),
+        head_(head),
+        N_(enc.dim(0) * beams),
+        S_(enc.dim(1)),
+        Tmax_(max_steps),
+        I_(c.num_heads * c.d_kv) {
+    const int64_t B = enc.dim(0), C = c.d_model;
+    Kernels& k = ctx.kernels();
+    // Sequence i = b * beams + j reads sample b's encoder output and mask.
+    Tensor rows = Tensor::empty({N_}, DType::i32, MemCategory::activations, ctx.mem);
+    Tensor mask = Tensor::empty({N_, S_}, DType::i32, MemCategory::activations, ctx.mem);
+    for (int64_t i = 0; i < N_; ++i) {
+      rows.i32()[i] = static_cast<int32_t>(i / beams);
+      std::copy_n(valid.i32() + (i / beams) * S_, S_, mask.i32() + i * S_);
+    }
+    key_valid_ = upload(ctx, mask);
+    ctx.ensure(enc_, {N_, S_, C}, DType::f32);
+    k.embedding_forward(enc_.f32(), upload(ctx, rows).i32(), enc.f32(), nullptr, 1, N_, S_ * C);
+    (void)B;
+    const std::vector<T5Block*>& blocks = decoder.blocks();
+    layers_.resize(blocks.size());
+    for (size_t l = 0; l < blocks.size(); ++l) {
+      Layer& cross = blocks[l]->sublayer(1).sub();
+      auto& att = static_cast<T5Attention&>(cross);
+      Cache& cache = layers_[l];
+      ctx.ensure(cache.cross_k, {N_, S_, I_}, DType::f32);
+      ctx.ensure(cache.cross_v, {N_, S_, I_}, DType::f32);
+      k.linear_forward(cache.cross_k.f32(), enc_.f32(), att.k.weight.data, nullptr, N_ * S_, C, I_);
+      k.linear_forward(cache.cross_v.f32(), enc_.f32(), att.v.weight.data, nullptr, N_ * S_, C, I_);
+      ctx.ensure(cache.k, {Tmax_, N_, I_}, DType::f32);
+      ctx.ensure(cache.v, {Tmax_, N_, I_}, DType::f32);
+    }
+    ctx.ensure(h_, {N_, C}, DType::f32);
+    ctx.ensure(n_, {N_, C}, DType::f32);
+    ctx.ensure(rstd_, {N_}, DType::f32);
+    ctx.ensure(q_, {N_, I_}, DType::f32);
+    ctx.ensure(y_, {N_, I_}, DType::f32);
+    ctx.ensure(out_, {N_, C}, DType::f32);
+    ctx.ensure(probs_, {N_, c.num_heads, std::max(Tmax_, S_)}, DType::f32);
+    ctx.ensure(ff_, {N_, c.d_ff}, DType::f32);
+    if (c.gated_gelu) ctx.ensure(ff_gate_, {N_, c.d_ff}, DType::f32);
+    ctx.ensure(bias_, {c.num_heads, Tmax_}, DType::f32);
+    ctx.ensure(logits_, {N_, c.vocab_size}, DType::f32);
+  }
+
+  int64_t vocab_size() const override { return c_.vocab_size; }
+
+  const float* step(std::span<const int32_t> tokens, std::span<const int32_t> origin) override {
+    if (t_ >= Tmax_) throw Error("t5 generate: more steps than the " + std::to_string(Tmax_) + " it was set up for");
+    Kernels& k = ctx_.kernels();
+    const int64_t C = c_.d_model, T = t_ + 1;
+    reorder(origin);
+    Tensor ids = Tensor::empty({N_}, DType::i32, MemCategory::activations, ctx_.mem);
+    for (int64_t i = 0; i < N_; ++i) {
+      if (tokens[static_cast<size_t>(i)] < 0 || tokens[static_cast<size_t>(i)] >= c_.vocab_size)
+        throw Error("t5 generate: token " + std::to_string(tokens[static_cast<size_t>(i)]) + " outside the vocab");
+      ids.i32()[i] = tokens[static_cast<size_t>(i)];
+    }
+    k.embedding_forward(h_.f32(), upload(ctx_, ids).i32(), shared_.weight.data, nullptr, 1, N_, C);
+    position_bias(T);
+    const std::vector<T5Block*>& blocks = decoder_.blocks();
+    for (size_t l = 0; l < blocks.size(); ++l) {
+      Cache& cache = layers_[l];
+      // Self-attention: this position's key and value join the cache, the query reads 0..t.
+      const Residual& self = blocks[l]->sublayer(0);
+      const auto& sa = static_cast<const T5Attention&>(self.sub());
+      norm(self.norm());
+      k.linear_forward(q_.f32(), n_.f32(), sa.q.weight.data, nullptr, N_, C, I_);
+      k.linear_forward(cache.k.f32() + t_ * N_ * I_, n_.f32(), sa.k.weight.data, nullptr, N_, C, I_);
+      k.linear_forward(cache.v.f32() + t_ * N_ * I_, n_.f32(), sa.v.weight.data, nullptr, N_, C, I_);
+      attend(cache.k.f32(), cache.v.f32(), N_ * I_, T, bias_.f32(), nullptr);
+      add_projection(sa.o);
+      // Cross-attention over the encoder output, under the source mask.
+      const Residual& cross = blocks[l]->sublayer(1);
+      const auto& ca = static_cast<const T5Attention&>(cross.sub());
+      norm(cross.norm());
+      k.linear_forward(q_.f32(), n_.f32(), ca.q.weight.data, nullptr, N_, C, I_);
+      attend(cache.cross_k.f32(), cache.cross_v.f32(), I_, S_, nullptr, key_valid_.i32());
+      add_projection(ca.o);
+      feed_forward(blocks[l]->sublayer(2));
+    }
+    norm(*decoder_.final_layer_norm);
+    if (head_.scale() != 1.0f) k.scale(n_.f32(), head_.scale(), N_ * C);
+    k.linear_forward(logits_.f32(), n_.f32(), head_.weight().data, nullptr, N_, C, c_.vocab_size);
+    ++t_;
+    if (logits_.device() == Device::cpu) return logits_.f32();
+    host_logits_ = to_host(*ctx_.runtime, logits_, MemCategory::activations, ctx_.mem);
+    return host_logits_.f32();
+  }
+
+ private:
+  struct Cache {
+    Tensor k, v;              // (Tmax, N, I) self-attention keys and values, position-major
+    Tensor cross_k, cross_v;  // (N, S, I) of the encoder output
+  };
+
+  // Beam search moved sequences: sequence i continues sequence origin[i]. One row gather over
+  // the positions so far, per cache (the embedding kernel gathers rows of a table).
+  void reorder(std::span<const int32_t> origin) {
+    bool identity = true;
+    for (int64_t i = 0; i < N_; ++i) identity = identity && origin[static_cast<size_t>(i)] == i;
+    if (identity || t_ == 0) return;
+    Tensor rows = Tensor::empty({t_ * N_}, DType::i32, MemCategory::activations, ctx_.mem);
+    for (int64_t p = 0; p < t_; ++p)
+      for (int64_t i = 0; i < N_; ++i)
+        rows.i32()[p * N_ + i] = static_cast<int32_t>(p * N_ + origin[static_cast<size_t>(i)]);
+    const Tensor dev_rows = upload(ctx_, rows);
+    for (Cache& cache : layers_)
+      for (Tensor* t : {&cache.k, &cache.v}) {
+        ctx_.ensure(scratch_, t->shape(), DType::f32);
+        ctx_.kernels().embedding_forward(scratch_.f32(), dev_rows.i32(), t->f32(), nullptr, 1, t_ * N_, I_);
+        std::swap(*t, scratch_);
+      }
+  }
+
+  // bias (H, T) of query position t against keys 0..t, from block 0's relative_attention_bias.
+  void position_bias(int64_t T) {
+    Tensor bucket = Tensor::empty({T}, DType::i32, MemCategory::activations, ctx_.mem);
+    for (int64_t j = 0; j < T; ++j)
+      bucket.i32()[j] =
+          t5_relative_bucket(j - t_, false, c_.relative_attention_num_buckets, c_.relative_attention_max_distance);
+    const auto& sa = static_cast<const T5Attention&>(decoder_.blocks().at(0)->sublayer(0).sub());
+    ctx_.kernels().relative_bias_forward(bias_.f32(), sa.relative_attention_bias->weight.data,
+                                         upload(ctx_, bucket).i32(), c_.num_heads, 1, T);
+  }
+
+  void norm(const T5LayerNorm& ln) {
+    ctx_.kernels().rmsnorm_forward(n_.f32(), rstd_.f32(), h_.f32(), ln.weight.data, N_, c_.d_model,
+                                   c_.layer_norm_epsilon);
+  }
+
+  // y (N, I) = softmax(q K^T + bias, masked) V per sequence and head; keys 0..Tk-1 of sequence i
+  // at K + i * I + j * key_stride (the self cache: stride N*I; the cross cache: (N, S, I)).
+  void attend(const float* K, const float* V, int64_t key_stride, int64_t Tk, const float* bias,
+              const int32_t* key_valid) {
+    Kernels& k = ctx_.kernels();
+    const int64_t H = c_.num_heads, dkv = c_.d_kv;
+    const int64_t seq_stride = key_stride == I_ ? Tk * I_ : I_;  // where sequence i's first key is
+    for (int64_t i = 0; i < N_; ++i)
+      k.gemm_strided_batched(false, true, 1, Tk, dkv, 1.0f, q_.f32() + i * I_, I_, dkv, K + i * seq_stride, key_stride,
+                             dkv, 0.0f, probs_.f32() + i * H * Tk, Tk, Tk, H);
+    k.attention_softmax_forward(probs_.f32(), bias, key_valid, false, N_, H, 1, Tk);
+    for (int64_t i = 0; i < N_; ++i)
+      k.gemm_strided_batched(false, false, 1, dkv, Tk, 1.0f, probs_.f32() + i * H * Tk, Tk, Tk, V + i * seq_stride,
+                             key_stride, dkv, 0.0f, y_.f32() + i * I_, I_, dkv, H);
+  }
+
+  // h += y W_o^T
+  void add_projection(const Linear& o) {
+    ctx_.kernels().linear_forward(out_.f32(), y_.f32(), o.weight.data, nullptr, N_, I_, c_.d_model);
+    ctx_.kernels().add_inplace(h_.f32(), out_.f32(), N_ * c_.d_model);
+  }
+
+  // h += wo(relu(wi n)) or wo(gelu_new(wi_0 n) * wi_1 n)
+  void feed_forward(const Residual& ff_layer) {
+    Kernels& k = ctx_.kernels();
+    const auto& ff = static_cast<const DenseActDense&>(ff_layer.sub());
+    const int64_t C = c_.d_model, F = c_.d_ff;
+    norm(ff_layer.norm());
+    k.linear_forward(ff_.f32(), n_.f32(), ff.wi->weight.data, nullptr, N_, C, F);
+    if (c_.gated_gelu) {
+      k.gelu_tanh_forward(ff_.f32(), ff_.f32(), N_ * F);
+      k.linear_forward(ff_gate_.f32(), n_.f32(), ff.wi_1->weight.data, nullptr, N_, C, F);
+      k.mul(ff_.f32(), ff_.f32(), ff_gate_.f32(), N_ * F);
+    } else {
+      k.relu_forward(ff_.f32(), ff_.f32(), N_ * F);
+    }
+    k.linear_forward(out_.f32(), ff_.f32(), ff.wo->weight.data, nullptr, N_, F, C);
+    k.add_inplace(h_.f32(), out_.f32(), N_ * C);
+  }
+
+  RunCtx& ctx_;
+  const T5Config& c_;
+  const Embedding& shared_;
+  const T5Stack& decoder_;
+  const LmHead& head_;
+  int64_t N_, S_, Tmax_, I_;
+  int64_t t_ = 0;     // the position the next step feeds
+  Tensor enc_;        // (N, S, C) the encoder output, per sequence
+  Tensor key_valid_;  // (N, S) i32
+  std::vector<Cache> layers_;
+  Tensor h_, n_, rstd_;  // (N, C) hidden state, its norm; (N)
+  Tensor q_, y_, out_;   // (N, I), (N, I), (N, C)
+  Tensor probs_;         // (N, H, max(Tmax, S))
+  Tensor ff_, ff_gate_;  // (N, F)
+  Tensor bias_;          // (H, Tmax)
+  Tensor logits_, host_logits_, scratch_;
 };
 
 class T5Model : public Model {
@@ -524,6 +735,19 @@ class T5Model : public Model {
     lm_head_ = &add_child<LmHead>("lm_head", c_, *shared_);
   }
   std::vector<std::string> block_types() const override { return {"T5Block"}; }
+
+  std::vector<std::vector<int32_t>> generate(RunCtx& ctx, const Tensor& inputs, const GenerateOptions& o) override {
+    if (inputs.ndim() != 2) throw Error("t5 generate: inputs " + shape_str(inputs.shape()) + " are not (B, S)");
+    const Tensor valid = source_mask(ctx, inputs);
+    encoder_->set_inputs(upload(ctx, valid), Tensor());
+    const Tensor enc = encoder_->forward(ctx, inputs);
+    T5Decoding steps(ctx, c_, *shared_, *decoder_, *lm_head_, enc, valid, o.num_beams, o.max_new_tokens);
+    GenerateOptions t5 = o;
+    t5.decoder_start_id = static_cast<int32_t>(c_.decoder_start_token_id);
+    auto out = o.num_beams == 1 ? greedy_search(steps, inputs.dim(0), t5) : beam_search(steps, inputs.dim(0), t5);
+    encoder_->release_activations();
+    return out;
+  }
 
  protected:
   Tensor run_forward(RunCtx& ctx, const Tensor& inputs, const Tensor& targets) override {
@@ -545,23 +769,30 @@ class T5Model : public Model {
  private:
   static constexpr int32_t kIgnoreIndex = -100;
 
+  // (B, S) i32 on the host: 1 where the source token is not pad (0). Errors on ids outside the vocab.
+  Tensor source_mask(RunCtx& ctx, const Tensor& inputs) const {
+    const Tensor src =
+        inputs.device() != Device::cpu ? to_host(*ctx.runtime, inputs, MemCategory::activations, ctx.mem) : inputs;
+    Tensor valid = Tensor::empty(src.shape(), DType::i32, MemCategory::activations, ctx.mem);
+    for (int64_t i = 0; i < src.numel(); ++i) {
+      const int32_t id = src.i32()[i];
+      if (id < 0 || id >= c_.vocab_size)
+        throw Error("t5: source token " + std::to_string(id) + " outside vocab_size " + std::to_string(c_.vocab_size));
+      valid.i32()[i] = id != 0;
+    }
+    return valid;
+  }
+
   // The source's padding mask (id != 0) and the decoder's input (the labels shifted right behind
   // decoder_start_token_id, ignored labels as pad 0), made on the host: a device run brings the
   // ids over once per step (a host wait; the batch is a few KB).
   void prepare(RunCtx& ctx, const Tensor& inputs, const Tensor& targets) {
-    const bool device = inputs.device() != Device::cpu;
-    const Tensor src = device ? to_host(*ctx.runtime, inputs, MemCategory::activations, ctx.mem) : inputs;
-    const Tensor labels = device ? to_host(*ctx.runtime, targets, MemCategory::activations, ctx.mem) : targets;
-    const int64_t B = src.dim(0), S = src.dim(1), L = labels.dim(1), V = c_.vocab_size;
-    Tensor valid = Tensor::empty({B, S}, DType::i32, MemCategory::activations, ctx.mem);
+    const Tensor labels =
+        targets.device() != Device::cpu ? to_host(*ctx.runtime, targets, MemCategory::activations, ctx.mem) : targets;
+    const int64_t B = labels.dim(0), L = labels.dim(1), V = c_.vocab_size;
+    const Tensor valid = source_mask(ctx, inputs);
     Tensor dec = Tensor::empty({B, L}, DType::i32, MemCategory::activations, ctx.mem);
-    const int32_t* s = src.i32();
     const int32_t* y = labels.i32();
-    for (int64_t i = 0; i < B * S; ++i) {
-      if (s[i] < 0 || s[i] >= V)
-        throw Error("t5: source token " + std::to_string(s[i]) + " outside vocab_size " + std::to_string(V));
-      valid.i32()[i] = s[i] != 0;
-    }
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < L; ++t) {
         const int32_t label = y[b * L + t];

@@ -262,7 +262,7 @@ CachingAllocator::~CachingAllocator() {
   if (!m.in_use.empty()) {
     size_t bytes = 0;
     for (const auto& [ptr, b] : m.in_use) {
-      m.tracker.on_free(b->category, b->requested);
+      m.tracker.on_free(b->category, b->requested, MemSpace::device);
       bytes += b->size;
     }
     std::fprintf(stderr, "warning: device caching allocator destroyed with %zu blocks (%s) still in use\n",
@@ -317,7 +317,7 @@ void* CachingAllocator::allocate(size_t bytes, MemCategory category, Stream stre
   m.in_use.emplace(b->ptr, b);
   m.stats.allocated_bytes += b->size;
   m.allocated_by_category[static_cast<size_t>(category)] += b->size;
-  m.tracker.on_alloc(category, bytes);
+  m.tracker.on_alloc(category, bytes, MemSpace::device);
   return b->ptr;
 }
 
@@ -339,7 +339,7 @@ void CachingAllocator::deallocate(void* ptr, Stream stream) {
   m.in_use.erase(it);
   m.stats.allocated_bytes -= b->size;
   m.allocated_by_category[static_cast<size_t>(b->category)] -= b->size;
-  m.tracker.on_free(b->category, b->requested);
+  m.tracker.on_free(b->category, b->requested, MemSpace::device);
   b->used_on.clear();
   if (held.events.empty()) {
     m.release(b);

@@ -51,6 +51,15 @@ class DeviceRuntime {
   // False for the meta device (tensor/meta_runtime.h): its memory holds no values, so host
   // loops that would fill or read it (drawing initial values, reading a weights file) are skipped.
   virtual bool holds_values() const { return true; }
+  // What a run checks its memory plan against before it allocates (train/plan.h): the device's
+  // free bytes now (cudaMemGetInfo), or -1 where there is no device memory to ask about (the
+  // host, the meta device); and how many devices this node's ranks share (local rank % count).
+  struct DeviceMemory {
+    int64_t free_bytes = -1;
+    int devices = 1;
+    std::string name;  // "cuda:0"
+  };
+  virtual DeviceMemory device_memory() { return {}; }
 
   // Memory in this runtime's space, charged to `category` while allocated. `stream`: the stream
   // whose work uses the block (see the stream rules above). Throws OutOfMemory (caching_allocator.h)

@@ -106,13 +106,15 @@ class MetaRuntime final : public DeviceRuntime {
   std::string describe() const override { return "meta (" + std::string(device_name(device_)) + ", plan only)"; }
   MemoryTracker& tracker() override { return tracker_; }
   bool holds_values() const override { return false; }
+  // Charged as the runtime it stands in for charges: a planned device's memory, or the host's.
+  MemSpace space() const { return device_ == Device::cpu ? MemSpace::host : MemSpace::device; }
   void* allocate(size_t bytes, MemCategory category, Stream) override {
     void* p = reserve(bytes);
-    tracker_.on_alloc(category, bytes);
+    tracker_.on_alloc(category, bytes, space());
     return p;
   }
   void deallocate(void* ptr, size_t bytes, MemCategory category, Stream) override {
-    tracker_.on_free(category, bytes);
+    tracker_.on_free(category, bytes, space());
     release(ptr, bytes);
   }
   // Pinned staging is untracked in every runtime; here it is address space like the rest.

@@ -61,12 +61,23 @@ void print_banner(const RunDescription& run) {
   }
 }
 
-// mpirun hands ranks a pseudo-terminal even when its own output goes to a file, so under a
-// launcher the progress line would fill logs with carriage returns: plain lines there.
+// mpirun hands its ranks a pseudo-terminal even when its own output goes to a file (a Slurm log),
+// so under a launcher the rank's isatty says nothing: what counts is where the launcher's own
+// output goes, its stdout as /proc shows it (mpirun, or the orted/prted daemon on this node, is
+// the rank's parent). A terminal there: bars; a file or a pipe: plain lines. Remote ranks'
+// daemons have no terminal, and srun's slurmstepd writes to the job's log.
 bool interactive_terminal() {
+  if (!isatty(fileno(stdout))) return false;
+  bool launched = false;
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID"})
-    if (std::getenv(var)) return false;
-  return isatty(fileno(stdout));
+    launched = launched || std::getenv(var) != nullptr;
+  if (!launched) return true;
+  char target[256] = {};
+  const std::string fd = "/proc/" + std::to_string(getppid()) + "/fd/1";
+  const ssize_t n = readlink(fd.c_str(), target, sizeof target - 1);
+  if (n <= 0) return false;
+  const std::string out(target, static_cast<size_t>(n));
+  return out.starts_with("/dev/pts/") || out.starts_with("/dev/tty");
 }
 
 }  // namespace fsdp

@@ -8,6 +8,7 @@
 #include "fsdp/fsdp.h"
 #include "models/model.h"
 #include "train/batches.h"
+#include "train/progress.h"
 
 namespace fsdp {
 
@@ -21,6 +22,7 @@ EvalResult evaluate(Model& model, FsdpEngine& engine, const Dataset& data, const
   ctx.runtime = &engine.runtime();
   BatchBuffers b, dev;
   double sums[2] = {0.0, 0.0};  // loss, correct
+  ProgressBar bar(o.progress, "eval", sampler.steps_per_epoch());
   for (int64_t s = 0; s < sampler.steps_per_epoch(); ++s) {
     std::vector<int64_t> idx = sampler.global_batch(0, s);
     auto [offset, count] = Sampler::rank_slice(static_cast<int64_t>(idx.size()), o.rank, o.world_size);
@@ -30,6 +32,7 @@ EvalResult evaluate(Model& model, FsdpEngine& engine, const Dataset& data, const
     engine.end_forward_only();
     sums[0] += model.loss().last_sum();
     sums[1] += static_cast<double>(model.loss().last_correct());
+    bar.update(s + 1);
   }
   engine.world().all_reduce(sums, sums, 2, DType::f64, ReduceOp::sum)->wait();
   std::vector<int64_t> all(static_cast<size_t>(data.size()));

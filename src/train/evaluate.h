@@ -19,6 +19,7 @@ struct EvalOptions {
   int64_t batch_size = 1000;  // per rank (train.eval_batch_size)
   uint64_t seed = 1;
   int rank = 0, world_size = 1;
+  bool progress = false;  // a bar on this rank's terminal
 };
 
 EvalResult evaluate(Model& model, FsdpEngine& engine, const Dataset& data, const EvalOptions& options,

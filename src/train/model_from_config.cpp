@@ -1,6 +1,7 @@
 // The model an input file names: models/ takes sizes, not the config (config is read here, in
 // train/, so that models/ depends on nn/ and tensor/ only).
 #include "train/model_from_config.h"
+#include "ckpt/hf_weights.h"
 #include "config/config.h"
 #include "models/model.h"
 #include "models/t5.h"
@@ -31,6 +32,16 @@ std::unique_ptr<Model> make_model(const ModelConfig& config) {
     return make_t5(t);
   }
   throw Error("model.kind: not " + names_of(kModelKinds));
+}
+
+HfNames hf_names(const ModelConfig& config) {
+  HfNames names;
+  if (config.kind != ModelKind::t5) return names;
+  // T5's embedding is one tensor under up to four names: save_pretrained writes shared.weight
+  // only, other writers (torch.save's state_dict, converted) write every alias.
+  names.aliases["shared.weight"] = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight"};
+  if (config.tie_word_embeddings) names.ignored.insert("lm_head.weight");
+  return names;
 }
 
 }  // namespace fsdp

@@ -9,8 +9,11 @@ struct ModelConfig;
 struct FsdpConfig;
 struct FsdpOptions;
 class Model;
+struct HfNames;
 
 std::unique_ptr<Model> make_model(const ModelConfig& config);
 FsdpOptions fsdp_options(const FsdpConfig& config);
+// How the model's parameter names meet a Hugging Face file's (T5's tied aliases).
+HfNames hf_names(const ModelConfig& config);
 
 }  // namespace fsdp

@@ -2,6 +2,7 @@
 // plan's text.
 #include "train/plan.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -83,19 +84,32 @@ int64_t host_available_bytes() {
 
 }  // namespace
 
-void check_plan_fits(const MemoryPlan& plan, int ranks_on_node, Device device) {
-  if (device != Device::cpu) return;
-  const int64_t available = host_available_bytes();
-  if (available <= 0) return;
+void check_plan_fits(const MemoryPlan& plan, int ranks_on_node, DeviceRuntime& runtime) {
   const auto ranks_here = static_cast<int64_t>(ranks_on_node);
-  const int64_t need = ranks_here * plan.total_peak_bytes;
-  if (need <= available) return;
-  throw Error("memory plan: " + std::to_string(ranks_here) + " rank" + (ranks_here == 1 ? "" : "s") +
-              " on this node would need " + std::to_string(ranks_here) + " x " +
-              human_bytes(static_cast<double>(plan.total_peak_bytes)) + " = " + human_bytes(static_cast<double>(need)) +
-              " at their peak, and the node has " + human_bytes(static_cast<double>(available)) +
-              " available (MemAvailable); see fsdp_app --plan: shard more (FULL_SHARD, more ranks or nodes) or "
-              "lower train.batch_size");
+  const int64_t available = host_available_bytes();
+  const int64_t host_need = ranks_here * plan.host_peak_bytes;
+  if (available > 0 && host_need > available)
+    throw Error("memory plan: " + std::to_string(ranks_here) + " rank" + (ranks_here == 1 ? "" : "s") +
+                " on this node would need " + std::to_string(ranks_here) + " x " +
+                human_bytes(static_cast<double>(plan.host_peak_bytes)) + " = " +
+                human_bytes(static_cast<double>(host_need)) + " at their peak, and the node has " +
+                human_bytes(static_cast<double>(available)) +
+                " available (MemAvailable); see fsdp_app --plan: shard more (FULL_SHARD, more ranks or nodes) or "
+                "lower train.batch_size");
+  if (runtime.device() == Device::cpu) return;
+  const DeviceRuntime::DeviceMemory dev = runtime.device_memory();
+  if (dev.free_bytes < 0) return;
+  const int64_t devices = std::max(dev.devices, 1);
+  const int64_t sharing = (ranks_here + devices - 1) / devices;
+  const int64_t need = sharing * plan.device_peak_bytes;
+  if (need <= dev.free_bytes) return;
+  throw Error("memory plan: " + std::to_string(sharing) + " rank" + (sharing == 1 ? "" : "s") + " on " + dev.name +
+              " would need " + std::to_string(sharing) + " x " +
+              human_bytes(static_cast<double>(plan.device_peak_bytes)) + " = " +
+              human_bytes(static_cast<double>(need)) + " of device memory at their peak, and the device has " +
+              human_bytes(static_cast<double>(dev.free_bytes)) +
+              " free; see fsdp_app --plan: shard more (FULL_SHARD, more ranks or nodes), fsdp.cpu_offload, or lower "
+              "train.batch_size");
 }
 
 std::string MemoryPlan::peaks_json() const {
@@ -138,6 +152,10 @@ std::string MemoryPlan::text() const {
   add("  %-12s %12s %17s  peak of the sum (mem_peak_bytes.total); sum of the peaks %s\n", "total",
       human_bytes(static_cast<double>(total_peak_bytes)).c_str(), grouped(total_peak_bytes).c_str(),
       grouped(sum).c_str());
+  if (device_peak_bytes > 0)
+    add("  %-12s %12s %17s  of which on the device (its own peak); host %s\n", "device",
+        human_bytes(static_cast<double>(device_peak_bytes)).c_str(), grouped(device_peak_bytes).c_str(),
+        human_bytes(static_cast<double>(host_peak_bytes)).c_str());
   // The grad shards are the params' size: what stays between steps is params + grads + optim
   // shards, 16 Psi / N with Adam (padding included); full gradients and gathered units come on top.
   const int64_t at_rest = 2 * peak(MemCategory::params) + peak(MemCategory::optim);

@@ -55,6 +55,8 @@ struct MemoryPlan {
   // peak_total_bytes() at the end of the run.
   std::array<int64_t, kMemCategoryCount> peak_bytes{};
   int64_t total_peak_bytes = 0;
+  // The same total split by where the bytes live (a cpu run: all host): each space's own peak.
+  int64_t host_peak_bytes = 0, device_peak_bytes = 0;
   // One training step's collectives (all micro-batches), FsdpEngine::step_traffic.
   CollectiveCount all_gather, reduce_scatter, all_reduce;
   std::vector<std::string> notes;  // assumptions the prediction rests on
@@ -70,10 +72,11 @@ struct MemoryPlan {
 MemoryPlan plan_memory(const Config& config, const PlanRequest& request);
 
 // A run that cannot fit is refused before it allocates, with the numbers, instead of being
-// killed by the kernel's OOM killer minutes later: Error when ranks_on_node x the planned peak
-// exceeds the node's MemAvailable. Host memory only (device cpu): on a device run the tracker
-// mixes device memory and host staging, and the device's free memory is not asked for here.
-void check_plan_fits(const MemoryPlan& plan, int ranks_on_node, Device device);
+// killed by the kernel's OOM killer (or a CUDA out-of-memory) minutes later: Error when
+// ranks_on_node x the planned host peak exceeds the node's MemAvailable, or, on a device run,
+// when the ranks sharing this rank's device (ranks_on_node / devices, rounded up) x the planned
+// device peak exceed the device's free memory (DeviceRuntime::device_memory).
+void check_plan_fits(const MemoryPlan& plan, int ranks_on_node, DeviceRuntime& runtime);
 
 // "1.50 GiB".
 std::string human_bytes(double bytes);

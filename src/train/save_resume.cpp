@@ -6,9 +6,12 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/h5.h"
+#include "ckpt/hf_weights.h"
+#include "config/hf_config.h"
 #include "nn/flat.h"
 #include "tensor/error.h"
 #include "train/checkpointing.h"
+#include "train/model_from_config.h"
 #include "train/trainer_state.h"
 
 namespace fsdp {
@@ -66,7 +69,10 @@ void Trainer::restore() {
     // A plan touches no file. A resume is assumed to find its file: what it costs is the staging
     // of the state it loads (device shards), held while the file is read.
     if (!c.checkpoint.resume.empty()) HostCheckpointState(*s.engine, *s.optimizer, s.mem).copy_to_device(true);
-    if (!c.model.init_from.empty()) s.engine->load_full_weights(init_from(c.model.init_from));  // reads nothing on meta
+    if (!c.model.init_from.empty() && init_from_kind(c.model.init_from) != InitFromKind::hdf5)
+      init_from_hf();
+    else if (!c.model.init_from.empty())
+      s.engine->load_full_weights(init_from(c.model.init_from));  // reads nothing on meta
     return;
   }
   // Resume last: it overwrites the shards and optimizer state just made. Collective, and its
@@ -92,7 +98,31 @@ void Trainer::restore() {
   }
   // model.init_from: rank 0 checks the file and tells everyone before any data moves, so a bad
   // file fails every rank alike — a set-up error reported once. A resumed run has its weights.
-  if (!c.model.init_from.empty() && !s.resumed) s.engine->load_full_weights(init_from(c.model.init_from));
+  if (c.model.init_from.empty() || s.resumed) return;
+  if (init_from_kind(c.model.init_from) != InitFromKind::hdf5)
+    init_from_hf();
+  else
+    s.engine->load_full_weights(init_from(c.model.init_from));
+}
+
+// model.init_from in Hugging Face's form (a .safetensors file or a model folder): every rank reads
+// its own shards' ranges into the host staging of its shards (the shards themselves on a host
+// run), which then go to the device. A plan stages as the load does and reads nothing.
+void Trainer::init_from_hf() {
+  State& s = *s_;
+  const std::string& path = s.c.model.init_from;
+  HostCheckpointState staged(*s.engine, *s.optimizer, s.mem);
+  if (s.env.planning) {
+    staged.copy_to_device(false);
+    return;
+  }
+  const HfLoadStats st = load_hf_weights(path, staged.state(), hf_names(s.c.model), s.env.mpi_comm);
+  staged.copy_to_device(false);
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "init_from: %s: %.1f MB of parameters (f32) in %.2f s; the most any rank read: %.1f MB\n", path.c_str(),
+                st.tensor_bytes / 1e6, st.seconds, st.max_bytes_read / 1e6);
+  s.resume_note += line;
 }
 
 void Trainer::resume(const std::string& path) {

@@ -20,6 +20,7 @@
 #include "train/banner.h"
 #include "train/checkpointing.h"
 #include "train/evaluate.h"
+#include "train/generation.h"
 #include "train/model_from_config.h"
 #include "train/trainer_state.h"
 
@@ -74,7 +75,7 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
     request.eval_data = s.data.eval;
     s.plan = plan_memory(c, request);
     check_plan_fits(s.plan, static_cast<int>(std::count(node_colors.begin(), node_colors.end(), s.env.node_color)),
-                    device);
+                    *s.runtime);
   }
   s.model = make_model(c.model);
   const int64_t outputs = c.model.kind == ModelKind::transformer ? c.model.vocab
@@ -111,7 +112,42 @@ Trainer::~Trainer() = default;
 
 EvalOptions Trainer::eval_options() const {
   const State& s = *s_;
-  return {s.c.train.eval_batch_size, s.c.train.seed, s.env.rank, s.env.world_size};
+  return {s.c.train.eval_batch_size, s.c.train.seed, s.env.rank, s.env.world_size, s.progress.tty};
+}
+
+GenerationOptions Trainer::generation_options() const {
+  const State& s = *s_;
+  const GenerateConfig& g = s.c.generate;
+  GenerationOptions o;
+  o.search.max_new_tokens = g.max_new_tokens > 0 ? g.max_new_tokens : s.c.data.target_len;
+  o.search.num_beams = g.num_beams;
+  o.search.length_penalty = g.length_penalty;
+  o.batch_size = g.batch_size > 0 ? g.batch_size : s.c.train.eval_batch_size;
+  o.rank = s.env.rank;
+  o.world_size = s.env.world_size;
+  o.progress = s.progress.tty;
+  return o;
+}
+
+int64_t Trainer::rouge_samples() const {
+  const State& s = *s_;
+  if (!dynamic_cast<const Seq2SeqDataset*>(s.data.eval.get())) return 0;
+  const int64_t n = s.c.generate.rouge_samples;
+  const int64_t all = s.data.eval->size();
+  if (n < 0) return s.c.data.kind == DataKind::seq2seq ? all : 0;  // synthetic pairs: no text to score
+  return std::min(n, all);
+}
+
+void Trainer::generate(int64_t count) {
+  State& s = *s_;
+  const auto* data = dynamic_cast<const Seq2SeqDataset*>(s.data.eval.get());
+  if (!data) throw Error("--generate needs a sequence-to-sequence model and data (model.kind t5)");
+  count = std::min(count, data->size());
+  const std::vector<std::vector<int32_t>> ids =
+      generate_samples(*s.model, *s.engine, *data, count, generation_options(), s.mem);
+  for (size_t i = 0; i < ids.size(); ++i)
+    std::printf("%s\n", generation_json(static_cast<int64_t>(i), *data, ids[i]).c_str());
+  std::fflush(stdout);
 }
 
 Trainer::StepResult Trainer::train_step(int64_t step, double lr) {
@@ -184,7 +220,15 @@ MemoryPlan Trainer::plan() {
     plan.reduce_scatter = t.reduce_scatter;
     plan.all_reduce = t.all_reduce;
   };
-  auto evaluate_once = [&] { evaluate(*s.model, engine, *s.data.eval, eval_options(), s.mem); };
+  auto evaluate_once = [&] {
+    evaluate(*s.model, engine, *s.data.eval, eval_options(), s.mem);
+    // ROUGE decodes with every unit gathered: one decoding batch per rank reaches its peak.
+    if (const int64_t n = rouge_samples(); n > 0) {
+      const GenerationOptions g = generation_options();
+      rouge_of_samples(*s.model, engine, dynamic_cast<const Seq2SeqDataset&>(*s.data.eval),
+                       std::min(n, g.batch_size * s.env.world_size), g, s.mem);
+    }
+  };
   while (step < std::min<int64_t>(s.total_steps, 2)) step_once();
   const bool saves = !c.checkpoint.dir.empty();
   if (saves && c.checkpoint.every_steps > 0) save("", step, lr);
@@ -212,6 +256,8 @@ MemoryPlan Trainer::plan() {
   for (size_t i = 0; i < kMemCategoryCount; ++i)
     plan.peak_bytes[i] = static_cast<int64_t>(s.mem.peak_bytes(static_cast<MemCategory>(i)));
   plan.total_peak_bytes = static_cast<int64_t>(s.mem.peak_total_bytes());
+  plan.host_peak_bytes = static_cast<int64_t>(s.mem.peak_bytes(MemSpace::host));
+  plan.device_peak_bytes = static_cast<int64_t>(s.mem.peak_bytes(MemSpace::device));
   if (engine.options().activation_checkpointing)
     plan.notes.emplace_back("activation checkpointing: wrapped units recompute in backward");
   return plan;
@@ -268,10 +314,14 @@ void Trainer::report_step(int64_t step, const StepResult& r, double step_s) {
   j.raw("mem_peak_bytes", mem_peaks_json(s.mem)).raw("mem_plan_bytes", s.plan.peaks_json());
   p.metrics->write(j);
   if (p.tty) {
-    std::printf("\r[epoch %lld] step %lld/%lld  loss %.4f  lr %.3g  %.0f %s/s   ", static_cast<long long>(epoch) + 1,
-                static_cast<long long>(done), static_cast<long long>(s.total_steps), r.loss, p.lr,
-                lm ? rate * elems_per_sample : rate, lm ? "tokens" : "samples");
-    std::fflush(stdout);
+    const int64_t in_epoch = step % s.steps_per_epoch;
+    if (!p.bar || in_epoch == 0)
+      p.bar = std::make_unique<ProgressBar>(true, "epoch " + std::to_string(epoch + 1), s.steps_per_epoch);
+    char extra[96];
+    std::snprintf(extra, sizeof extra, "loss %.4f lr %.3g %.0f %s/s", r.loss, p.lr, lm ? rate * elems_per_sample : rate,
+                  lm ? "tokens" : "samples");
+    p.bar->update(in_epoch + 1, extra);
+    if (in_epoch + 1 == s.steps_per_epoch) p.bar.reset();
   } else if (done % c.output.log_every == 0 || done == s.total_steps) {
     std::printf("step %lld/%lld epoch %lld loss %.6f lr %.6g %.1f %s/s\n", static_cast<long long>(done),
                 static_cast<long long>(s.total_steps), static_cast<long long>(epoch) + 1, r.loss, p.lr,
@@ -290,24 +340,38 @@ void Trainer::evaluate_and_report(int64_t step_done, int64_t epoch) {
   State& s = *s_;
   Progress& p = s.progress;
   const CheckpointConfig& ck = s.c.checkpoint;
+  p.bar.reset();  // the evaluation draws its own bars below the epoch's
   const EvalResult r = evaluate(*s.model, *s.engine, *s.data.eval, eval_options(), s.mem);
+  RougeResult rouge;
+  if (const int64_t n = rouge_samples(); n > 0)
+    rouge = rouge_of_samples(*s.model, *s.engine, dynamic_cast<const Seq2SeqDataset&>(*s.data.eval), n,
+                             generation_options(), s.mem);
   p.summary.eval_loss = r.loss;
   p.summary.eval_accuracy = r.accuracy;
+  if (rouge.count > 0) p.summary.eval_rougeL = rouge.mean.rougeL;
   p.last_eval_step = step_done;
   if (ck.save_best && (s.best_eval_loss < 0 || r.loss < s.best_eval_loss)) {
     s.best_eval_loss = r.loss;
     save(best_checkpoint_path(ck.dir), step_done, p.lr);
   }
   if (s.env.rank != 0) return;
-  if (p.tty) std::printf("\n");
-  std::printf("eval step %lld epoch %lld: loss %.6f accuracy %.2f%%\n", static_cast<long long>(step_done),
+  std::printf("eval step %lld epoch %lld: loss %.6f accuracy %.2f%%", static_cast<long long>(step_done),
               static_cast<long long>(epoch) + 1, r.loss, 100.0 * r.accuracy);
+  if (rouge.count > 0)
+    std::printf(" rouge1 %.4f rouge2 %.4f rougeL %.4f (%lld samples, %.1f s)", rouge.mean.rouge1, rouge.mean.rouge2,
+                rouge.mean.rougeL, static_cast<long long>(rouge.count), rouge.seconds);
+  std::printf("\n");
   std::fflush(stdout);
-  p.metrics->write(JsonLine()
-                       .integer("step", step_done)
-                       .integer("epoch", epoch + 1)
-                       .num("eval_loss", r.loss)
-                       .num("eval_accuracy", r.accuracy));
+  JsonLine j;
+  j.integer("step", step_done).integer("epoch", epoch + 1).num("eval_loss", r.loss).num("eval_accuracy", r.accuracy);
+  if (rouge.count > 0)
+    j.num("rouge1", rouge.mean.rouge1)
+        .num("rouge2", rouge.mean.rouge2)
+        .num("rougeL", rouge.mean.rougeL)
+        .integer("rouge_samples", rouge.count)
+        .num("generate_s", rouge.seconds);
+  j.raw("mem_peak_bytes", mem_peaks_json(s.mem));
+  p.metrics->write(j);
 }
 
 void Trainer::maybe_checkpoint(int64_t done) {
@@ -342,7 +406,7 @@ void Trainer::finish() {
   if (finished && !c.train.eval_every.never() && p.last_eval_step != summary.steps && s.total_steps > 0)
     evaluate_and_report(summary.steps, (s.total_steps - 1) / s.steps_per_epoch);
   if (!c.checkpoint.dir.empty() && summary.steps > s.start_step) save_step(summary.steps);
-  if (p.tty && c.train.eval_every.never()) std::printf("\n");
+  p.bar.reset();
   summary.samples_per_s = p.timed_s > 0 ? static_cast<double>(p.timed_samples) / p.timed_s : 0.0;
   if (!c.output.save_weights.empty()) write_weights();
   if (s.env.rank != 0) return;

@@ -20,6 +20,7 @@ class MemoryTracker;
 class Dataset;
 struct MemoryPlan;
 struct EvalOptions;
+struct GenerationOptions;
 struct CheckpointMeta;
 struct CheckpointStats;
 
@@ -54,6 +55,7 @@ struct TrainSummary {
   double last_loss = 0.0;
   double eval_loss = -1.0;  // -1 when no evaluation ran
   double eval_accuracy = -1.0;
+  double eval_rougeL = -1.0;  // -1 when no ROUGE was scored
   double samples_per_s = 0.0;  // mean over the run, excluding the first step
 };
 
@@ -64,6 +66,9 @@ class Trainer {
   Trainer(const Trainer&) = delete;  // owns the MPI communicators, engine and open files
   Trainer& operator=(const Trainer&) = delete;
   TrainSummary run();  // run phase
+  // fsdp_app --generate N: decodes the first N validation samples (all of them when there are
+  // fewer) and prints one JSON line each on rank 0 (train/generation.h); trains nothing.
+  void generate(int64_t count);
   // The memory plan (env.planning): the run's own calls, in the shortest sequence that reaches
   // every peak the whole run reaches (train/plan.h).
   MemoryPlan plan();
@@ -90,8 +95,12 @@ class Trainer {
   void save_step(int64_t steps_done);
   void finish();
   EvalOptions eval_options() const;
+  GenerationOptions generation_options() const;
+  // generate.rouge_samples resolved: how many validation samples each evaluation scores.
+  int64_t rouge_samples() const;
   void restore();  // the end of set-up: resume, or model.init_from (save_resume.cpp)
   void resume(const std::string& path);
+  void init_from_hf();  // model.init_from as a .safetensors file or a Hugging Face folder
   // The root attributes of a checkpoint taken after `steps_done` steps.
   CheckpointMeta position(int64_t steps_done, double lr) const;
   // A non-finite state is not written (NonFiniteCheckpoint): an Error naming the step and the

@@ -19,6 +19,7 @@
 #include "train/loss_scaler.h"
 #include "train/metrics.h"
 #include "train/plan.h"
+#include "train/progress.h"
 #include "train/trainer.h"
 
 namespace fsdp {
@@ -26,7 +27,8 @@ namespace fsdp {
 // What run() keeps between its named calls.
 struct Progress {
   std::unique_ptr<MetricsFile> metrics;  // rank 0 writes; disabled elsewhere
-  bool tty = false;                      // redraw one progress line (rank 0 on a terminal)
+  bool tty = false;                      // progress bars (rank 0 on a terminal)
+  std::unique_ptr<ProgressBar> bar;      // the current epoch's, on a terminal
   TrainSummary summary;
   double lr = 0.0;
   double timed_s = 0.0;  // steps after the first (which pays for allocations)

@@ -24,7 +24,7 @@ build="${1:-build-fuzz}"
 seconds="${2:-60}"
 shift $(( $# < 2 ? $# : 2 ))
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(config idx text seq2seq csv ckpt_raw ckpt_struct)
+[ ${#targets[@]} -eq 0 ] && targets=(config idx text seq2seq csv ckpt_raw ckpt_struct safetensors)
 case "$build" in /*) ;; *) build="$root/$build" ;; esac
 
 # Per target libFuzzer options. The checkpoint targets run MPI_Init (one rank), whose Open MPI /
@@ -40,6 +40,7 @@ case "$build" in /*) ;; *) build="$root/$build" ;; esac
 declare -A extra=(
   [ckpt_raw]="-max_len=65536 -detect_leaks=0 -fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1"
   [ckpt_struct]="-max_len=256 -detect_leaks=0"
+  [safetensors]="-max_len=4096"
 )
 
 # classify EXE INPUT ASAN_OPTIONS: replays INPUT alone (a hang: for 5 s) and prints
@@ -73,7 +74,7 @@ classify() {
   fi
 }
 
-command -v clang++ >/dev/null || { echo "fuzz: clang++ not found (bash jobs/install-deps.sh)"; exit 1; }
+command -v clang++ >/dev/null || { echo "fuzz: clang++ not found (bash jobs/install-deps.sh --tests)"; exit 1; }
 options=(-Dfuzz=enabled -Dtests=disabled -Db_sanitize=address,undefined -Db_lundef=false
          -Dbuildtype=plain "-Dcpp_args=-O1 -g" -Dgpu=disabled -Ducx=disabled)
 if [ -f "$build/build.ninja" ]; then

@@ -18,6 +18,10 @@ For each config (tests/reference/t5_<config>.yaml):
 5. Our checkpoint loads into a fresh T5ForConditionalGeneration through load_state_dict(strict=True)
    (the aliases filled from shared.weight), and HF's loss on the first batch with our weights equals
    the loss with HF's final weights to LOAD_LOSS_RTOL: the names and layouts are HF's.
+6. Generation: `fsdp_app --generate 8` from HF's initial weights (random: varied outputs, unlike
+   the 20-step model's repetitions) equals HF's generate() token for token on the first 8
+   validation rows: greedy at np 1 and under mpirun -np 3 (FSDP gathers every unit once for the
+   batch), beam search with 4 beams at np 1.
 
 usage: check_t5.py BUILD_DIR|PATH/TO/fsdp_app OUT_DIR [--config v1_0|v1_1] [--steps N] [--set KEY=VALUE]
 OUT_DIR/<config>/ keeps every file (data, HF's outputs, our metrics and checkpoint, logs).
@@ -43,6 +47,7 @@ PYTHON = "/usr/bin/python3"
 LOSS_RTOL = 1e-5
 PARAM_RTOL = 1e-4
 LOAD_LOSS_RTOL = 1e-6
+GENERATE_N = 8
 CONFIGS = ["v1_0", "v1_1"]
 
 
@@ -198,6 +203,36 @@ def compare_load(cfg_name, ours_loss, hf_loss):
     return ok, r
 
 
+def check_generate(app, py, cfg_name, d, yaml_path, pairs, common, t):
+    """Step 6: our --generate against HF's generate() from the same (initial) weights."""
+    init = os.path.join(d, "init.h5")
+    log = os.path.join(d, "hf_generate.log")
+    t["hf generate"] = run([py, os.path.join(HERE, "t5_reference.py")] + common +
+                           ["--generate", init, "--generate-n", str(GENERATE_N), "--generate-beams", "4"], log)
+    hf = json.loads(open(log).read().strip().splitlines()[-1])
+    mpirun = os.path.join(os.path.dirname(HERE), "mpirun.sh")
+    fails = []
+    for name, launch, beams in (("greedy np 1", [], 1), ("greedy np 3", [mpirun, "3"], 1),
+                                ("beam 4 np 1", [], 4)):
+        out = os.path.join(d, f"generate_{name.replace(' ', '_')}.jsonl")
+        cmd = launch + app + [yaml_path, "--set", f"model.init_from={init}", "--set", f"data.path={pairs}",
+                              "--set", f"generate.num_beams={beams}", "--set", "train.global_batch_size=0",
+                              "--set", "train.batch_size=1", "--set", "generate.batch_size=3",
+                              "--generate", str(GENERATE_N)]
+        with open(out, "w") as f:
+            r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=300)
+        rows = [json.loads(line) for line in open(out) if line.startswith("{")]
+        ours = [row["generated_ids"] for row in rows]
+        want = hf["greedy" if beams == 1 else "beam"]
+        same = sum(o == h for o, h in zip(ours, want))
+        ok = r.returncode == 0 and len(ours) == len(want) and same == len(want)
+        print(f"{cfg_name}: generate {name}: {'PASS' if ok else 'FAIL'}: {same} of {len(want)} rows equal to HF's "
+              f"generate() token for token ({sum(map(len, want))} tokens; exit {r.returncode}; {out})", flush=True)
+        if not ok:
+            fails.append(f"{cfg_name} generate {name}: {same} of {len(want)} rows equal to HF's")
+    return fails
+
+
 # ---- one config -------------------------------------------------------------------------------------
 
 def check_config(app, py, cfg_name, out, steps, sets):
@@ -250,6 +285,8 @@ def check_config(app, py, cfg_name, out, steps, sets):
     else:
         r_load = float("nan")
         print(f"{cfg_name}: loads into HF: not tried (names or shapes differ)")
+    gen_fails = check_generate(app, py, cfg_name, d, yaml_path, pairs, common, t)
+    fails += gen_fails
     times = ", ".join(f"{k} {v:.1f} s" for k, v in t.items())
     print(f"{cfg_name}: {'PASS' if not fails else 'FAIL'}: loss max rel diff {worst_loss:.2e} (tol {LOSS_RTOL:g}), "
           f"final weights worst rel L2 {worst_param[0]:.2e} (tol {PARAM_RTOL:g}), HF load loss rel diff "

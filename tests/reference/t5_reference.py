@@ -326,6 +326,36 @@ def loss_of(args):
     print(json.dumps(out))
 
 
+def generate_of(args):
+    """HF's generate() (do_sample off) on the first --generate-n validation rows with FILE.h5's
+    weights: prints {"greedy": [ids...], "beam": [ids...]} per row, no start token, up to and with
+    the eos (HF pads finished rows; the padding is dropped)."""
+    rows = read_rows(args.data)
+    _, held = split_rows(rows, args.eval_fraction)
+    b = make_batch(held[:args.generate_n], args.source_len, args.target_len)
+    cfg = CONFIGS[args.config]
+    model = build(args.config, seed=0)
+    load_weights(model, cfg, args.generate)
+    model.eval()
+    ids = torch.tensor(b["input_ids"], dtype=torch.long)
+    mask = torch.tensor(b["attention_mask"], dtype=torch.long)
+
+    def trimmed(seqs):
+        out = []
+        for row in seqs.tolist():
+            row = row[1:]  # decoder_start_token_id
+            out.append(row[:row.index(EOS) + 1] if EOS in row else row)
+        return out
+
+    out = {}
+    with torch.no_grad():
+        for name, beams in (("greedy", 1), ("beam", args.generate_beams)):
+            seqs = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.target_len, num_beams=beams,
+                                  do_sample=False, early_stopping=False, length_penalty=1.0)
+            out[name] = trimmed(seqs)
+    print(json.dumps(out))
+
+
 def train(args):
     cfg = CONFIGS[args.config]
     batches, n_rows, n_train = train_batches(args.data, args.steps, args.batch, args.source_len, args.target_len,
@@ -385,6 +415,9 @@ def main():
     ap.add_argument("--hf-count-limit", type=float, default=1e9)
     ap.add_argument("--loss-of", nargs="+", metavar="FILE.h5",
                     help="print {file: HF's loss on the first training batch with its /model weights}")
+    ap.add_argument("--generate", metavar="FILE.h5", help="print HF's greedy and beam outputs with FILE.h5's weights")
+    ap.add_argument("--generate-n", type=int, default=8, help="with --generate: the first N validation rows")
+    ap.add_argument("--generate-beams", type=int, default=4, help="with --generate: num_beams of the beam search")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.print_presets:
@@ -394,6 +427,9 @@ def main():
         ap.error("--config and --data are needed (or --print-presets)")
     if args.loss_of:
         loss_of(args)
+        return
+    if args.generate:
+        generate_of(args)
         return
     if not args.out:
         ap.error("--out is needed")

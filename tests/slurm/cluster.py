@@ -35,9 +35,14 @@ How it is built (Debian 12, Slurm 22.05, running as root):
   still there, stops those pids (checking /proc/PID/cmdline first, so a reused pid is never
   hit), then any process whose environment carries FSDP_SLURM_CLUSTER=DIR (slurmstepd and job
   tasks that outlived their daemon), and removes DIR.
-- Jobs that span the two emulated nodes of one machine need OMPI_MCA_btl=self,tcp (with
-  btl_tcp_if_include=lo, pml=ob1): OpenMPI's shared-memory transport between ranks it believes
-  are on different nodes crashes (SIGSEGV in mca_btl_vader during MPI_Comm_split_type)."""
+- Each slurmd runs in its own UTS namespace (unshare --uts) with the node's name as hostname
+  (NodeHostname=n1, n2, ...): its job steps and tasks inherit it, so Open MPI tells the emulated
+  nodes apart as it tells real ones apart. Before, both nodes had the machine's hostname, and
+  cross-node jobs needed OMPI_MCA_btl=self,tcp: Open MPI names node-local resources (its
+  session directory /tmp/ompi.HOST.UID/..., the vader BTL's shared-memory segments) after the
+  hostname, so ranks on the two "nodes" met in the same segments (SIGSEGV in mca_btl_vader
+  during MPI_Comm_split_type). Now vader carries traffic within a node and TCP (loopback) across
+  them, as on a cluster."""
 import argparse
 import ctypes
 import os
@@ -153,7 +158,7 @@ MessageTimeout=30
 JobRequeue=1
 """
         for n, port in zip(self.nodes, node_ports):
-            lines += f"NodeName={n} NodeAddr=127.0.0.1 NodeHostname={host} Port={port} CPUs={self.cpus} State=UNKNOWN\n"
+            lines += f"NodeName={n} NodeAddr=127.0.0.1 NodeHostname={n} Port={port} CPUs={self.cpus} State=UNKNOWN\n"
         lines += f"PartitionName=test Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP\n"
         os.makedirs(self.path("etc"))
         with open(self.conf, "w") as f:
@@ -167,7 +172,8 @@ JobRequeue=1
                 f.write(f"PMIxCliTmpDirBase={self.path(n, 'pmix')}\n")
 
     # ------------------------------------------------------------------ processes
-    def _spawn(self, key, cmd, log, env):
+    def _spawn(self, key, cmd, log, env, prog=None):
+        """prog: the program the pid ends up running, when cmd execs into another (unshare)."""
         out = open(log, "ab")
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                              start_new_session=True, cwd=self.dir,
@@ -175,7 +181,7 @@ JobRequeue=1
         out.close()
         self.procs[key] = p
         with open(self.path("pids", f"{key}.pid"), "w") as f:
-            f.write(f"{p.pid} {cmd[0]}\n")
+            f.write(f"{p.pid} {prog or cmd[0]}\n")
         return p
 
     def _wait_for(self, what, cond, timeout, key=None):
@@ -200,7 +206,7 @@ JobRequeue=1
     def start(self, timeout=60):
         miss = missing_programs()
         if miss:
-            raise ClusterError(f"not installed: {', '.join(miss)} (bash jobs/install-deps.sh)")
+            raise ClusterError(f"not installed: {', '.join(miss)} (bash jobs/install-deps.sh --tests)")
         if self.dir is None:
             self.dir = tempfile.mkdtemp(prefix="fsdp_slurm_")
         os.chmod(self.dir, 0o755)
@@ -222,8 +228,11 @@ JobRequeue=1
             self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", self.conf], self.path("pids", "slurmctld.out"), env)
             for n in self.nodes:
                 nenv = dict(env, SLURM_CONF=self.path(n, "etc", "slurm.conf"))
-                self._spawn(n, ["slurmd", "-D", "-N", n, "-f", self.path(n, "etc", "slurm.conf")],
-                            self.path("pids", f"{n}.out"), nenv)
+                # Each emulated node in its own UTS namespace, named after it: its slurmd, job
+                # steps and tasks see hostname n1, n2, ... (module docstring).
+                self._spawn(n, ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', n,
+                                "slurmd", "-D", "-N", n, "-f", self.path(n, "etc", "slurm.conf")],
+                            self.path("pids", f"{n}.out"), nenv, prog="slurmd")
             self._wait_for("the nodes", self._nodes_idle, timeout, "slurmctld")
         except BaseException:
             self.stop()

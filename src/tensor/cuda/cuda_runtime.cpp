@@ -201,6 +201,14 @@ void CudaRuntime::synchronize(Stream stream) {
 
 Kernels& CudaRuntime::kernels() { return *kernels_; }
 
+DeviceRuntime::DeviceMemory CudaRuntime::device_memory() {
+  size_t free_bytes = 0, total_bytes = 0;
+  int count = 1;
+  check_cuda(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo", "the device's free memory");
+  check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount", "the devices of this node");
+  return {static_cast<int64_t>(free_bytes), count, "cuda:" + std::to_string(device_)};
+}
+
 }  // namespace cuda
 
 std::unique_ptr<DeviceRuntime> make_cuda_runtime(MemoryTracker& tracker, int local_rank) {

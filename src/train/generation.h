@@ -1,0 +1,45 @@
+#pragma once
+// Text generation on the FSDP model (sequence-to-sequence models): every unit gathered once for
+// all the decoding batches (FsdpEngine::unshard_all), not once per generated token; each rank
+// decodes its contiguous slice of the samples, as evaluation splits batches.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/generate.h"
+#include "train/rouge.h"
+
+namespace fsdp {
+
+class FsdpEngine;
+class MemoryTracker;
+class Model;
+class Seq2SeqDataset;
+
+struct GenerationOptions {
+  GenerateOptions search;
+  int64_t batch_size = 16;  // samples per rank per decoding batch
+  int rank = 0, world_size = 1;
+  bool progress = false;  // a bar on this rank's terminal
+};
+
+// Samples [0, count) of `data` decoded; every rank calls it. Rank 0 gets every sample's ids in
+// order, the other ranks an empty list.
+std::vector<std::vector<int32_t>> generate_samples(Model& model, FsdpEngine& engine, const Seq2SeqDataset& data,
+                                                   int64_t count, const GenerationOptions& o, MemoryTracker& mem);
+
+struct RougeResult {
+  RougeScores mean;    // F-measures averaged over the samples
+  int64_t count = 0;   // samples scored
+  double seconds = 0;  // decoding and scoring
+};
+// ROUGE of the decoded samples [0, count) against their reference texts; every rank calls it and
+// gets the result.
+RougeResult rouge_of_samples(Model& model, FsdpEngine& engine, const Seq2SeqDataset& data, int64_t count,
+                             const GenerationOptions& o, MemoryTracker& mem);
+
+// One JSON line of `fsdp_app --generate`: {"index":..., "source":..., "reference":...,
+// "generated":..., "generated_ids":[...]} (texts JSON-escaped).
+std::string generation_json(int64_t index, const Seq2SeqDataset& data, const std::vector<int32_t>& ids);
+
+}  // namespace fsdp
