@@ -19,6 +19,9 @@ run_packages=(
   libyaml-cpp-dev zlib1g-dev
   # JSON (seq2seq data rows; Hugging Face config.json and safetensors headers)
   nlohmann-json3-dev
+  # SentencePiece (data.tokenizer: the spiece.model of HF T5 folders): the library, and
+  # spm_train (jobs/make-summaries.sh trains one)
+  libsentencepiece-dev sentencepiece
   # OpenBLAS built with OpenMP: one thread pool shared with our loops (see meson.build)
   libopenblas-openmp-dev
   # data: Fashion-MNIST (IDX, gzipped) and a text corpus (the fortune cookie files)
@@ -40,6 +43,9 @@ test_packages=(
   clang-tidy cppcheck clang-format
   # reference checks against PyTorch (Debian's system python3, not pyenv's)
   python3-torch python3-h5py python3-numpy
+  # ... and against Python's sentencepiece, which HF's T5Tokenizer uses too
+  # (tests/reference/check_sentencepiece.py: our ids and our decoding)
+  python3-sentencepiece
   # ... and against Hugging Face transformers (PyPI) in a venv over Debian's torch
   # (tests/reference/hf_venv.sh: `python3 -m venv` needs python3-venv)
   python3-venv

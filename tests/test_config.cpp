@@ -37,7 +37,8 @@ std::string dump(const Config& c) {
   s << fsdp::enum_name(m.kind) << ' ' << m.vocab << ' ' << m.d_model << ' ' << m.n_layers << ' ' << m.n_heads << ' '
     << m.d_ff << ' ' << m.seq_len << ' ' << m.init_from << '\n'
     << fsdp::enum_name(c.data.kind) << ' ' << c.data.path << ' ' << c.data.eval_fraction << ' '
-    << c.data.synthetic_samples << '\n'
+    << c.data.synthetic_samples << ' ' << c.data.tokenizer << ' ' << c.data.eval_path << ' '
+    << fsdp::enum_name(c.data.clean) << ' ' << c.data.loss_on_padding << '\n'
     << t.batch_size << ' ' << t.epochs << ' ' << t.steps << ' ' << t.seed << ' ' << t.grad_accum << ' '
     << t.clip_grad_norm << ' ' << t.eval_every.text() << ' ' << t.eval_batch_size << ' ' << t.dropout << ' '
     << t.shuffle << ' ' << t.threads << '\n'
@@ -409,7 +410,7 @@ BOOST_AUTO_TEST_CASE(t5_keys_and_presets) {
   BOOST_TEST(error_of(t5, {"model.vocab_size=200"}) ==
              "--set model.vocab_size: model.vocab_size: must be >= 259 for t5's byte tokens (ids 3..258), got 200");
   BOOST_TEST(error_of("model: {kind: t5}\ndata: {kind: seq2seq}\n") ==
-             "in.yaml:1: data.path: data.kind seq2seq needs data.path (a JSON-lines file)");
+             "in.yaml:1: data.path: data.kind seq2seq needs data.path (a CSV or JSON-lines file)");
   // generate.*: defaults, and only for a sequence-to-sequence model.
   BOOST_TEST(base.generate.num_beams == 1);
   BOOST_TEST(base.generate.rouge_samples == -1);
@@ -501,6 +502,34 @@ BOOST_AUTO_TEST_CASE(hf_folder_config_json_sets_the_model_keys) {
   BOOST_TEST(error_of(yaml) ==
              "in.yaml:1: model.init_from: " + json + ": cannot open (a Hugging Face model folder has a config.json)");
   fs::remove_all(dir);
+}
+
+// The seq2seq data keys: a SentencePiece model (t5 only; its own size is checked when it is
+// read), a validation file instead of the held-out tail, the clean-up, the tutorial's loss.
+BOOST_AUTO_TEST_CASE(seq2seq_data_keys) {
+  const std::string t5 =
+      "model: {kind: t5, vocab_size: 200}\n"
+      "data: {kind: seq2seq, path: train.csv, eval_path: val.csv, tokenizer: spiece.model, clean: wikihow,\n"
+      "       loss_on_padding: true}\n";
+  const Config c = parse_config(t5, "in.yaml");
+  BOOST_TEST(c.data.tokenizer == "spiece.model");
+  BOOST_TEST(c.data.eval_path == "val.csv");
+  BOOST_TEST((c.data.clean == TextClean::wikihow));
+  BOOST_TEST(c.data.loss_on_padding);
+  const Config plain = parse_config("model: {kind: t5}\ndata: {kind: seq2seq, path: x.jsonl}\n", "in.yaml");
+  BOOST_TEST(plain.data.tokenizer.empty());
+  BOOST_TEST(plain.data.eval_path.empty());
+  BOOST_TEST((plain.data.clean == TextClean::none));
+  BOOST_TEST(!plain.data.loss_on_padding);
+  BOOST_TEST(error_of(t5, {"data.eval_fraction=0.1"}) ==
+             "--set data.eval_fraction: data.eval_fraction: data.eval_path and data.eval_fraction both given: the "
+             "validation rows come from one of them");
+  BOOST_TEST(error_of("model: {kind: transformer}\ndata: {kind: text, tokenizer: spiece.model}\n") ==
+             "in.yaml:2: data.tokenizer: is for model.kind t5 (SentencePiece ids); model.kind transformer reads bytes");
+  BOOST_TEST(error_of("data: {kind: fashion_mnist, eval_path: val.csv}\n") ==
+             "in.yaml:1: data.eval_path: is for data.kind seq2seq (a validation file beside data.path)");
+  BOOST_TEST(error_of("model: {kind: t5}\ndata: {kind: seq2seq, path: x.csv, clean: tutorial}\n") ==
+             "in.yaml:2: data.clean: expected one of [none, wikihow], got 'tutorial'");
 }
 
 BOOST_AUTO_TEST_CASE(enumerations_list_the_allowed_values) {

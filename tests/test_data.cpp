@@ -1,6 +1,8 @@
 #define BOOST_TEST_MODULE data
 #include <boost/test/unit_test.hpp>
 
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -633,6 +635,248 @@ BOOST_AUTO_TEST_CASE(synthetic_pairs_are_deterministic) {
   BOOST_TEST(a->loss_elements(idx) == kept);
   BOOST_TEST(padded_rows > 0);  // lengths vary: some rows are padded, some truncated
   BOOST_TEST(padded_rows < 40);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// CSV (RFC 4180) and the seq2seq options around it: columns by name, quoted fields with commas,
+// "" and line breaks, CRLF, blank lines and a byte order mark; rows with an empty side skipped;
+// a malformed row named by file and line; the WikiHow clean-up; the tutorial's loss on padding;
+// a validation file of its own.
+BOOST_AUTO_TEST_SUITE(seq2seq_csv)
+
+// Sample i's source and target texts, all of them.
+std::vector<std::pair<std::string, std::string>> texts(const Seq2SeqDataset& ds) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (int64_t i = 0; i < ds.size(); ++i) out.emplace_back(ds.source_text(i), ds.target_text(i));
+  return out;
+}
+
+BOOST_AUTO_TEST_CASE(fields_by_name_quotes_and_line_breaks) {
+  TempDir dir;
+  const std::string file = (dir.path / "pairs.CSV").string();  // the extension in any case
+  write_file(file,
+             "\xEF\xBB\xBFtitle,headline,text\r\n"
+             "How to A,\"Be kind.,\r\nBe calm.\",\"One, with a comma.\r\nSays \"\"hi\"\".\r\n\"\r\n"
+             "\r\n"
+             "How to B,,no headline\r\n"
+             "How to C,short,ab\"c d\n"
+             "How to D,x,\"\"\n"
+             "How to E,last,\"no line break at the end\"");
+  Seq2SeqOptions o;
+  o.path = file;
+  o.eval_fraction = 0.34;  // 3 rows kept (B and D have an empty side): the last one evaluates
+  o.source_len = 5;
+  o.target_len = 3;
+  auto train = load_seq2seq(o, true), eval = load_seq2seq(o, false);
+  using Texts = std::vector<std::pair<std::string, std::string>>;
+  BOOST_TEST((texts(*train) ==
+              Texts{{"One, with a comma.\r\nSays \"hi\".\r\n", "Be kind.,\r\nBe calm."}, {"ab\"c d", "short"}}));
+  BOOST_TEST((texts(*eval) == Texts{{"no line break at the end", "last"}}));
+  // The ids are the bytes of those texts: "ab\"c d" -> 100 101 37 102.
+  Tensor in = Tensor::empty({1, 5}, DType::i32), out = Tensor::empty({1, 3}, DType::i32);
+  const std::vector<int64_t> second = {1};
+  train->fill(second, in, out);
+  BOOST_TEST((std::vector<int32_t>(in.i32(), in.i32() + 5) == std::vector<int32_t>{100, 101, 37, 102, 1}));
+}
+
+BOOST_AUTO_TEST_CASE(malformed_rows_name_file_and_line) {
+  TempDir dir;
+  const std::string file = (dir.path / "bad.csv").string();
+  Seq2SeqOptions o;
+  o.path = file;
+  auto message = [&](const std::string& text) {
+    write_file(file, text);
+    return error_of([&] { load_seq2seq(o, true); });
+  };
+  const std::string at = "seq2seq data " + file + ":";
+  BOOST_TEST(message("text,headline\na,b\n\"open, never closed\nc\n") ==
+             at + "3: a quoted field is not closed before the end of the file");
+  BOOST_TEST(message("text,headline\r\na,b,c\r\n") == at + "2: 3 fields, the header has 2");
+  BOOST_TEST(message("text,headline\n\"a\nb\",c\nd\n") == at + "4: 1 field, the header has 2");
+  BOOST_TEST(message("text,headline\n\"a\"b,c\n") ==
+             at + "2: text after a closing quote (a quote inside a quoted field is written \"\")");
+  BOOST_TEST(message("\n\ntext,title\na,b\n") == at + "3: no column \"headline\" in the header (columns: text, title)");
+  BOOST_TEST(message("text,headline,text\na,b,c\n") == at + "1: column \"text\" twice in the header");
+  BOOST_TEST(message("") == "seq2seq data " + file + ": no rows");
+  BOOST_TEST(message("text,headline\n") == "seq2seq data " + file + ": no rows");
+  BOOST_TEST(message("text,headline\n,a\nb,\n") ==
+             "seq2seq data " + file + ": no rows with a source and a target (2 read, all empty)");
+}
+
+// The FSDP tutorial's WikiHow text (HF's wikihow loader, then its clean_text), on CSV and JSON lines.
+BOOST_AUTO_TEST_CASE(wikihow_clean_up) {
+  TempDir dir;
+  const std::string csv = (dir.path / "wikihowAll.csv").string();
+  write_file(csv,
+             "headline,title,text\n"
+             "\"\nBe first.,\nBe second.\",How to,\" First paragraph.\n,Second \"\"quoted\"\" ``part``..\n\n,"
+             "Example of text: end. \"\n"
+             "A long summary here,Too short,short\n"        // headline >= 0.75 x text: dropped
+             "\"\"\"\",Empty headline,x y z abc def ghi\n"  // the headline cleans to nothing: dropped
+             "\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9,Code points,abcdefghij\n");  // 5 < 0.75 x 10 (not bytes)
+  Seq2SeqOptions o;
+  o.path = csv;
+  o.clean = TextClean::wikihow;
+  o.eval_fraction = 0.5;
+  auto train = load_seq2seq(o, true), eval = load_seq2seq(o, false);
+  using Texts = std::vector<std::pair<std::string, std::string>>;
+  BOOST_TEST((texts(*train) == Texts{{"First paragraph.Second quoted part. end.", "Be first.Be second."}}));
+  BOOST_TEST((texts(*eval) == Texts{{"abcdefghij", "\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9"}}));
+  const std::string jsonl = (dir.path / "pairs.jsonl").string();
+  write_file(jsonl, "{\"text\": \"Example of Summary: a \\\"b\\\"\\n c d e f g h\", \"headline\": \" ``x``.,y \"}\n");
+  o.path = jsonl;
+  o.eval_fraction = 0;
+  BOOST_TEST((texts(*load_seq2seq(o, true)) == Texts{{" a b c d e f g h", "x.y"}}));
+  o.clean = TextClean::none;
+  BOOST_TEST((texts(*load_seq2seq(o, true)) == Texts{{"Example of Summary: a \"b\"\n c d e f g h", " ``x``.,y "}}));
+}
+
+// Labels -100 after eos (HF's way, the default) or pad 0 counted by the loss (the tutorial's).
+BOOST_AUTO_TEST_CASE(loss_on_padding_labels_pad) {
+  TempDir dir;
+  const std::string file = (dir.path / "pairs.csv").string();
+  write_file(file, "text,headline\nab,x\nabc,xyzw\n");
+  Seq2SeqOptions o;
+  o.path = file;
+  o.source_len = 4;
+  o.target_len = 4;
+  o.eval_fraction = 0;
+  const std::vector<int64_t> idx = {0, 1};
+  auto labels = [&](const Dataset& ds) {
+    Tensor in = Tensor::empty({2, 4}, DType::i32), out = Tensor::empty({2, 4}, DType::i32);
+    ds.fill(idx, in, out);
+    return std::vector<int32_t>(out.i32(), out.i32() + 8);
+  };
+  auto hf = load_seq2seq(o, true);
+  BOOST_TEST(labels(*hf) == (std::vector<int32_t>{123, 1, -100, -100, 123, 124, 125, 1}),
+             boost::test_tools::per_element());
+  BOOST_TEST(hf->loss_elements(idx) == 6);
+  o.loss_on_padding = true;
+  auto tutorial = load_seq2seq(o, true);
+  BOOST_TEST(labels(*tutorial) == (std::vector<int32_t>{123, 1, 0, 0, 123, 124, 125, 1}),
+             boost::test_tools::per_element());
+  BOOST_TEST(tutorial->loss_elements(idx) == 8);
+}
+
+// data.eval_path: the training file trains whole, the validation file evaluates whole.
+BOOST_AUTO_TEST_CASE(validation_file) {
+  TempDir dir;
+  const std::string train_file = (dir.path / "train.csv").string(), val_file = (dir.path / "val.jsonl").string();
+  write_file(train_file, "text,headline\na,b\nc,d\n");
+  write_file(val_file, "{\"text\": \"e\", \"headline\": \"f\"}\n");
+  Seq2SeqOptions o;
+  o.path = train_file;
+  o.eval_path = val_file;
+  using Texts = std::vector<std::pair<std::string, std::string>>;
+  BOOST_TEST((texts(*load_seq2seq(o, true)) == Texts{{"a", "b"}, {"c", "d"}}));
+  BOOST_TEST((texts(*load_seq2seq(o, false)) == Texts{{"e", "f"}}));
+  o.eval_path = (dir.path / "missing.csv").string();
+  BOOST_TEST(error_of([&] { load_seq2seq(o, false); }) == "seq2seq data " + o.eval_path + ": cannot open");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// SentencePiece through Debian's libsentencepiece: models trained here, in the process, on a
+// small generated corpus (tests/reference/check_sentencepiece.py compares the ids with Python's
+// sentencepiece and the decoding with HF's T5Tokenizer on a model trained by spm_train).
+BOOST_AUTO_TEST_SUITE(sentencepiece)
+
+// A unigram model of ~80 pieces trained on 400 generated lines; `ids` are spm_train's flags.
+std::string train_model(const TempDir& dir, const std::string& name, const std::string& ids) {
+  const std::string corpus = (dir.path / "corpus.txt").string(), prefix = (dir.path / name).string();
+  const char* words[] = {"the", "cat", "sat", "on", "mat", "a", "dog", "ran", "to", "park", "and", "then", "slept"};
+  std::string text;
+  uint64_t state = 7;
+  for (int line = 0; line < 400; ++line) {
+    for (int w = 0; w < 8; ++w) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      text += std::string(w ? " " : "") + words[(state >> 33) % 13];
+    }
+    text += line % 3 ? " .\n" : " , too .\n";
+  }
+  write_file(corpus, text);
+  const auto status = sentencepiece::SentencePieceTrainer::Train(
+      "--input=" + corpus + " --model_prefix=" + prefix +
+      " --vocab_size=80 --hard_vocab_limit=false --num_threads=1 --minloglevel=2 " + ids);
+  BOOST_REQUIRE_MESSAGE(status.ok(), status.ToString());
+  return prefix + ".model";
+}
+
+constexpr const char* kT5Ids = "--pad_id=0 --eos_id=1 --unk_id=2 --bos_id=-1";
+
+BOOST_AUTO_TEST_CASE(ids_and_decoding) {
+  TempDir dir;
+  const std::string model = train_model(dir, "t5", kT5Ids);
+  sentencepiece::SentencePieceProcessor sp;
+  BOOST_REQUIRE(sp.Load(model).ok());
+  auto tok = load_sentencepiece(model);
+  BOOST_TEST(tok->vocab_size() == sp.GetPieceSize());
+  BOOST_TEST(tok->describe() ==
+             "sentencepiece " + model + " (" + std::to_string(sp.GetPieceSize()) + " pieces, pad 0, eos 1)");
+  const std::string text = "the  cat sat , on the mat .";
+  const std::vector<int32_t> ids = tok->encode(text);
+  const std::vector<int> expected = sp.EncodeAsIds(text);
+  BOOST_TEST(ids == std::vector<int32_t>(expected.begin(), expected.end()), boost::test_tools::per_element());
+  BOOST_TEST(ids.size() > 5u);
+  // HF's decode(skip_special_tokens=True): whitespace as the normalizer left it, " ," and " ."
+  // joined; here up to eos, pad, unk and ids outside the model skipped.
+  std::vector<int32_t> generated = {0};
+  generated.insert(generated.end(), ids.begin(), ids.begin() + 2);
+  generated.insert(generated.end(), {2, 0, -1, 80000});
+  generated.insert(generated.end(), ids.begin() + 2, ids.end());
+  generated.insert(generated.end(), {1, ids[0], 0, 0});
+  BOOST_TEST(tok->decode(generated) == "the cat sat, on the mat.");
+  BOOST_TEST(tok->decode(std::vector<int32_t>{}) == "");
+  BOOST_TEST(tok->decode(std::vector<int32_t>{1, ids[0]}) == "");
+  // Seq2seq rows through it: source ids truncated to S-1 and eos; labels eos then -100.
+  const std::string file = (dir.path / "pairs.csv").string();
+  write_file(file, "text,headline\n\"the cat sat on the mat , and then slept\",a dog\n");
+  Seq2SeqOptions o;
+  o.path = file;
+  o.eval_fraction = 0;
+  o.source_len = 6;
+  o.target_len = 8;
+  o.tokenizer = std::move(tok);
+  auto ds = load_seq2seq(o, true);
+  BOOST_TEST(&ds->tokenizer() == o.tokenizer.get());
+  BOOST_TEST(ds->num_classes() == sp.GetPieceSize());
+  Tensor in = Tensor::empty({1, 6}, DType::i32), out = Tensor::empty({1, 8}, DType::i32);
+  const std::vector<int64_t> first = {0};
+  ds->fill(first, in, out);
+  std::vector<int> source = sp.EncodeAsIds("the cat sat on the mat , and then slept"), target = sp.EncodeAsIds("a dog");
+  BOOST_REQUIRE(source.size() > 5u);
+  BOOST_REQUIRE(target.size() < 7u);
+  source.resize(5);
+  source.push_back(1);
+  target.push_back(1);
+  target.resize(8, -100);
+  BOOST_TEST(std::vector<int32_t>(in.i32(), in.i32() + 6) == std::vector<int32_t>(source.begin(), source.end()),
+             boost::test_tools::per_element());
+  BOOST_TEST(std::vector<int32_t>(out.i32(), out.i32() + 8) == std::vector<int32_t>(target.begin(), target.end()),
+             boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(bad_model_files) {
+  TempDir dir;
+  const std::string missing = (dir.path / "missing.model").string();
+  BOOST_TEST(error_of([&] { load_sentencepiece(missing); }) == "sentencepiece model " + missing + ": cannot open");
+  BOOST_TEST(error_of([&] { load_tokenizer(missing); }) == "sentencepiece model " + missing + ": cannot open");
+  const std::string empty = (dir.path / "empty.model").string();
+  write_file(empty, "");
+  BOOST_TEST(error_of([&] { load_sentencepiece(empty); }) == "sentencepiece model " + empty + ": empty file");
+  const std::string text = (dir.path / "text.model").string();
+  write_file(text, "not a model\n");
+  BOOST_TEST(error_of([&] {
+               load_sentencepiece(text);
+             }).starts_with("sentencepiece model " + text + ": not a SentencePiece model ("));
+  // spm_train's own defaults (unk 0, bos 1, eos 2, no pad) are not T5's.
+  const std::string plain = train_model(dir, "plain", "");
+  BOOST_TEST(error_of([&] { load_sentencepiece(plain); }) ==
+             "sentencepiece model " + plain +
+                 ": pad id none, eos id 2, unk id 0, bos id 1; T5 needs pad 0 and eos 1 (spm_train --pad_id=0 "
+                 "--eos_id=1 --unk_id=2 --bos_id=-1)");
+  BOOST_TEST(load_tokenizer("")->describe() == "bytes (ByT5 ids: byte + 3, pad 0, eos 1)");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

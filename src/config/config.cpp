@@ -199,6 +199,10 @@ std::vector<Field> schema(Config& c) {
       {"data.source_len", &c.data.source_len, at_least(2)},
       {"data.target_len", &c.data.target_len, at_least(2)},
       {"data.path", &c.data.path},
+      {"data.tokenizer", &c.data.tokenizer},
+      {"data.eval_path", &c.data.eval_path},
+      {"data.clean", choice(&c.data.clean, kTextCleans)},
+      {"data.loss_on_padding", &c.data.loss_on_padding},
       {"data.eval_fraction", &c.data.eval_fraction, {0, 1, true, true}},
       {"data.synthetic_samples", &c.data.synthetic_samples, at_least(1)},
       {"train.batch_size", &t.batch_size, at_least(1)},
@@ -790,10 +794,19 @@ void Reader::check_rules(const Config& c) const {
     fail(blame("model.kind", "data.kind"), "model.kind t5 reads data.kind seq2seq (or synthetic); got model.kind " +
                                                std::string(enum_name(m.kind)) + " with data.kind " +
                                                std::string(enum_name(c.data.kind)));
-  if (m.kind == ModelKind::t5 && m.vocab_size < 259)
+  // With data.tokenizer the model's size is checked against the model file when it is read.
+  if (m.kind == ModelKind::t5 && c.data.tokenizer.empty() && m.vocab_size < 259)
     fail("model.vocab_size", "must be >= 259 for t5's byte tokens (ids 3..258), got " + std::to_string(m.vocab_size));
   if (c.data.kind == DataKind::seq2seq && c.data.path.empty())
-    fail("data.path", "data.kind seq2seq needs data.path (a JSON-lines file)");
+    fail("data.path", "data.kind seq2seq needs data.path (a CSV or JSON-lines file)");
+  if (!c.data.tokenizer.empty() && m.kind != ModelKind::t5)
+    fail("data.tokenizer",
+         "is for model.kind t5 (SentencePiece ids); model.kind " + std::string(enum_name(m.kind)) + " reads bytes");
+  if (!c.data.eval_path.empty() && c.data.kind != DataKind::seq2seq)
+    fail("data.eval_path", "is for data.kind seq2seq (a validation file beside data.path)");
+  if (!c.data.eval_path.empty() && given("data.eval_fraction"))
+    fail(blame("data.eval_path", "data.eval_fraction"),
+         "data.eval_path and data.eval_fraction both given: the validation rows come from one of them");
   if (c.data.kind == DataKind::text && m.vocab > 256)
     fail("model.vocab", "must be <= 256 when data.kind is text (tokens are bytes), got " + std::to_string(m.vocab));
   if (c.train.epochs == 0 && c.train.steps == 0)

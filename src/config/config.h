@@ -55,12 +55,17 @@ struct DataConfig {
   std::string path;                  // fashion_mnist: dir (default Debian's); text: file/folder
   double eval_fraction = 0.05;       // text: tail of the corpus held out, in (0, 1)
   int64_t synthetic_samples = 1024;  // synthetic: train samples (eval gets a quarter)
-  // seq2seq: JSON lines, one object per pair; `source`/`target` name its fields. Byte tokens
-  // (ByT5's ids: byte + 3, pad 0, eos 1), truncated to the lengths with eos kept.
+  // seq2seq: a CSV file (header row; name ending in .csv) or JSON lines; `source`/`target` name
+  // its columns/fields. Tokens: bytes (ByT5's ids: byte + 3, pad 0, eos 1) or, with `tokenizer`,
+  // a SentencePiece model's (T5's pad 0, eos 1); truncated to the lengths with eos kept.
   std::string source = "text";
   std::string target = "headline";
   int64_t source_len = 512;
   int64_t target_len = 150;
+  std::string tokenizer;              // "" = bytes; else a SentencePiece model file (spiece.model)
+  std::string eval_path;              // seq2seq: a validation file ("" = the tail of path, eval_fraction)
+  TextClean clean = TextClean::none;  // wikihow: the FSDP tutorial's WikiHow clean-up
+  bool loss_on_padding = false;       // labels pad (not -100) after eos: the tutorial's loss
 };
 
 // train.eval_every: after each epoch ('epoch'), never ('never'), or every `steps` steps.

@@ -53,6 +53,10 @@ inline constexpr NameTable<DataKind, 4> kDataKinds{{{DataKind::fashion_mnist, "f
                                                     {DataKind::synthetic, "synthetic"},
                                                     {DataKind::seq2seq, "seq2seq"}}};
 
+// data.clean: the text clean-up before tokenizing (seq2seq data; data/clean.h says what wikihow does).
+enum class TextClean { none, wikihow };
+inline constexpr NameTable<TextClean, 2> kTextCleans{{{TextClean::none, "none"}, {TextClean::wikihow, "wikihow"}}};
+
 enum class OptimizerKind { sgd, adadelta, adamw };
 inline constexpr NameTable<OptimizerKind, 3> kOptimizerKinds{
     {{OptimizerKind::sgd, "sgd"}, {OptimizerKind::adadelta, "adadelta"}, {OptimizerKind::adamw, "adamw"}}};
@@ -91,6 +95,7 @@ inline constexpr NameTable<CheckpointIo, 2> kCheckpointIos{
 // Each enum's name, by overload: for messages and tests.
 inline std::string_view enum_name(ModelKind e) { return name_of(kModelKinds, e); }
 inline std::string_view enum_name(DataKind e) { return name_of(kDataKinds, e); }
+inline std::string_view enum_name(TextClean e) { return name_of(kTextCleans, e); }
 inline std::string_view enum_name(FeedForwardProj e) { return name_of(kFeedForwardProjs, e); }
 inline std::string_view enum_name(OptimizerKind e) { return name_of(kOptimizerKinds, e); }
 inline std::string_view enum_name(SchedulerKind e) { return name_of(kSchedulerKinds, e); }

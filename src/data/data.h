@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "config/enums.h"
 #include "data/tokenizer.h"
 #include "tensor/tensor.h"
 
@@ -51,18 +52,26 @@ struct TextCorpusOptions {
 std::unique_ptr<Dataset> load_text_corpus(const TextCorpusOptions& options, bool train);
 inline constexpr const char* kTextCorpusDir = "/usr/share/games/fortunes";  // Debian: fortunes
 
-// Sequence-to-sequence pairs (data/seq2seq.cpp): a JSON-lines file whose objects have the
-// string fields `source` and `target`, or (path "") deterministic pairs: synthetic_samples to
-// train, a quarter of that to evaluate.
+// Sequence-to-sequence pairs (data/seq2seq.cpp) from a file: CSV (a name ending in .csv, any
+// case: RFC 4180 with a header row naming the columns, data/csv.h) or JSON lines (any other name:
+// one object per line); `source` and `target` name the columns or fields. Or, with path "",
+// deterministic pairs: synthetic_samples to train, a quarter of that to evaluate.
+// Rows whose source or target is empty (after the clean-up) are skipped, as pandas' dropna
+// drops a CSV's empty cells. clean wikihow: the PyTorch FSDP tutorial's WikiHow preparation
+// (data/clean.h). The evaluation rows: eval_path's, all of them, when given; else the last
+// floor(rows * eval_fraction) rows of `path` (file order) evaluate and the others train.
 // Tokens from the tokenizer (byte tokens with ByT5's ids by default: byte + 3, pad 0, eos 1):
 // inputs (S) i32 source ids truncated to S-1, eos, pad; targets (L) i32 labels truncated to
-// L-1, eos, then -100 on padding; the last floor(rows * eval_fraction) rows evaluate. A bad row:
-// Error naming the file and line.
+// L-1, eos, then -100 on padding (HF's ignored label), or pad 0 with loss_on_padding (the
+// tutorial's loss, which counts the padding too). A bad row: Error naming the file and line.
 struct Seq2SeqOptions {
   std::string path;
+  std::string eval_path;  // "": the tail of `path` evaluates (eval_fraction)
   std::string source = "text", target = "headline";
   int64_t source_len = 512, target_len = 150;
   double eval_fraction = 0.05;
+  TextClean clean = TextClean::none;
+  bool loss_on_padding = false;
   int64_t synthetic_samples = 1024;
   uint64_t seed = 1;
   std::shared_ptr<const Tokenizer> tokenizer;  // null: bytes (make_byte_tokenizer)

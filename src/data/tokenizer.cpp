@@ -30,4 +30,8 @@ class ByteTokenizer final : public Tokenizer {
 
 std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
 
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
+  return path.empty() ? make_byte_tokenizer() : load_sentencepiece(path);
+}
+
 }  // namespace fsdp

@@ -29,4 +29,13 @@ class Tokenizer {
 // ByT5's byte ids: byte + 3 (pad 0, eos 1, unk 2); vocab 259.
 std::unique_ptr<Tokenizer> make_byte_tokenizer();
 
+// A SentencePiece model file (the spiece.model HF T5 folders ship, or spm_train's output) through
+// Debian's libsentencepiece: encode = its ids for the text; decode = HF T5Tokenizer's
+// decode(ids, skip_special_tokens=True) up to the first eos (data/sentencepiece.cpp says how).
+// Error naming the file when it cannot be read, is not a model, or has not T5's pad 0 and eos 1.
+std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& path);
+
+// data.tokenizer: "" for bytes, else a SentencePiece model file.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+
 }  // namespace fsdp

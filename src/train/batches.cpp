@@ -22,9 +22,16 @@ Datasets load_data(const Config& c) {
     o.target = d.target;
     o.source_len = d.source_len;
     o.target_len = d.target_len;
+    o.eval_path = d.kind == DataKind::seq2seq ? d.eval_path : "";
     o.eval_fraction = d.eval_fraction;
+    o.clean = d.clean;
+    o.loss_on_padding = d.loss_on_padding;
     o.synthetic_samples = d.synthetic_samples;
     o.seed = c.train.seed;
+    o.tokenizer = load_tokenizer(d.tokenizer);  // one for both parts
+    if (o.tokenizer->vocab_size() > c.model.vocab_size)
+      throw Error("data.tokenizer " + d.tokenizer + " has " + std::to_string(o.tokenizer->vocab_size()) +
+                  " pieces, more than model.vocab_size " + std::to_string(c.model.vocab_size));
     return {load_seq2seq(o, true), load_seq2seq(o, false)};
   }
   if (d.kind == DataKind::fashion_mnist) {
