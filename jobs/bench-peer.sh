@@ -19,7 +19,8 @@
 #
 # PyTorch comes from PyPI into a cached venv (jobs/torch2_venv.sh; the first run downloads
 # several GB). fsdp_app and apps/sgemm_peak are compiled in DIR (default build). Each run's
-# ranks run under /usr/bin/time, whose maximum RSS (getrusage of each rank) is the peak RSS.
+# ranks run under /usr/bin/time, whose maximum RSS (getrusage of each rank) is the peak RSS;
+# apps/sgemm_peak runs just before each run (the peak its fraction of peak is taken of).
 # OUT_DIR gets table.md (summary and per-step losses), results.json, peer.png and the raw logs.
 # Fails (exit 1) when any run's losses differ from the others beyond the tolerances in
 # jobs/bench_peer_report.py.
@@ -80,19 +81,21 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 } >"$out/env.txt"
 cat "$out/env.txt"
 
-# The sgemm peak at every thread count a run can use: np ranks x T threads, at most the CPUs.
-for np in $nps; do
+# The sgemm peak at the threads a run of NP ranks can use (NP x T, at most the CPUs), measured
+# just before the run into NAME.sgemm: on a shared machine the peak moves with the load (here by
+# up to 2x within minutes), and a fraction of a peak measured at another time means little.
+sgemm_before() {
+  local name=$1 np=$2 t
   t=$((np * threads)); [ "$t" -le "$ncpu" ] || t=$ncpu
-  [ -f "$out/sgemm_$t.txt" ] && continue
-  timeout 300 "$build/apps/sgemm_peak" --threads "$t" --size 2048 --reps 10 >"$out/sgemm_$t.txt"
-  echo "sgemm peak, $t threads: $(cat "$out/sgemm_$t.txt")"
-done
+  timeout 300 "$build/apps/sgemm_peak" --threads "$t" --size 2048 --reps 5 >"$out/runs/$name.sgemm"
+}
 
 # One run of NP ranks, each under /usr/bin/time (maximum RSS in KiB into NAME.rss.RANK).
 launch() {
   local name=$1 np=$2
   shift 2
   MASTER_PORT=$((MASTER_PORT + 1))  # a fresh gloo rendezvous port per run (no TIME_WAIT clash)
+  sgemm_before "$name" "$np"
   # shellcheck disable=SC2016  # $0 and $OMPI_COMM_WORLD_RANK expand in each rank's bash, not here
   timeout 1800 mpirun -np "$np" --bind-to none \
     bash -c 'exec /usr/bin/time -f %M -o "$0.rss.$OMPI_COMM_WORLD_RANK" "$@"' "$out/runs/$name" "$@" \

@@ -7,7 +7,8 @@ Per run (model, np, implementation, strategy): the median step time over the ste
 first (which pays for allocations on both sides), tokens/s (transformer) or samples/s
 (mnist_cnn) of the global batch at that median, the peak RSS of each rank (/usr/bin/time's
 maximum RSS, getrusage of the rank's process), and the model FLOP rate (jobs/bench_flops.py)
-over the sgemm peak at the threads the run could use (np x threads per rank, at most the CPUs).
+over the sgemm peak measured just before the run at the threads it could use (np x threads per
+rank, at most the CPUs; runs/NAME.sgemm).
 
 The loss check: every run of a model trains the same global batches from the same weights, so
 every run's per-step loss must equal the reference run's (PyTorch FSDP2 at the smallest np) to
@@ -100,8 +101,6 @@ def main():
     env = dict(line.split(": ", 1) for line in open(os.path.join(out, "env.txt")).read().splitlines() if ": " in line)
     threads = int(env["threads_per_rank"])
     ncpu = int(env["cpus"])
-    peaks = {int(f[6:-4]): sgemm_peak_gflops(open(os.path.join(out, f)).read())
-             for f in os.listdir(out) if f.startswith("sgemm_") and f.endswith(".txt")}
 
     results = []
     for f in sorted(os.listdir(runs)):
@@ -117,7 +116,7 @@ def main():
         batch = BATCH[model]
         flops = transformer_step_flops(batch, **BENCH_TRANSFORMER) if model == "transformer" else mnist_cnn_step_flops(batch)
         items = batch * (BENCH_TRANSFORMER["seq_len"] if model == "transformer" else 1)
-        peak = peaks[min(np_ * threads, ncpu)]
+        peak = sgemm_peak_gflops(open(os.path.join(runs, name + ".sgemm")).read())
         impl, strategy = IMPL[rest]
         rss = rss_mib(runs, name, np_)
         results.append(dict(name=name, model=model, np=np_, key=rest, impl=impl, strategy=strategy, losses=losses,
@@ -147,16 +146,17 @@ def main():
     md = []
     md.append(f"CPU: {env['cpu']}; {threads} thread(s) per rank; load average at the start "
               f"{env['loadavg_start'].split()[:3]}, at the end {env.get('loadavg_end', '?').split()[:3]}.")
-    md.append(f"Command: `{env['command']}`. sgemm peak (apps/sgemm_peak, 2048^3, best of 10): " +
-              ", ".join(f"{peaks[t]:.1f} GFLOP/s at {t} thread(s)" for t in sorted(peaks)) + ".")
+    md.append(f"Command: `{env['command']}`. sgemm peak: apps/sgemm_peak (2048^3, best of 5) just before each run, "
+              f"at np x threads per rank threads, at most {ncpu}.")
     md.append("")
     md.append("| model | np | strategy | implementation | step (s) | tokens/s or samples/s | "
-              "peak RSS per rank (MiB, max) | % of sgemm peak | loss vs reference (max rel.) |")
-    md.append("|---|---:|---|---|---:|---:|---:|---:|---:|")
+              "peak RSS per rank (MiB, max) | GFLOP/s (sgemm peak) | % of sgemm peak | loss vs reference (max rel.) |")
+    md.append("|---|---:|---|---|---:|---:|---:|---:|---:|---:|")
     for r in results:
         unit = "tok/s" if r["model"] == "transformer" else "samples/s"
         md.append(f"| {r['model']} | {r['np']} | {r['strategy']} | {r['impl']} | {r['median_step_s']:.3f} | "
-                  f"{r['per_s']:.0f} {unit} | {max(r['rss_mib']):.0f} | {100 * r['frac_peak']:.0f}% | "
+                  f"{r['per_s']:.0f} {unit} | {max(r['rss_mib']):.0f} | {r['gflops']:.1f} ({r['peak_gflops']:.1f}) | "
+                  f"{100 * r['frac_peak']:.0f}% | "
                   f"{max(r['loss_rel_diff']):.1e} |")
     md.append("")
     md.append("Per-step losses (the reference of each model is PyTorch FSDP2 at the smallest np):")
@@ -176,7 +176,7 @@ def main():
               "2.15 (PyPI's CUDA build) alone takes ~0.5 GiB of it here.")
     text = "\n".join(md) + "\n"
     open(os.path.join(out, "table.md"), "w").write(text)
-    json.dump({"env": env, "sgemm_peak_gflops": peaks, "loss_check": "PASS" if not bad else bad, "runs": results},
+    json.dump({"env": env, "loss_check": "PASS" if not bad else bad, "runs": results},
               open(os.path.join(out, "results.json"), "w"), indent=1)
     print(text)
     plot(out, results)
