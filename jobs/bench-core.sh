@@ -67,7 +67,10 @@ timeout 900 "$python" tests/reference/torch_bench.py --threads "$threads" \
 tail -1 "$tmp/torch.log"
 
 "$python" - "$tmp" "$threads" $cnn_warmup $lm_warmup <<'PY'
-import json, re, statistics, sys
+import json, statistics, sys
+
+sys.path.insert(0, "jobs")
+from bench_flops import BENCH_TRANSFORMER, transformer_matmul_params, transformer_step_flops, sgemm_peak_gflops
 
 tmp, threads, cnn_warmup, lm_warmup = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 
@@ -77,18 +80,17 @@ def ours(path, key, warmup):
     return statistics.median(vals), len(vals)
 
 torch_r = json.load(open(f"{tmp}/torch.json"))
-m = re.search(r"best ([0-9.]+) GFLOP/s", open(f"{tmp}/sgemm.txt").read())
-peak = float(m.group(1))
+peak = sgemm_peak_gflops(open(f"{tmp}/sgemm.txt").read())
 
 cnn_ours, cnn_n = ours(f"{tmp}/cnn.jsonl", "samples_per_s", cnn_warmup)
 lm_ours, lm_n = ours(f"{tmp}/lm.jsonl", "tokens_per_s", lm_warmup)
 cnn_torch = torch_r["mnist_cnn"]["samples_per_s"]
 lm_torch = torch_r["transformer"]["tokens_per_s"]
 
-# Transformer FLOPs per token (input/transformer_bench.yaml).
-V, C, L, H, F, T, B = 256, 512, 8, 8, 2048, 256, 8
-matmul_params = L * (3 * C * C + C * C + 2 * C * F) + C * V  # in_proj, out_proj, fc1, fc2; head
-flops_step = 6 * matmul_params * B * T + 12 * L * B * T * T * C
+# Transformer FLOPs per step (input/transformer_bench.yaml, batch 8): jobs/bench_flops.py.
+B, T = 8, BENCH_TRANSFORMER["seq_len"]
+matmul_params = transformer_matmul_params(**BENCH_TRANSFORMER)
+flops_step = transformer_step_flops(B, **BENCH_TRANSFORMER)
 gflops_ours = flops_step / (B * T / lm_ours) / 1e9
 gflops_torch = flops_step / (B * T / lm_torch) / 1e9
 

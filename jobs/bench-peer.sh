@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# fsdp-hpc next to PyTorch 2.x FSDP (not a test, not in CI): the same models, initial weights,
+# batches and threads, trained under fsdp_app and under PyTorch on this CPU.
+#
+#   bash jobs/bench-peer.sh OUT_DIR [--steps N] [--nps "1 2 4"] [--models "transformer mnist_cnn"]
+#                           [--threads T] [--no-fsdp1] [--build DIR]
+#   self-check (~1 minute once the venv exists): bash jobs/bench-peer.sh /tmp/peer --steps 3 --nps 1 --models mnist_cnn
+#
+# Models: input/transformer_bench.yaml's transformer (global batch 8 x 256 tokens, AdamW) and the
+# MNIST Net of input/fashion_mnist.yaml (global batch 64, Adadelta); the global batch is split
+# over the ranks (strong scaling), so every world size trains the same steps and the losses of
+# every run must be the same curve. Shuffle and dropout off, no scheduler. Initial weights: the
+# torch twin's (tests/reference/torch_models.py) under torch.manual_seed(1), written to HDF5 and
+# read by both sides (fsdp_app's model.init_from). Batches: torch_reference.py's, the ones
+# fsdp_app's sampler gives with shuffle off (text: the fortunes file, Fashion-MNIST's train set).
+# Strategies: FULL_SHARD (ours; PyTorch FSDP2 fully_shard) and NO_SHARD (ours; PyTorch DDP, since
+# FSDP2 has no NO_SHARD), and FSDP1's FULL_SHARD and NO_SHARD (--no-fsdp1: not); all on gloo for
+# PyTorch and on the MPI backend for ours, every rank launched by the same mpirun with T threads.
+#
+# PyTorch comes from PyPI into a cached venv (jobs/torch2_venv.sh; the first run downloads
+# several GB). fsdp_app and apps/sgemm_peak are compiled in DIR (default build). Each run's
+# ranks run under /usr/bin/time, whose maximum RSS (getrusage of each rank) is the peak RSS;
+# apps/sgemm_peak runs just before each run (the peak its fraction of peak is taken of).
+# OUT_DIR gets table.md (summary and per-step losses), results.json, peer.png and the raw logs.
+# Fails (exit 1) when any run's losses differ from the others beyond the tolerances in
+# jobs/bench_peer_report.py.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+usage() { sed -n '5,7p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || usage
+case $1 in -h|--help) sed -n '2,26p' "$0"; exit 0 ;; -*) usage ;; esac
+out=$1
+shift
+steps=4 nps="1 2 4" models="transformer mnist_cnn" threads=1 fsdp1=1 build=build
+while [ $# -gt 0 ]; do
+  case $1 in
+    --steps) steps=${2:-}; shift 2 ;;
+    --nps) nps=${2:-}; shift 2 ;;
+    --models) models=${2:-}; shift 2 ;;
+    --threads) threads=${2:-}; shift 2 ;;
+    --no-fsdp1) fsdp1=0; shift ;;
+    --build) build=${2:-}; shift 2 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    *) echo "bench-peer: unknown argument $1 (try --help)" >&2; exit 2 ;;
+  esac
+done
+positive() { case $2 in ''|*[!0-9]*|0) echo "bench-peer: $1 needs a positive integer, got '$2'" >&2; exit 2 ;; esac; }
+positive --steps "$steps"
+positive --threads "$threads"
+[ "$steps" -ge 2 ] || { echo "bench-peer: --steps needs at least 2 (the first step is not timed)" >&2; exit 2; }
+for np in $nps; do positive --nps "$np"; done
+for m in $models; do
+  case $m in transformer|mnist_cnn) ;; *) echo "bench-peer: --models takes transformer and mnist_cnn, got '$m'" >&2; exit 2 ;; esac
+done
+for f in /usr/share/games/fortunes/fortunes /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz; do
+  [ -r "$f" ] || { echo "bench-peer: $f is missing (bash jobs/install-deps.sh)" >&2; exit 1; }
+done
+command -v gnuplot >/dev/null || { echo "bench-peer: gnuplot not found (bash jobs/install-deps.sh)" >&2; exit 1; }
+mkdir -p "$out/runs" || { echo "bench-peer: cannot create $out" >&2; exit 1; }
+out=$(cd "$out" && pwd)
+
+t0=$(date +%s)
+py=$(bash jobs/torch2_venv.sh)
+echo "bench-peer: PyTorch venv ready in $(($(date +%s) - t0)) s: $py ($(du -sh "$(dirname "$(dirname "$py")")" | cut -f1))"
+[ -f "$build/build.ninja" ] || meson setup "$build" >/dev/null
+meson compile -C "$build" apps/fsdp_app apps/sgemm_peak >/dev/null
+app=$build/apps/fsdp_app
+
+ncpu=$(nproc)  # before OMP_NUM_THREADS is set: nproc honours it
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads
+export MASTER_ADDR=127.0.0.1 MASTER_PORT=${MASTER_PORT:-29517}
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+{
+  echo "cpu: $cpu ($ncpu CPUs; $(grep -m1 '^flags' /proc/cpuinfo | grep -ow 'avx512f\|avx2' | sort | tail -n1))"
+  echo "cpus: $ncpu"
+  echo "loadavg_start: $(cat /proc/loadavg)"
+  echo "threads_per_rank: $threads"
+  echo "command: bash jobs/bench-peer.sh OUT_DIR --steps $steps --nps \"$nps\" --models \"$models\" --threads $threads$([ $fsdp1 = 0 ] && echo ' --no-fsdp1')"
+} >"$out/env.txt"
+cat "$out/env.txt"
+
+# The sgemm peak at the threads a run of NP ranks can use (NP x T, at most the CPUs), measured
+# just before the run into NAME.sgemm: on a shared machine the peak moves with the load (here by
+# up to 2x within minutes), and a fraction of a peak measured at another time means little.
+sgemm_before() {
+  local name=$1 np=$2 t
+  t=$((np * threads)); [ "$t" -le "$ncpu" ] || t=$ncpu
+  timeout 300 "$build/apps/sgemm_peak" --threads "$t" --size 2048 --reps 5 >"$out/runs/$name.sgemm"
+}
+
+# One run of NP ranks, each under /usr/bin/time (maximum RSS in KiB into NAME.rss.RANK).
+launch() {
+  local name=$1 np=$2
+  shift 2
+  MASTER_PORT=$((MASTER_PORT + 1))  # a fresh gloo rendezvous port per run (no TIME_WAIT clash)
+  sgemm_before "$name" "$np"
+  # shellcheck disable=SC2016  # $0 and $OMPI_COMM_WORLD_RANK expand in each rank's bash, not here
+  timeout 1800 mpirun -np "$np" --bind-to none \
+    bash -c 'exec /usr/bin/time -f %M -o "$0.rss.$OMPI_COMM_WORLD_RANK" "$@"' "$out/runs/$name" "$@" \
+    >"$out/runs/$name.log" 2>&1 || {
+    tail -n 20 "$out/runs/$name.log" >&2
+    echo "bench-peer: run $name failed (log $out/runs/$name.log)" >&2
+    exit 1
+  }
+}
+
+for model in $models; do
+  "$py" tests/reference/torch_peer.py --model "$model" --write-init "$out/runs/${model}_init.h5"
+  if [ "$model" = transformer ]; then
+    batch=8
+    ours=(input/transformer_bench.yaml --set train.global_batch_size="$batch"
+      --set data.path=/usr/share/games/fortunes/fortunes)
+  else
+    batch=64
+    ours=(input/fashion_mnist.yaml --set train.global_batch_size="$batch")
+  fi
+  ours+=(--set train.steps="$steps" --set train.threads="$threads" --set train.shuffle=false
+    --set train.dropout=false --set train.scheduler.kind=none --set train.eval_every=never
+    --set model.init_from="$out/runs/${model}_init.h5" --set comm.backend=mpi --set output.log_every=1)
+  for np in $nps; do
+    modes="fsdp2 ddp"
+    [ $fsdp1 = 1 ] && modes+=" fsdp1_full fsdp1_no"
+    for strategy in FULL_SHARD NO_SHARD; do
+      name=${model}_np${np}_ours_${strategy}
+      echo "-- $name"
+      launch "$name" "$np" "$app" "${ours[@]}" --set fsdp.sharding_strategy=$strategy \
+        --set output.metrics="$out/runs/$name.jsonl"
+    done
+    for mode in $modes; do
+      name=${model}_np${np}_torch_${mode}
+      echo "-- $name"
+      launch "$name" "$np" "$py" tests/reference/torch_peer.py --model "$model" --mode "$mode" \
+        --init "$out/runs/${model}_init.h5" --steps "$steps" --global-batch $batch --threads "$threads" \
+        --out "$out/runs/$name.json"
+    done
+  done
+done
+echo "loadavg_end: $(cat /proc/loadavg)" >>"$out/env.txt"
+
+/usr/bin/python3 jobs/bench_peer_report.py "$out"

@@ -1,0 +1,42 @@
+"""FLOPs per training step of the two seed models and the measured sgemm peak, shared by the
+benchmarks that report a fraction of the sgemm peak (jobs/bench-core.sh, jobs/bench_peer_report.py).
+
+Counted as model FLOPs: 2 per multiply-add of every matmul (convolutions as their im2col GEMM),
+forward once and backward twice (input and weight gradients); element-wise work is left out.
+"""
+import re
+
+# input/transformer_bench.yaml's model.
+BENCH_TRANSFORMER = dict(vocab=256, d_model=512, n_layers=8, n_heads=8, d_ff=2048, seq_len=256)
+
+
+def transformer_matmul_params(vocab, d_model, n_layers, d_ff, **_):
+    """Parameters that take part in matmuls: in_proj, out_proj, fc1, fc2 per layer; the head."""
+    C, L, F, V = d_model, n_layers, d_ff, vocab
+    return L * (3 * C * C + C * C + 2 * C * F) + C * V
+
+
+def transformer_step_flops(batch, vocab, d_model, n_layers, d_ff, seq_len, **_):
+    """6 * (matmul parameters) * tokens, plus attention 12 * L * B * T^2 * C (QK^T and PV,
+    forward 4BT^2C + backward 8BT^2C per layer, counted over the full T x T even though the
+    causal half is masked)."""
+    B, T, C, L = batch, seq_len, d_model, n_layers
+    return 6 * transformer_matmul_params(vocab, d_model, n_layers, d_ff) * B * T + 12 * L * B * T * T * C
+
+
+def mnist_cnn_step_flops(batch):
+    """The PyTorch MNIST example's Net on 28x28 images: conv1 (1->32, 3x3), conv2 (32->64, 3x3),
+    fc1 (9216->128), fc2 (128->10). conv1 needs no input gradient, so it counts twice, not 3x."""
+    conv1 = 26 * 26 * 32 * (1 * 9)
+    conv2 = 24 * 24 * 64 * (32 * 9)
+    fc1, fc2 = 9216 * 128, 128 * 10
+    macs_3x = conv2 + fc1 + fc2
+    return batch * 2 * (3 * macs_3x + 2 * conv1)
+
+
+def sgemm_peak_gflops(text):
+    """The best GFLOP/s from apps/sgemm_peak's output line."""
+    m = re.search(r"best ([0-9.]+) GFLOP/s", text)
+    if not m:
+        raise SystemExit(f"no 'best ... GFLOP/s' in sgemm_peak's output: {text.strip()[:200]}")
+    return float(m.group(1))

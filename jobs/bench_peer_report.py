@@ -1,0 +1,224 @@
+"""Report of jobs/bench-peer.sh: reads OUT_DIR/runs, writes OUT_DIR/table.md, results.json and
+peer.png (gnuplot); exit 1 when the losses do not agree.
+
+usage: /usr/bin/python3 jobs/bench_peer_report.py OUT_DIR
+
+Per run (model, np, implementation, strategy): the median step time over the steps after the
+first (which pays for allocations on both sides), tokens/s (transformer) or samples/s
+(mnist_cnn) of the global batch at that median, the peak RSS of each rank (/usr/bin/time's
+maximum RSS, getrusage of the rank's process), and the model FLOP rate (jobs/bench_flops.py)
+over the sgemm peak measured just before the run at the threads it could use (np x threads per
+rank, at most the CPUs; runs/NAME.sgemm).
+
+The loss check: every run of a model trains the same global batches from the same weights, so
+every run's per-step loss must equal the reference run's (PyTorch FSDP2 at the smallest np) to
+the relative tolerance loss_rtol(model, step). What may differ is float rounding: the order of
+the sums in the GEMMs (OpenBLAS or oneDNN kernels, blocking by thread), in the gradient
+reduction over ranks (gloo's ring or tree against our reduce-scatter and all-reduce) and in
+torch's fused kernels; it grows over the steps. Seen here (AMD EPYC, AVX2): at most 2e-7
+(mnist_cnn, 8 steps, np 1-4) and 4e-8 (transformer, 3 steps, np 1). A wrong data order, initial
+weight, rank slice or gradient average (a sum instead of a mean over the ranks) moves the loss by
+1e-2 and more within two steps. Small formula errors that change one update by ~1e-3 relative
+(AdamW's weight decay dropped, say) move the loss less than rounding does in a few steps: that is
+tests/reference/check_reference.py's job (each step replayed from torch's state), not this one.
+  transformer: 1e-4 at every step (check_reference.py holds the small transformer's free run to
+    TRAJECTORY_RTOL 1e-5; this one has 4x-8x longer dot products and a cross-rank reduction).
+  mnist_cnn: 1e-4 up to step 10, then check_reference.CHAOTIC_RTOL (1e-2): Adadelta at lr 1 with
+    near-tied max-pool windows turns a last-bit difference into a jump once a tie flips (on this
+    CPU after ~13 steps; torch against itself, oneDNN against im2col, reaches 1e-3 by step 19).
+The PyTorch side runs its default CPU kernels (oneDNN convolutions), as its users do.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "tests", "reference")]
+from bench_flops import BENCH_TRANSFORMER, mnist_cnn_step_flops, sgemm_peak_gflops, transformer_step_flops  # noqa: E402
+from check_reference import CHAOTIC_RTOL  # noqa: E402
+
+MNIST_TIGHT_STEPS = 10
+
+
+def loss_rtol(model, step):
+    """The relative loss tolerance at 1-based `step` (see the module's docstring)."""
+    if model == "transformer":
+        return 1e-4
+    return 1e-4 if step <= MNIST_TIGHT_STEPS else CHAOTIC_RTOL
+
+
+BATCH = {"transformer": 8, "mnist_cnn": 64}
+IMPL = {  # run name part -> (implementation, strategy)
+    "ours_FULL_SHARD": ("fsdp-hpc", "FULL_SHARD"),
+    "ours_NO_SHARD": ("fsdp-hpc", "NO_SHARD"),
+    "torch_fsdp2": ("PyTorch FSDP2 fully_shard", "FULL_SHARD"),
+    "torch_ddp": ("PyTorch DDP", "NO_SHARD"),
+    "torch_fsdp1_full": ("PyTorch FSDP1", "FULL_SHARD"),
+    "torch_fsdp1_no": ("PyTorch FSDP1", "NO_SHARD"),
+}
+ORDER = list(IMPL)
+
+
+def fail(msg):
+    raise SystemExit(f"bench_peer_report: {msg}")
+
+
+def read_run(runs, name):
+    """(losses, step times) of one run, from ours' metrics or torch_peer.py's JSON."""
+    if os.path.exists(os.path.join(runs, name + ".jsonl")):
+        rows = [json.loads(line) for line in open(os.path.join(runs, name + ".jsonl"))]
+        rows = [r for r in rows if "step" in r and "loss" in r]
+        return [r["loss"] for r in rows], [r["step_time_s"] for r in rows]
+    path = os.path.join(runs, name + ".json")
+    if not os.path.exists(path):
+        fail(f"{path}: missing (did the run finish?)")
+    j = json.load(open(path))
+    return j["losses"], j["step_time_s"]
+
+
+def rss_mib(runs, name, np_):
+    out = []
+    for rank in range(np_):
+        path = os.path.join(runs, f"{name}.rss.{rank}")
+        lines = open(path).read().split() if os.path.exists(path) else []
+        if not lines or not lines[-1].isdigit():
+            fail(f"{path}: no maximum RSS from /usr/bin/time")
+        out.append(int(lines[-1]) / 1024.0)
+    return out
+
+
+def rel(a, b):
+    return abs(a - b) / abs(b)
+
+
+def main():
+    if len(sys.argv) != 2:
+        fail("usage: bench_peer_report.py OUT_DIR")
+    out = sys.argv[1]
+    runs = os.path.join(out, "runs")
+    env = dict(line.split(": ", 1) for line in open(os.path.join(out, "env.txt")).read().splitlines() if ": " in line)
+    threads = int(env["threads_per_rank"])
+    ncpu = int(env["cpus"])
+
+    results = []
+    for f in sorted(os.listdir(runs)):
+        if not (f.endswith(".jsonl") or (f.endswith(".json"))):
+            continue
+        name = f.rsplit(".", 1)[0]
+        model, np_part, rest = name.split("_np")[0], name.split("_np")[1].split("_", 1)[0], name.split("_np")[1].split("_", 1)[1]
+        np_ = int(np_part)
+        losses, times = read_run(runs, name)
+        if len(times) < 2:
+            fail(f"{name}: {len(times)} steps, need 2 (the first is not timed)")
+        step_s = statistics.median(times[1:])
+        batch = BATCH[model]
+        flops = transformer_step_flops(batch, **BENCH_TRANSFORMER) if model == "transformer" else mnist_cnn_step_flops(batch)
+        items = batch * (BENCH_TRANSFORMER["seq_len"] if model == "transformer" else 1)
+        peak = sgemm_peak_gflops(open(os.path.join(runs, name + ".sgemm")).read())
+        impl, strategy = IMPL[rest]
+        rss = rss_mib(runs, name, np_)
+        results.append(dict(name=name, model=model, np=np_, key=rest, impl=impl, strategy=strategy, losses=losses,
+                            step_time_s=times, median_step_s=step_s, per_s=items / step_s,
+                            gflops=flops / step_s / 1e9, peak_gflops=peak, peak_threads=min(np_ * threads, ncpu),
+                            frac_peak=flops / step_s / 1e9 / peak, rss_mib=rss))
+    if not results:
+        fail(f"{runs}: no runs")
+    results.sort(key=lambda r: (r["model"] != "transformer", r["np"], ORDER.index(r["key"])))
+
+    bad = []
+    for model in dict.fromkeys(r["model"] for r in results):
+        mine = [r for r in results if r["model"] == model]
+        refs = [r for r in mine if r["key"] == "torch_fsdp2"] or mine
+        ref = min(refs, key=lambda r: r["np"])
+        for r in mine:
+            if len(r["losses"]) != len(ref["losses"]):
+                fail(f"{r['name']}: {len(r['losses'])} steps, {ref['name']} {len(ref['losses'])}")
+            r["loss_rel_diff"] = [rel(a, b) for a, b in zip(r["losses"], ref["losses"])]
+            r["loss_ref"] = ref["name"]
+            for step, d in enumerate(r["loss_rel_diff"], start=1):
+                if not d <= loss_rtol(model, step):  # NaN fails too
+                    bad.append(f"{r['name']}: step {step} loss {r['losses'][step - 1]!r} differs from "
+                               f"{ref['name']}'s {ref['losses'][step - 1]!r} by {d:.2e} relative "
+                               f"(tolerance {loss_rtol(model, step):g})")
+
+    md = []
+    md.append(f"CPU: {env['cpu']}; {threads} thread(s) per rank; load average at the start "
+              f"{env['loadavg_start'].split()[:3]}, at the end {env.get('loadavg_end', '?').split()[:3]}.")
+    md.append(f"Command: `{env['command']}`. sgemm peak: apps/sgemm_peak (2048^3, best of 5) just before each run, "
+              f"at np x threads per rank threads, at most {ncpu}.")
+    md.append("")
+    md.append("| model | np | strategy | implementation | step (s) | tokens/s or samples/s | "
+              "peak RSS per rank (MiB, max) | GFLOP/s (sgemm peak) | % of sgemm peak | loss vs reference (max rel.) |")
+    md.append("|---|---:|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        unit = "tok/s" if r["model"] == "transformer" else "samples/s"
+        md.append(f"| {r['model']} | {r['np']} | {r['strategy']} | {r['impl']} | {r['median_step_s']:.3f} | "
+                  f"{r['per_s']:.0f} {unit} | {max(r['rss_mib']):.0f} | {r['gflops']:.1f} ({r['peak_gflops']:.1f}) | "
+                  f"{100 * r['frac_peak']:.0f}% | "
+                  f"{max(r['loss_rel_diff']):.1e} |")
+    md.append("")
+    md.append("Per-step losses (the reference of each model is PyTorch FSDP2 at the smallest np):")
+    md.append("")
+    steps = max(len(r["losses"]) for r in results)
+    md.append("| run | " + " | ".join(f"step {s + 1}" for s in range(steps)) + " | max rel. diff |")
+    md.append("|---|" + "---:|" * (steps + 1))
+    for r in results:
+        md.append(f"| {r['name']} | " + " | ".join(f"{x:.7f}" for x in r["losses"]) +
+                  f" | {max(r['loss_rel_diff']):.1e} |")
+    md.append("")
+    md.append("Loss check: " + (f"PASS (relative to the reference: transformer within {loss_rtol('transformer', 1):g}; "
+                                f"mnist_cnn within {loss_rtol('mnist_cnn', 1):g} up to step {MNIST_TIGHT_STEPS}, "
+                                f"{CHAOTIC_RTOL:g} after)" if not bad else f"FAIL ({len(bad)} step(s) out of tolerance)"))
+    md.append("")
+    md.append("Peak RSS is /usr/bin/time's maximum resident set of each rank's process; importing torch "
+              "2.15 (PyPI's CUDA build) alone takes ~0.5 GiB of it here.")
+    text = "\n".join(md) + "\n"
+    open(os.path.join(out, "table.md"), "w").write(text)
+    json.dump({"env": env, "loss_check": "PASS" if not bad else bad, "runs": results},
+              open(os.path.join(out, "results.json"), "w"), indent=1)
+    print(text)
+    plot(out, results)
+    if bad:
+        for b in bad:
+            print("bench_peer_report: LOSS MISMATCH " + b, file=sys.stderr)
+        sys.exit(1)
+
+
+def plot(out, results):
+    """peer.png: per model, throughput and peak RSS per rank against np, one line per run kind."""
+    data = os.path.join(out, "plot")
+    os.makedirs(data, exist_ok=True)
+    panels = []
+    for model in dict.fromkeys(r["model"] for r in results):
+        series = []
+        for key in ORDER:
+            rows = sorted((r for r in results if r["model"] == model and r["key"] == key), key=lambda r: r["np"])
+            if not rows:
+                continue
+            path = os.path.join(data, f"{model}_{key}.dat")
+            with open(path, "w") as f:
+                for r in rows:
+                    f.write(f"{r['np']} {r['per_s']:.6g} {max(r['rss_mib']):.6g}\n")
+            impl, strategy = IMPL[key]
+            dash = 1 if key.startswith("ours") else 2
+            series.append((path, f"{impl} {strategy}", dash, ORDER.index(key)))
+        unit = "tokens/s" if model == "transformer" else "samples/s"
+        for col, ylabel in ((2, unit), (3, "peak RSS per rank (MiB)")):
+            lines = ", ".join(f"'{p}' using 1:{col} with linespoints lw 2 dt {d} lc {i + 1} pt {i + 4} title '{t}'"
+                              for p, t, d, i in series)
+            panels.append(f"set title '{model}: {ylabel}'\nset ylabel '{ylabel}'\nplot {lines}")
+    script = ["set terminal pngcairo size 1400,%d noenhanced font 'DejaVu Sans,10'" % (520 * (len(panels) // 2)),
+              f"set output '{os.path.join(out, 'peer.png')}'",
+              f"set multiplot layout {len(panels) // 2},2",
+              "set xlabel 'ranks (np)'", "set yrange [0:*]", "set xtics 1", "set offsets 0.2, 0.2, 0, 0",
+              "set grid", "set key below font ',9'"] + panels + ["unset multiplot"]
+    r = subprocess.run(["gnuplot"], input="\n".join(script), text=True, capture_output=True)
+    if r.returncode != 0:
+        fail(f"gnuplot failed: {r.stderr.strip()[:300]}")
+    print(f"bench_peer_report: wrote {os.path.join(out, 'table.md')}, results.json, peer.png")
+
+
+if __name__ == "__main__":
+    main()
