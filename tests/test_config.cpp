@@ -417,7 +417,8 @@ BOOST_AUTO_TEST_CASE(t5_keys_and_presets) {
   const Config beams = parse_config(t5, "in.yaml", {"generate.num_beams=4", "generate.length_penalty=0.6"});
   BOOST_TEST(beams.generate.num_beams == 4);
   BOOST_TEST(beams.generate.length_penalty == 0.6);
-  BOOST_TEST(error_of(t5, {"generate.num_beams=0"}) == "--set generate.num_beams: generate.num_beams: must be >= 1, got 0");
+  BOOST_TEST(error_of(t5, {"generate.num_beams=0"}) ==
+             "--set generate.num_beams: generate.num_beams: must be >= 1, got 0");
   BOOST_TEST(error_of("model: {kind: mnist_cnn}\ngenerate: {num_beams: 2}\n") ==
              "in.yaml:2: generate.num_beams: text generation needs a sequence-to-sequence model (model.kind t5); "
              "model.kind is mnist_cnn");

@@ -25,9 +25,9 @@ int32_t argmax(const float* row, int64_t n) {
 void log_softmax_row(float* out, const float* row, int64_t n) {
   float max = row[0];
   for (int64_t v = 1; v < n; ++v) max = std::max(max, row[v]);
-  float sum = 0.0f;
+  float sum = 0.0f;  // >= 1: the max's own term is exp(0)
   for (int64_t v = 0; v < n; ++v) sum += std::exp(row[v] - max);
-  const float log_sum = std::log(sum);
+  const float log_sum = std::log(std::max(sum, 1.0f));
   for (int64_t v = 0; v < n; ++v) out[v] = row[v] - max - log_sum;
 }
 

@@ -386,7 +386,7 @@ class T5Block : public Layer {
     for (Layer* l : sub_) l->release_activations();
   }
   // layer.0 self-attention, (decoder) layer.1 cross-attention, then the feed-forward.
-  Residual& sublayer(size_t i) const { return static_cast<Residual&>(*sub_.at(i)); }
+  Residual& sublayer(size_t i) const { return dynamic_cast<Residual&>(*sub_.at(i)); }
 
  private:
   std::vector<Layer*> sub_;
@@ -558,7 +558,7 @@ class T5Decoding final : public DecodeSteps {
     layers_.resize(blocks.size());
     for (size_t l = 0; l < blocks.size(); ++l) {
       Layer& cross = blocks[l]->sublayer(1).sub();
-      auto& att = static_cast<T5Attention&>(cross);
+      auto& att = dynamic_cast<T5Attention&>(cross);
       Cache& cache = layers_[l];
       ctx.ensure(cache.cross_k, {N_, S_, I_}, DType::f32);
       ctx.ensure(cache.cross_v, {N_, S_, I_}, DType::f32);
@@ -600,7 +600,7 @@ class T5Decoding final : public DecodeSteps {
       Cache& cache = layers_[l];
       // Self-attention: this position's key and value join the cache, the query reads 0..t.
       const Residual& self = blocks[l]->sublayer(0);
-      const auto& sa = static_cast<const T5Attention&>(self.sub());
+      const auto& sa = dynamic_cast<const T5Attention&>(self.sub());
       norm(self.norm());
       k.linear_forward(q_.f32(), n_.f32(), sa.q.weight.data, nullptr, N_, C, I_);
       k.linear_forward(cache.k.f32() + t_ * N_ * I_, n_.f32(), sa.k.weight.data, nullptr, N_, C, I_);
@@ -609,7 +609,7 @@ class T5Decoding final : public DecodeSteps {
       add_projection(sa.o);
       // Cross-attention over the encoder output, under the source mask.
       const Residual& cross = blocks[l]->sublayer(1);
-      const auto& ca = static_cast<const T5Attention&>(cross.sub());
+      const auto& ca = dynamic_cast<const T5Attention&>(cross.sub());
       norm(cross.norm());
       k.linear_forward(q_.f32(), n_.f32(), ca.q.weight.data, nullptr, N_, C, I_);
       attend(cache.cross_k.f32(), cache.cross_v.f32(), I_, S_, nullptr, key_valid_.i32());
@@ -656,7 +656,7 @@ class T5Decoding final : public DecodeSteps {
     for (int64_t j = 0; j < T; ++j)
       bucket.i32()[j] =
           t5_relative_bucket(j - t_, false, c_.relative_attention_num_buckets, c_.relative_attention_max_distance);
-    const auto& sa = static_cast<const T5Attention&>(decoder_.blocks().at(0)->sublayer(0).sub());
+    const auto& sa = dynamic_cast<const T5Attention&>(decoder_.blocks().at(0)->sublayer(0).sub());
     ctx_.kernels().relative_bias_forward(bias_.f32(), sa.relative_attention_bias->weight.data,
                                          upload(ctx_, bucket).i32(), c_.num_heads, 1, T);
   }
@@ -667,19 +667,22 @@ class T5Decoding final : public DecodeSteps {
   }
 
   // y (N, I) = softmax(q K^T + bias, masked) V per sequence and head; keys 0..Tk-1 of sequence i
-  // at K + i * I + j * key_stride (the self cache: stride N*I; the cross cache: (N, S, I)).
-  void attend(const float* K, const float* V, int64_t key_stride, int64_t Tk, const float* bias,
+  // at K + i * I + j * key_ld (the self cache: stride N*I; the cross cache: (N, S, I)).
+  void attend(const float* K, const float* V, int64_t key_ld, int64_t Tk, const float* bias,
               const int32_t* key_valid) {
     Kernels& k = ctx_.kernels();
     const int64_t H = c_.num_heads, dkv = c_.d_kv;
-    const int64_t seq_stride = key_stride == I_ ? Tk * I_ : I_;  // where sequence i's first key is
+    const int64_t seq_stride = key_ld == I_ ? Tk * I_ : I_;  // where sequence i's first key is
+    // Per sequence, H heads in one batch: head h's q, keys, values and output start h * d_kv
+    // further on (head_step); its scores are a (1, Tk) row of probs_.
+    const int64_t head_step = dkv, score_step = Tk;
     for (int64_t i = 0; i < N_; ++i)
-      k.gemm_strided_batched(false, true, 1, Tk, dkv, 1.0f, q_.f32() + i * I_, I_, dkv, K + i * seq_stride, key_stride,
-                             dkv, 0.0f, probs_.f32() + i * H * Tk, Tk, Tk, H);
+      k.gemm_strided_batched(false, true, 1, Tk, dkv, 1.0f, q_.f32() + i * I_, I_, head_step, K + i * seq_stride,
+                             key_ld, head_step, 0.0f, probs_.f32() + i * H * Tk, Tk, score_step, H);
     k.attention_softmax_forward(probs_.f32(), bias, key_valid, false, N_, H, 1, Tk);
     for (int64_t i = 0; i < N_; ++i)
-      k.gemm_strided_batched(false, false, 1, dkv, Tk, 1.0f, probs_.f32() + i * H * Tk, Tk, Tk, V + i * seq_stride,
-                             key_stride, dkv, 0.0f, y_.f32() + i * I_, I_, dkv, H);
+      k.gemm_strided_batched(false, false, 1, dkv, Tk, 1.0f, probs_.f32() + i * H * Tk, Tk, score_step,
+                             V + i * seq_stride, key_ld, head_step, 0.0f, y_.f32() + i * I_, I_, head_step, H);
   }
 
   // h += y W_o^T
@@ -691,7 +694,7 @@ class T5Decoding final : public DecodeSteps {
   // h += wo(relu(wi n)) or wo(gelu_new(wi_0 n) * wi_1 n)
   void feed_forward(const Residual& ff_layer) {
     Kernels& k = ctx_.kernels();
-    const auto& ff = static_cast<const DenseActDense&>(ff_layer.sub());
+    const auto& ff = dynamic_cast<const DenseActDense&>(ff_layer.sub());
     const int64_t C = c_.d_model, F = c_.d_ff;
     norm(ff_layer.norm());
     k.linear_forward(ff_.f32(), n_.f32(), ff.wi->weight.data, nullptr, N_, C, F);

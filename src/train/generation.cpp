@@ -51,7 +51,8 @@ std::vector<std::vector<int32_t>> generate_samples(Model& model, FsdpEngine& eng
   // the largest slice for all (all_gather takes equal counts).
   const int64_t rows = (count + o.world_size - 1) / o.world_size, width = o.search.max_new_tokens;
   std::vector<int32_t> send(static_cast<size_t>(std::max<int64_t>(rows * width, 1)), -1);
-  for (size_t r = 0; r < mine.size(); ++r) std::copy(mine[r].begin(), mine[r].end(), send.begin() + r * width);
+  for (size_t r = 0; r < mine.size(); ++r)
+    std::copy(mine[r].begin(), mine[r].end(), send.begin() + static_cast<std::ptrdiff_t>(r) * width);
   std::vector<int32_t> all(send.size() * static_cast<size_t>(o.world_size));
   engine.world().all_gather(send.data(), all.data(), send.size(), DType::i32)->wait();
   std::vector<std::vector<int32_t>> out;

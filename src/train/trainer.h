@@ -56,7 +56,7 @@ struct TrainSummary {
   double last_loss = 0.0;
   double eval_loss = -1.0;  // -1 when no evaluation ran
   double eval_accuracy = -1.0;
-  double eval_rougeL = -1.0;  // -1 when no ROUGE was scored
+  double eval_rougeL = -1.0;   // -1 when no ROUGE was scored
   double samples_per_s = 0.0;  // mean over the run, excluding the first step
 };
 
