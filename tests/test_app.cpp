@@ -277,6 +277,19 @@ BOOST_AUTO_TEST_CASE(cuda_device_without_a_gpu_is_one_line) {
   expect_error(run(cfg + " --set train.device=tpu"), "train.device: expected one of [cpu, cuda], got 'tpu'");
 }
 
+// The shipped T5 jobs need files this checkout does not have (jobs/make-summaries.sh's corpus;
+// the tutorial's t5-base folder and wikihowAll.csv): run from an empty folder, each says which
+// file is missing in one line instead of failing later.
+BOOST_AUTO_TEST_CASE(shipped_t5_jobs_without_their_files_name_the_missing_file) {
+  TempDir d;
+  const std::string in = std::string(FSDP_SOURCE_DIR) + "/input/",
+                    cd = "env -C " + d.path.string() + " ";  // run from the empty folder
+  expect_error(run_with(cd, in + "t5_summarize.yaml", 120),
+               "fsdp_app: sentencepiece model summaries/spiece.model: cannot open");
+  expect_error(run_with(cd, in + "t5_wikihow.yaml --set train.device=cpu --set comm.backend=mpi", 120),
+               "fsdp_app: sentencepiece model t5-base/spiece.model: cannot open");
+}
+
 // A run whose plan exceeds the node's memory is refused at start with the numbers, before it
 // allocates (without the check, NO_SHARD of a large model is killed by the OOM killer minutes in,
 // with only mpirun's "exited on signal 9"). NO_SHARD of the 59.6 B-parameter input needs 16 bytes
