@@ -9,8 +9,8 @@
 # Usage: bash tests/sanitize.sh [BUILD_DIR] [extra meson test args]
 # Without extra arguments it runs every suite but e2e and mpi_more (unit, app, mpi, fuzz
 # replays: every Boost.Test suite and every MPI suite, the MPI ones at world sizes 1, 3 and 8;
-# np 2, 4 and 5, suite mpi_more, run in the release build: under ASan they added ~100 s and reach
-# no code that 1, an odd size and 8 do not). The e2e scripts (torch reference, FSDP equivalence,
+# np 2, 4 and 5, suite mpi_more, run in the release build: under ASan they added ~100 s; np 3 gives
+# the uneven splits and odd rings, np 8 the large even case). The e2e scripts (torch reference, FSDP equivalence,
 # checkpoints end to end, multihost, Slurm, fault injection) run once, in the release build of
 # tests/run.sh; `bash tests/sanitize.sh build-asan --suite e2e` runs them here too (about 40
 # minutes on 2 cores).

@@ -668,8 +668,7 @@ class T5Decoding final : public DecodeSteps {
 
   // y (N, I) = softmax(q K^T + bias, masked) V per sequence and head; keys 0..Tk-1 of sequence i
   // at K + i * I + j * key_ld (the self cache: stride N*I; the cross cache: (N, S, I)).
-  void attend(const float* K, const float* V, int64_t key_ld, int64_t Tk, const float* bias,
-              const int32_t* key_valid) {
+  void attend(const float* K, const float* V, int64_t key_ld, int64_t Tk, const float* bias, const int32_t* key_valid) {
     Kernels& k = ctx_.kernels();
     const int64_t H = c_.num_heads, dkv = c_.d_kv;
     const int64_t seq_stride = key_ld == I_ ? Tk * I_ : I_;  // where sequence i's first key is
