@@ -927,9 +927,9 @@ BOOST_AUTO_TEST_CASE(split_batches_sum_to_full_batch) {
 }
 
 BOOST_AUTO_TEST_CASE(activation_buffers_are_reused) {
+  MemoryTracker mem;  // first: it outlives the model, whose activations it tracks until freed
   auto m = make_mnist_cnn();
   Bound b(*m, 7);
-  MemoryTracker mem;
   RunCtx ctx;
   ctx.mem = &mem;
   ctx.loss_normalizer = 2.0;

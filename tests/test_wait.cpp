@@ -266,6 +266,7 @@ BOOST_AUTO_TEST_CASE(no_unit_stays_gathered_after_backward) {
   c.num_layers = c.num_decoder_layers = 1;
   c.relative_attention_num_buckets = 4;
   c.relative_attention_max_distance = 8;
+  fsdp::MemoryTracker mem;  // first: it outlives the model, whose tensors it tracks
   auto model = fsdp::make_t5(c);
   auto world = fsdp::make_local_communicator({kTimeout_s});
   fsdp::FsdpOptions options;
@@ -273,7 +274,6 @@ BOOST_AUTO_TEST_CASE(no_unit_stays_gathered_after_backward) {
   options.min_num_params = 48;  // every projection its own unit, nothing above them
   // All gathers complete at once (moving nothing); no reduction is issued (sync_grads off).
   fsdp::ProcessMesh mesh{std::make_unique<HangingComm>(2, 1 << 20), fsdp::make_local_communicator()};
-  fsdp::MemoryTracker mem;
   fsdp::FsdpEngine engine(*model, *world, std::move(mesh), options, mem);
   BOOST_REQUIRE(engine.units().size() > 8);
   fsdp::Tensor ids = fsdp::Tensor::zeros({2, 3}, DType::i32), labels = fsdp::Tensor::zeros({2, 3}, DType::i32);
@@ -307,13 +307,13 @@ BOOST_AUTO_TEST_CASE(generation_gathers_each_unit_once_per_pass) {
   c.num_layers = c.num_decoder_layers = 2;
   c.relative_attention_num_buckets = 4;
   c.relative_attention_max_distance = 8;
+  fsdp::MemoryTracker mem;  // first: it outlives the model, whose tensors it tracks
   auto model = fsdp::make_t5(c);
   auto world = fsdp::make_local_communicator({kTimeout_s});
   fsdp::FsdpOptions options;
   options.wrap_policy = fsdp::WrapPolicy::size_based;
   options.min_num_params = 48;
   fsdp::ProcessMesh mesh{std::make_unique<HangingComm>(2, 1 << 20), fsdp::make_local_communicator()};
-  fsdp::MemoryTracker mem;
   fsdp::FsdpEngine engine(*model, *world, std::move(mesh), options, mem);
   engine.init_shards(1);
   BOOST_REQUIRE(engine.units().size() > 8);
@@ -416,13 +416,13 @@ class Twice : public fsdp::Model {
 // both uses' (w = 3, x = (1, 2): y = 9x, dL/dw = 2 w sum(x) = 18) and it is reduced once, after
 // its last backward. bf16 reductions: the engine's full-gradient path (18 and 9 are exact).
 BOOST_AUTO_TEST_CASE(a_module_used_twice_reduces_once_with_both_gradients) {
+  fsdp::MemoryTracker mem;  // first: it outlives the model, whose tensors it tracks
   Twice model;
   auto world = fsdp::make_local_communicator({kTimeout_s});
   fsdp::FsdpOptions options;
   options.wrap_policy = fsdp::WrapPolicy::manual;
   options.wrap_modules = {"scale"};
   options.reduce_dtype = DType::bf16;
-  fsdp::MemoryTracker mem;
   fsdp::FsdpEngine engine(model, *world, {fsdp::make_local_communicator(), fsdp::make_local_communicator()}, options,
                           mem);
   BOOST_REQUIRE(engine.units().size() == 2);

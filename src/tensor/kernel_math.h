@@ -18,8 +18,10 @@
 //   - optimizer madd(a, b, c) -> fmaf(a, b, c): bitwise equal to the CPU build with FMA. A CPU
 //     build without FMA (-Dnative_arch=false on an old target) rounds a*b first: up to one
 //     rounding apart per madd there (tests/test_kernel_math.cpp checks which case it is in).
-//   - GELU backward: GCC 12 compiles ops.cpp's `cdf + x * pdf` with cdf = 0.5f * (1 + erf) as
-//     fma(0.5f, 1 + erf, x * pdf) (read from the object code); gelu_backward below spells that.
+//   - GELU backward: GCC 12 compiled ops.cpp's former `cdf + x * pdf` with cdf = 0.5f * (1 + erf)
+//     as fma(0.5f, 1 + erf, x * pdf) (read from the object code); gelu_backward below spells
+//     that, and ops.cpp now calls it: clang (-ffp-contract=on) had fused it the other way,
+//     fma(x, pdf, cdf), one ulp apart (tests/test_kernel_math.cpp under tests/sanitize.sh).
 //   - erff/expf: on the host these are glibc's (the same calls ops.cpp makes, so bitwise); on
 //     the device CUDA's erff/expf (max 2 ulp), so device GELU matches the host to a few ulp,
 //     not bitwise. sqrtf and '/' are correctly rounded on both (nvcc's default -prec-sqrt/div).

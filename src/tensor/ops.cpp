@@ -7,6 +7,8 @@
 #include <cstring>
 #include <limits>
 
+#include "tensor/kernel_math.h"
+
 namespace fsdp::ops {
 
 // Elementwise loops below this many elements stay on one thread: waking the team costs more.
@@ -99,19 +101,17 @@ void relu_backward(float* dx, const float* dy, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dx[i] = y[i] <= 0.0f ? 0.0f : dy[i];
 }
 
+// GELU is kernel_math.h's, the CUDA kernels' too: its backward spells the one fused multiply-add
+// out, so the bits do not depend on how a compiler contracts `cdf + x * pdf` (GCC's default
+// -ffp-contract=fast fuses across statements, clang's =on only inside one expression).
 void gelu_forward(float* y, const float* x, int64_t n) {
 #pragma omp parallel for if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * static_cast<float>(M_SQRT1_2)));
+  for (int64_t i = 0; i < n; ++i) y[i] = kmath::gelu_forward(x[i]);
 }
 
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
-  const float inv_sqrt_2pi = 0.3989422804014327f;
 #pragma omp parallel for if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    float cdf = 0.5f * (1.0f + std::erf(x[i] * static_cast<float>(M_SQRT1_2)));
-    float pdf = inv_sqrt_2pi * std::exp(-0.5f * x[i] * x[i]);
-    dx[i] = dy[i] * (cdf + x[i] * pdf);
-  }
+  for (int64_t i = 0; i < n; ++i) dx[i] = kmath::gelu_backward(dy[i], x[i]);
 }
 
 void add(float* y, const float* a, const float* b, int64_t n) {

@@ -77,7 +77,20 @@ classify() {
 command -v clang++ >/dev/null || { echo "fuzz: clang++ not found (bash jobs/install-deps.sh --tests)"; exit 1; }
 options=(-Dfuzz=enabled -Dtests=disabled -Db_sanitize=address,undefined -Db_lundef=false
          -Dbuildtype=plain "-Dcpp_args=-O1 -g" -Dgpu=disabled -Ducx=disabled)
-if [ -f "$build/build.ninja" ]; then
+# sanitizer_fuzz_build: BUILD is already a sanitizer build with the fuzz targets, e.g.
+# tests/sanitize.sh's (clang, ASan+UBSan, -Dfuzz=enabled, tests on): .ci/run compiles the library
+# once under the sanitizers for both stages. Such a build is used as it is.
+sanitizer_fuzz_build() {
+  meson introspect --buildoptions "$build" 2>/dev/null | /usr/bin/python3 -c '
+import json, sys
+o = {x["name"]: x["value"] for x in json.load(sys.stdin)}
+san = o.get("b_sanitize", "none")
+san = ",".join(san) if isinstance(san, list) else san
+sys.exit(0 if o.get("fuzz") == "enabled" and "address" in san and "undefined" in san else 1)'
+}
+if [ -f "$build/build.ninja" ] && sanitizer_fuzz_build; then
+  echo "fuzz: using $build as configured (a sanitizer build with -Dfuzz=enabled)"
+elif [ -f "$build/build.ninja" ]; then
   meson setup --reconfigure "$build" "$root" "${options[@]}" >/dev/null || exit 1
 else
   CXX=clang++ meson setup "$build" "$root" "${options[@]}" >/dev/null || exit 1
