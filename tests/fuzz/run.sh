@@ -6,10 +6,11 @@
 #
 #   bash tests/fuzz/run.sh [BUILD_DIR] [SECONDS_PER_TARGET] [TARGET...]
 #
-# BUILD_DIR defaults to build-fuzz, SECONDS_PER_TARGET to 60. Per target it prints the number
-# of executions and the outcome; a crash, sanitizer report, timeout (> 25 s on one input), an
-# allocation over 1 GiB or an RSS over 2 GiB fails the target and prints the reproducer path
-# and the command that replays it. Ends with `N passed, N failed`; exits 1 on any failure.
+# BUILD_DIR defaults to build-fuzz (or a sanitizer build that already has the fuzz targets, such
+# as tests/sanitize.sh's build-asan: used as configured), SECONDS_PER_TARGET to 60. Per target
+# it prints the number of executions and the outcome; a crash, sanitizer report, timeout (> 25 s
+# on one input), an allocation over 1 GiB or an RSS over 2 GiB fails the target and prints the
+# reproducer path and the command that replays it. Ends with `N passed, N failed`; exits 1 on any failure.
 # FUZZ_BUILD_ONLY=1 builds the targets and stops. Targets run FUZZ_JOBS at a time (default: the
 # number of cores; each libFuzzer is one process), each for the full SECONDS_PER_TARGET.
 #
@@ -99,8 +100,7 @@ start=$SECONDS
 meson compile -C "$build" "${targets[@]/#/fuzz_}" >"$build/fuzz-build.log" 2>&1 || {
   tail -40 "$build/fuzz-build.log"; echo "fuzz: build failed"; exit 1; }
 echo "fuzz: built ${#targets[@]} targets in $((SECONDS - start)) s ($build)"
-# FUZZ_BUILD_ONLY=1: stop here (.ci/run builds the targets in the background while other stages
-# run, then fuzzes in the foreground).
+# FUZZ_BUILD_ONLY=1: stop here (build now, fuzz later).
 if [ "${FUZZ_BUILD_ONLY:-0}" = 1 ]; then exit 0; fi
 
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
