@@ -106,6 +106,53 @@ BOOST_AUTO_TEST_CASE(dropout_counter_and_mask) {
   BOOST_TEST(kmath::dropout_mask(0.0f, 0.0f, 1.0f) == 1.0f);
 }
 
+// |got - exact| in units of the last place of the exact value rounded to f32.
+double ulps(float got, double exact) {
+  const float rounded = static_cast<float>(exact);
+  const double ulp = std::nextafter(std::fabs(rounded), std::numeric_limits<float>::infinity()) - std::fabs(rounded);
+  return std::fabs(static_cast<double>(got) - exact) / ulp;
+}
+
+// Every 61st f32 of a range (the stride is odd, so every mantissa bit pattern class is visited).
+template <class F>
+void scan_floats(float lo, float hi, F&& check) {
+  for (uint32_t b = kmath::bits_of(lo); kmath::bits_of(kmath::float_of(b)) <= kmath::bits_of(hi); b += 61) check(kmath::float_of(b));
+}
+
+BOOST_AUTO_TEST_CASE(erf_f32_within_one_ulp) {
+  double worst = 0.0;
+  float worst_x = 0.0f;
+  scan_floats(1e-30f, 10.0f, [&](float x) {
+    const double e = ulps(kmath::erf_f32(x), std::erf(static_cast<double>(x)));
+    if (e > worst) worst = e, worst_x = x;
+    require_same(-kmath::erf_f32(x), kmath::erf_f32(-x), "erf_f32 odd at " + std::to_string(x));
+  });
+  BOOST_TEST_MESSAGE("erf_f32: worst " << worst << " ulp at " << worst_x);
+  BOOST_TEST(worst <= 1.03, "erf_f32 " << worst << " ulp at " << worst_x);
+  require_same(0.0f, kmath::erf_f32(0.0f), "erf(0)");
+  require_same(-0.0f, kmath::erf_f32(-0.0f), "erf(-0)");
+  require_same(1.0f, kmath::erf_f32(std::numeric_limits<float>::infinity()), "erf(inf)");
+  require_same(-1.0f, kmath::erf_f32(-std::numeric_limits<float>::infinity()), "erf(-inf)");
+  BOOST_TEST(std::isnan(kmath::erf_f32(std::numeric_limits<float>::quiet_NaN())));
+}
+
+BOOST_AUTO_TEST_CASE(exp_f32_within_one_ulp) {
+  double worst = 0.0;
+  float worst_x = 0.0f;
+  auto check = [&](float x) {
+    const double e = ulps(kmath::exp_f32(x), std::exp(static_cast<double>(x)));
+    if (e > worst) worst = e, worst_x = x;
+  };
+  scan_floats(0.0f, 88.3f, check);
+  scan_floats(-87.3365f, -1e-30f, check);  // bits of negatives grow with the magnitude
+  BOOST_TEST_MESSAGE("exp_f32: worst " << worst << " ulp at " << worst_x);
+  BOOST_TEST(worst <= 0.91, "exp_f32 " << worst << " ulp at " << worst_x);
+  require_same(1.0f, kmath::exp_f32(0.0f), "exp(0)");
+  require_same(0.0f, kmath::exp_f32(-87.34f), "exp below the normal range flushes to 0");
+  require_same(0.0f, kmath::exp_f32(-std::numeric_limits<float>::infinity()), "exp(-inf)");
+  BOOST_TEST(std::isnan(kmath::exp_f32(std::numeric_limits<float>::quiet_NaN())));
+}
+
 BOOST_AUTO_TEST_CASE(gelu_equals_ops) {
   std::vector<float> x = special_floats();
   std::mt19937 gen(7);

@@ -22,9 +22,11 @@
 //     as fma(0.5f, 1 + erf, x * pdf) (read from the object code); gelu_backward below spells
 //     that, and ops.cpp now calls it: clang (-ffp-contract=on) had fused it the other way,
 //     fma(x, pdf, cdf), one ulp apart (tests/test_kernel_math.cpp under tests/sanitize.sh).
-//   - erff/expf: on the host these are glibc's (the same calls ops.cpp makes, so bitwise); on
-//     the device CUDA's erff/expf (max 2 ulp), so device GELU matches the host to a few ulp,
-//     not bitwise. sqrtf and '/' are correctly rounded on both (nvcc's default -prec-sqrt/div).
+//   - erf and exp in GELU are erf_f32/exp_f32 below, not the C library's: polynomials of fmaf,
+//     so the host and the device compute the same bits, and the host loop vectorises (glibc's
+//     erff/expf are scalar calls: 12% of the bench transformer's step went to GELU). tanhf (T5's
+//     gelu_new) is still the library's: glibc's on the host, CUDA's (max 2 ulp) on the device.
+//     sqrtf and '/' are correctly rounded on both (nvcc's default -prec-sqrt/div).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -84,11 +86,73 @@ FSDP_HD inline float dropout_mask(float u, float p, float scale) { return u >= p
 constexpr float kSqrt1_2 = 0.7071067811865476f;  // static_cast<float>(M_SQRT1_2)
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
 
-FSDP_HD inline float gelu_forward(float x) { return 0.5f * x * (1.0f + erff(x * kSqrt1_2)); }
+// exp(x) for x < 88.37 (2^n times a degree-6 polynomial on [-ln2/2, ln2/2]): at most 0.91 ulp
+// from the exact value for x >= -87.33 (every f32 checked once against double exp; the test
+// samples), 0 below, where glibc's expf returns denormals; NaN stays NaN. Branch-free: with
+// -fno-trapping-math (meson.build) GCC vectorises a loop of it, and of erf_f32.
+FSDP_HD inline float exp_f32(float x) {
+  constexpr float kLog2e = 1.44269504f;
+  constexpr float kRound = 12582912.0f;  // 0x1.8p23: adding it rounds to an integer, held in the low bits
+  constexpr float kLn2Hi = 0.693145751953125f, kLn2Lo = 1.42860677e-06f;  // ln 2 = hi + lo, hi exact in 16 bits
+  constexpr float kMin = -87.3365479f;  // ln(2^-126): below it 2^n is no longer a normal float
+  const float xc = x < kMin ? kMin : x;  // a NaN compares false and stays
+  const float shifted = fmaf(kLog2e, xc, kRound);
+  const float n = shifted - kRound;  // round(x / ln 2)
+  float r = fmaf(n, -kLn2Hi, xc);    // x - n ln 2, in two steps so it is exact to the last bit
+  r = fmaf(n, -kLn2Lo, r);
+  // exp(r) = 1 + r (1 + r q(r)), q a least-squares fit in relative error on Chebyshev nodes;
+  // the last step is one rounding of a value near 1.
+  float q = 0.00137514074f;
+  q = fmaf(q, r, 0.00836891588f);
+  q = fmaf(q, r, 0.0416695327f);
+  q = fmaf(q, r, 0.166665182f);
+  q = fmaf(q, r, 0.499999881f);
+  q = fmaf(q, r, 1.0f);
+  const float p = fmaf(q, r, 1.0f);
+  // 2^n from the low bits of `shifted` (n + 0x400000 there): shifted into the exponent field.
+  const float scale = float_of((bits_of(shifted) << 23) + 0x3F800000u);
+  return x < kMin ? 0.0f : p * scale;
+}
+
+// erf(x), at most 1.03 ulp from the exact value (every f32 checked once against double erf;
+// glibc's erff: 0.97; tests/test_kernel_math.cpp samples). Two least-
+// squares fits, evaluated both and selected so the loop stays branch-free:
+//   |x| < 1:  erf(x) = x + x R(x^2), R of degree 6 fits erf(x)/x - 1;
+//   |x| >= 1: erf(|x|) = 1 - exp(Q(|x| - 2.46) - x^2), Q of degree 8 fits log(erfc(t)) + t^2
+//             on [1, 3.92]; beyond 3.92 erf rounds to 1 in f32.
+FSDP_HD inline float erf_f32(float x) {
+  const float t = fabsf(x);
+  const float s = x * x;
+  float r = 7.84725926e-05f;
+  r = fmaf(r, s, -0.000800818903f);
+  r = fmaf(r, s, 0.00518809911f);
+  r = fmaf(r, s, -0.0268536918f);
+  r = fmaf(r, s, 0.112835824f);
+  r = fmaf(r, s, -0.37612626f);
+  r = fmaf(r, s, 0.128379166f);
+  const float small = fmaf(x, r, x);
+  const float tc = t > 3.92f ? 3.92f : t;  // not fminf: a NaN must stay NaN
+  const float u = tc - 2.46000004f;
+  float q = 1.64496589e-06f;
+  q = fmaf(q, u, -1.3808045e-05f);
+  q = fmaf(q, u, 8.10720376e-05f);
+  q = fmaf(q, u, -0.000439232565f);
+  q = fmaf(q, u, 0.00225122273f);
+  q = fmaf(q, u, -0.0112117082f);
+  q = fmaf(q, u, 0.0574303828f);
+  q = fmaf(q, u, -0.357221872f);
+  q = fmaf(q, u, -1.54261756f);
+  // 1 - exp unfused: exp ends in a product, which a compiler could otherwise fuse into the
+  // subtraction on one side only.
+  const float large = copysignf(add_unfused(1.0f, -exp_f32(fmaf(-tc, tc, q))), x);
+  return t < 1.0f ? small : large;
+}
+
+FSDP_HD inline float gelu_forward(float x) { return 0.5f * x * (1.0f + erf_f32(x * kSqrt1_2)); }
 
 FSDP_HD inline float gelu_backward(float dy, float x) {
-  const float one_plus_erf = 1.0f + erff(x * kSqrt1_2);
-  const float pdf = kInvSqrt2Pi * expf(-0.5f * x * x);
+  const float one_plus_erf = 1.0f + erf_f32(x * kSqrt1_2);
+  const float pdf = kInvSqrt2Pi * exp_f32(-0.5f * x * x);
   // cdf + x * pdf with cdf = 0.5 * (1 + erf), as the CPU build computes it (see the top).
   return dy * fmaf(0.5f, one_plus_erf, x * pdf);
 }

@@ -105,12 +105,12 @@ void relu_backward(float* dx, const float* dy, const float* y, int64_t n) {
 // out, so the bits do not depend on how a compiler contracts `cdf + x * pdf` (GCC's default
 // -ffp-contract=fast fuses across statements, clang's =on only inside one expression).
 void gelu_forward(float* y, const float* x, int64_t n) {
-#pragma omp parallel for if (n > kParallelMin)
+#pragma omp parallel for simd if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) y[i] = kmath::gelu_forward(x[i]);
 }
 
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
-#pragma omp parallel for if (n > kParallelMin)
+#pragma omp parallel for simd if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) dx[i] = kmath::gelu_backward(dy[i], x[i]);
 }
 
