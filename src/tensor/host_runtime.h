@@ -7,7 +7,8 @@ namespace fsdp {
 
 class HostRuntime final : public DeviceRuntime {
  public:
-  explicit HostRuntime(MemoryTracker& tracker) : tracker_(tracker) {}
+  // Sets the process's malloc to keep the memory a step frees (see host_runtime.cpp).
+  explicit HostRuntime(MemoryTracker& tracker);
   Device device() const override { return Device::cpu; }
   std::string describe() const override { return "cpu"; }
   MemoryTracker& tracker() override { return tracker_; }
