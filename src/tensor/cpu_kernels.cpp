@@ -216,11 +216,11 @@ class CpuKernels final : public Kernels {
       float* row = P + r * T;
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+      // exp_f32 (kernel_math.h) vectorises where glibc's expf is a call per element; the sum
+      // stays a loop of its own, in the same order.
+      for (int64_t j = 0; j <= i; ++j) row[j] = kmath::exp_f32(row[j] - mx);
       float sum = 0.0f;
-      for (int64_t j = 0; j <= i; ++j) {
-        row[j] = std::exp(row[j] - mx);
-        sum += row[j];
-      }
+      for (int64_t j = 0; j <= i; ++j) sum += row[j];
       const float inv = 1.0f / sum;
       for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
       for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
