@@ -113,10 +113,14 @@ double ulps(float got, double exact) {
   return std::fabs(static_cast<double>(got) - exact) / ulp;
 }
 
-// Every 61st f32 of a range (the stride is odd, so every mantissa bit pattern class is visited).
+// Every 4093rd f32 bit pattern from lo to hi, bits_of(lo) <= bits_of(hi) (for negative floats
+// the bits grow with the magnitude, so a negative range runs from the small end to the large
+// one). About 760,000 values in the three ranges below: seconds under the sanitizers. The
+// exhaustive scan was a one-off (kernel_math.h gives its result).
 template <class F>
 void scan_floats(float lo, float hi, F&& check) {
-  for (uint32_t b = kmath::bits_of(lo); kmath::bits_of(kmath::float_of(b)) <= kmath::bits_of(hi); b += 61) check(kmath::float_of(b));
+  for (uint32_t b = kmath::bits_of(lo); kmath::bits_of(kmath::float_of(b)) <= kmath::bits_of(hi); b += 4093)
+    check(kmath::float_of(b));
 }
 
 BOOST_AUTO_TEST_CASE(erf_f32_within_one_ulp) {
@@ -144,7 +148,7 @@ BOOST_AUTO_TEST_CASE(exp_f32_within_one_ulp) {
     if (e > worst) worst = e, worst_x = x;
   };
   scan_floats(0.0f, 88.3f, check);
-  scan_floats(-87.3365f, -1e-30f, check);  // bits of negatives grow with the magnitude
+  scan_floats(-1e-30f, -87.3365f, check);
   BOOST_TEST_MESSAGE("exp_f32: worst " << worst << " ulp at " << worst_x);
   BOOST_TEST(worst <= 0.91, "exp_f32 " << worst << " ulp at " << worst_x);
   require_same(1.0f, kmath::exp_f32(0.0f), "exp(0)");

@@ -94,7 +94,7 @@ FSDP_HD inline float exp_f32(float x) {
   constexpr float kLog2e = 1.44269504f;
   constexpr float kRound = 12582912.0f;  // 0x1.8p23: adding it rounds to an integer, held in the low bits
   constexpr float kLn2Hi = 0.693145751953125f, kLn2Lo = 1.42860677e-06f;  // ln 2 = hi + lo, hi exact in 16 bits
-  constexpr float kMin = -87.3365479f;  // ln(2^-126): below it 2^n is no longer a normal float
+  constexpr float kMin = -87.3365479f;   // ln(2^-126): below it 2^n is no longer a normal float
   const float xc = x < kMin ? kMin : x;  // a NaN compares false and stays
   const float shifted = fmaf(kLog2e, xc, kRound);
   const float n = shifted - kRound;  // round(x / ln 2)
