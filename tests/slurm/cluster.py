@@ -42,11 +42,19 @@ How it is built (Debian 12, Slurm 22.05, running as root):
   session directory /tmp/ompi.HOST.UID/..., the vader BTL's shared-memory segments) after the
   hostname, so ranks on the two "nodes" met in the same segments (SIGSEGV in mca_btl_vader
   during MPI_Comm_split_type). Now vader carries traffic within a node and TCP (loopback) across
-  them, as on a cluster."""
+  them, as on a cluster.
+- FirstJobId is random per cluster (1,000 to 60,000,000), so two clusters on one machine (two
+  test runs side by side) never run jobs with the same id at the same time. Open MPI names a
+  job's shared-memory segments after a hash of its PMIx namespace, slurm.pmix.JOBID.STEP, and
+  the node name: two clusters that both start at job 1 gave their jobs the same /dev/shm
+  segment files on n1 and n2, and the ranks of the two jobs read each other's messages (seen
+  2026-11-26: SIGSEGV in mca_btl_vader_poll_handle_frag on a pointer from another process, or a
+  hang, each time two clusters ran the same job id at once)."""
 import argparse
 import ctypes
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -84,9 +92,11 @@ class ClusterError(RuntimeError):
 
 
 class Cluster:
-    def __init__(self, nodes=1, cpus=8, base=None, name="fsdptest", die_with_parent=True):
+    def __init__(self, nodes=1, cpus=8, base=None, name="fsdptest", die_with_parent=True, first_job_id=None):
         if nodes not in (1, 2):
             raise ValueError("nodes must be 1 or 2")
+        # Job ids unique across the clusters on this machine (see the module's docstring).
+        self.first_job_id = first_job_id or random.SystemRandom().randrange(1_000, 60_000_000)
         self.nodes = [f"n{i + 1}" for i in range(nodes)]
         self.cpus = cpus
         self.name = name
@@ -119,6 +129,7 @@ class Cluster:
         user = pwd.getpwuid(os.getuid()).pw_name
         lines = f"""# Written by tests/slurm/cluster.py: a private test cluster, removed when it stops.
 ClusterName={self.name}
+FirstJobId={self.first_job_id}
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmdPort={node_ports[0]}

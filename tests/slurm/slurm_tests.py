@@ -191,14 +191,16 @@ def train_case(cl, name, ref, env_extra):
 
 def crashed_in_mpi_startup(j, log):
     """Why the job died in MPI start-up, or None: it failed before its first step with a process
-    killed by a signal, and fsdp_app itself printed nothing (no `fsdp_app:` line). Seen twice
-    (once in CI's sanitize stage, once in about 90 local runs of this case; none in 300 other
-    hybrid jobs): task 3 (on n2) took SIGSEGV at address 0 in its first second, in MPI_Init or
-    the first collective, and its node peer then failed to connect to it over TCP. Not
-    root-caused. The suspect: the two emulated nodes shared one hostname, which Open MPI 4.1
-    keys node-local resources on (its session directory, vader's segments); a real cluster never
-    has that. Since 2026-11-25 each emulated node has its own hostname (cluster.py), and the
-    retry stays until enough runs without it show the suspect was the cause (README, Slurm)."""
+    killed by a signal, and fsdp_app itself printed nothing (no `fsdp_app:` line). The cause is
+    Open MPI's (4.1.4 under Slurm 22.05's PMIx, Debian 12), not ours: a rank still waiting in
+    MPI_Init's modex fence receives a peer's first btl/tcp message and calls ob1's handler for
+    the MATCH tag (0x41), which ob1 registers only after that fence: a call to address 0
+    (SIGSEGV at address (nil)). tests/slurm/startup_race.py shows it with a 20-line MPI program
+    and no fsdp-hpc code: 4 crashes in 300 runs (2026-11-26), every core that NULL tag-0x41
+    handler; the hybrid job hit it 2 times in about 140 runs. Each node has its own hostname
+    and every cluster its own job ids (cluster.py), so neither a shared hostname (the suspect
+    before) nor another cluster's job is behind it. The case resubmits such a job once and says
+    so in its line."""
     if j.get("JobState") == "COMPLETED" or step_lines(log) or re.search(r"^fsdp_app:", log, re.M):
         return None
     sig = re.search(r"^.*(?:Caught signal \d+ \([^)]*\)|task \d+: (?:Segmentation fault|Aborted|Bus error)).*$", log, re.M)
