@@ -1,7 +1,7 @@
 #pragma once
 // The trainer's state, shared by the files that implement Trainer: trainer.cpp (set-up, the
-// step, the loop, the plan), save_resume.cpp (checkpoints and weights) and banner.cpp. Not for
-// other users.
+// step, the loop, the plan), save_resume.cpp (checkpoints and weights), banner.cpp and
+// evaluate.cpp. Not for other users.
 #include <cstdint>
 #include <memory>
 #include <string>
