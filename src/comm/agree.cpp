@@ -18,13 +18,16 @@ class Exchange {
   virtual void broadcast(std::string& text, int root) = 0;  // resized on the receivers
 };
 
+// This rank's outcome as the agreement of `ranks` ranks that all end alike.
+Agreement alone(const std::string& error, int rank, int ranks) {
+  if (error.empty()) return {-1, 0, ranks, ""};
+  return {rank, ranks, ranks, error};
+}
+
 Agreement agree(Exchange& x, const std::string& error) {
+  if (x.size() == 1) return alone(error, 0, 1);
   Agreement a;
   a.ranks = x.size();
-  if (x.size() == 1) {
-    if (!error.empty()) a = {0, 1, 1, error};
-    return a;
-  }
   const int first = x.min(error.empty() ? x.size() : x.rank());
   if (first == x.size()) return a;
   a.first_failed = first;
@@ -96,11 +99,7 @@ void Agreement::throw_if_failed() const {
 }
 
 Agreement agree_on_error(MPI_Comm comm, const std::string& error) {
-  if (comm == MPI_COMM_NULL) {
-    Agreement a;
-    if (!error.empty()) a = {0, 1, 1, error};
-    return a;
-  }
+  if (comm == MPI_COMM_NULL) return alone(error, 0, 1);
   MpiExchange x(comm);
   return agree(x, error);
 }
@@ -108,12 +107,7 @@ Agreement agree_on_error(MPI_Comm comm, const std::string& error) {
 Agreement agree_on_error(Communicator& comm, const std::string& error) {
   // A meta communicator stands for one rank of a world that does not exist: its "collectives"
   // move nothing, so this rank's own outcome is the agreement.
-  if (comm.backend() == "meta") {
-    Agreement a;
-    a.ranks = comm.size();
-    if (!error.empty()) a = {comm.rank(), a.ranks, a.ranks, error};
-    return a;
-  }
+  if (comm.backend() == "meta") return alone(error, comm.rank(), comm.size());
   CommExchange x(comm);
   return agree(x, error);
 }

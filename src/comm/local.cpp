@@ -2,8 +2,6 @@
 
 #include <cstring>
 
-#include "comm/reduce.h"
-
 namespace fsdp {
 
 namespace {

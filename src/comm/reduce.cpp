@@ -2,20 +2,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 namespace fsdp {
 
 namespace {
-
-template <class T>
-inline T apply(T a, T b, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::max: return a > b ? a : b;
-    case ReduceOp::min: return a < b ? a : b;
-    default: return a + b;  // sum and avg (avg divides at the end)
-  }
-}
 
 template <class T>
 void reduce_typed(T* dst, const T* src, size_t count, ReduceOp op) {
@@ -60,6 +50,17 @@ void reduce_many_half(uint16_t* dst, const uint16_t* const* srcs, size_t n, size
   }
 }
 
+// avg's division; integers truncate (u8 through int, as d[i] / divisor promotes it).
+template <class T>
+void divide(T* d, size_t count, int divisor) {
+  for (size_t i = 0; i < count; ++i) d[i] = static_cast<T>(d[i] / divisor);
+}
+
+template <float (*Load)(uint16_t), uint16_t (*Store)(float)>
+void divide_half(uint16_t* d, size_t count, int divisor) {
+  for (size_t i = 0; i < count; ++i) d[i] = Store(Load(d[i]) / static_cast<float>(divisor));
+}
+
 }  // namespace
 
 void reduce_many(void* dst, const void* const* srcs, size_t n, size_t count, DType dtype, ReduceOp op) {
@@ -91,41 +92,13 @@ void reduce_into(void* dst, const void* src, size_t count, DType dtype, ReduceOp
 
 void scale_for_avg(void* dst, size_t count, DType dtype, int divisor) {
   switch (dtype) {
-    case DType::f32: {
-      auto* d = static_cast<float*>(dst);
-      for (size_t i = 0; i < count; ++i) d[i] /= static_cast<float>(divisor);
-      return;
-    }
-    case DType::f64: {
-      auto* d = static_cast<double*>(dst);
-      for (size_t i = 0; i < count; ++i) d[i] /= divisor;
-      return;
-    }
-    case DType::i32: {
-      auto* d = static_cast<int32_t*>(dst);
-      for (size_t i = 0; i < count; ++i) d[i] /= divisor;
-      return;
-    }
-    case DType::i64: {
-      auto* d = static_cast<int64_t*>(dst);
-      for (size_t i = 0; i < count; ++i) d[i] /= divisor;
-      return;
-    }
-    case DType::u8: {
-      auto* d = static_cast<uint8_t*>(dst);
-      for (size_t i = 0; i < count; ++i) d[i] = static_cast<uint8_t>(d[i] / divisor);
-      return;
-    }
-    case DType::bf16: {
-      auto* d = static_cast<uint16_t*>(dst);
-      for (size_t i = 0; i < count; ++i) d[i] = f32_to_bf16(bf16_to_f32(d[i]) / static_cast<float>(divisor));
-      return;
-    }
-    case DType::f16: {
-      auto* d = static_cast<uint16_t*>(dst);
-      for (size_t i = 0; i < count; ++i) d[i] = f32_to_f16(f16_to_f32(d[i]) / static_cast<float>(divisor));
-      return;
-    }
+    case DType::f32: return divide(static_cast<float*>(dst), count, divisor);
+    case DType::f64: return divide(static_cast<double*>(dst), count, divisor);
+    case DType::i32: return divide(static_cast<int32_t*>(dst), count, divisor);
+    case DType::i64: return divide(static_cast<int64_t*>(dst), count, divisor);
+    case DType::u8: return divide(static_cast<uint8_t*>(dst), count, divisor);
+    case DType::bf16: return divide_half<bf16_to_f32, f32_to_bf16>(static_cast<uint16_t*>(dst), count, divisor);
+    case DType::f16: return divide_half<f16_to_f32, f32_to_f16>(static_cast<uint16_t*>(dst), count, divisor);
   }
 }
 

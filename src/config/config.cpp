@@ -65,9 +65,6 @@ struct Betas {
   double* b1;
   double* b2;
 };
-struct EvalEveryTarget {
-  EvalEvery* dst;
-};
 struct StepWindow {  // [first, last]
   int64_t* first;
   int64_t* last;
@@ -78,7 +75,7 @@ struct Choice {
   std::function<void(size_t)> set;
 };
 using Target = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*, Betas,
-                            EvalEveryTarget, StepWindow, Choice>;
+                            EvalEvery*, StepWindow, Choice>;
 
 // The choice of one enum's name table (config/enums.h).
 template <class E, size_t N>
@@ -98,10 +95,10 @@ Choice choice(E* dst, std::vector<E> values, NameFn name) {
   return c;
 }
 
-// comm.backend: a string, one of the backends this build has.
-Choice backend_choice(std::string* dst) {
+// A string that must be one of `names` (comm.backend: the backends this build has; model.preset).
+Choice choice(std::string* dst, std::vector<std::string> names) {
   Choice c;
-  c.names = built_backend_names();
+  c.names = std::move(names);
   c.set = [dst, names = c.names](size_t i) { *dst = names[i]; };
   return c;
 }
@@ -126,39 +123,18 @@ constexpr T5Preset kT5Presets[] = {
     {"google/t5-v1_1-xxl", 4096, 64, 10240, 24, 64, true},
 };
 
-Choice preset_choice(std::string* dst) {
-  Choice c;
-  for (const T5Preset& p : kT5Presets) c.names.emplace_back(p.name);
-  c.set = [dst, names = c.names](size_t i) { *dst = names[i]; };
-  return c;
-}
-
-// The model keys each kind reads (model.kind and model.init_from: every kind).
+// The model keys each kind reads (model.kind and model.init_from: every kind): those its
+// config.json sets, and t5's preset.
 std::vector<std::string> model_keys(ModelKind kind) {
-  if (kind == ModelKind::mnist_cnn) return {};
-  if (kind == ModelKind::transformer) return {"vocab", "d_model", "n_layers", "n_heads", "d_ff", "seq_len"};
-  return {"preset",
-          "vocab_size",
-          "d_model",
-          "d_kv",
-          "d_ff",
-          "num_layers",
-          "num_decoder_layers",
-          "num_heads",
-          "relative_attention_num_buckets",
-          "relative_attention_max_distance",
-          "feed_forward_proj",
-          "tie_word_embeddings",
-          "dropout_rate",
-          "layer_norm_epsilon",
-          "initializer_factor"};
+  std::vector<std::string> keys = hf_config_keys(kind);
+  if (kind == ModelKind::t5) keys.insert(keys.begin(), "preset");
+  return keys;
 }
 
 struct Field {
   std::string path;  // dotted, as written in the YAML
   Target target;
   Bound bound = {};
-  std::vector<std::string> choices = {};  // non-empty: the value must be one of these
 };
 
 // The one list of known keys; sections are the prefixes of these paths. Long because it is a
@@ -171,6 +147,8 @@ std::vector<Field> schema(Config& c) {
   FsdpConfig& f = c.fsdp;
   MixedPrecisionConfig& mp = f.mixed_precision;
   const std::vector<DType> precisions = {DType::f32, DType::bf16, DType::f16};
+  std::vector<std::string> preset_names;
+  for (const T5Preset& p : kT5Presets) preset_names.emplace_back(p.name);
   return {
       {"model.kind", choice(&m.kind, kModelKinds)},
       {"model.vocab", &m.vocab, at_least(1)},
@@ -180,7 +158,7 @@ std::vector<Field> schema(Config& c) {
       {"model.d_ff", &m.d_ff, at_least(1)},
       {"model.seq_len", &m.seq_len, at_least(1)},
       {"model.init_from", &m.init_from},
-      {"model.preset", preset_choice(&m.preset)},
+      {"model.preset", choice(&m.preset, preset_names)},
       {"model.vocab_size", &m.vocab_size, at_least(1)},
       {"model.d_kv", &m.d_kv, at_least(1)},
       {"model.num_layers", &m.num_layers, at_least(1)},
@@ -213,7 +191,7 @@ std::vector<Field> schema(Config& c) {
       {"train.seed", &t.seed},
       {"train.grad_accum", &t.grad_accum, at_least(1)},
       {"train.clip_grad_norm", &t.clip_grad_norm, at_least(0)},
-      {"train.eval_every", EvalEveryTarget{&t.eval_every}},
+      {"train.eval_every", &t.eval_every},
       {"train.eval_batch_size", &t.eval_batch_size, at_least(1)},
       {"train.dropout", &t.dropout},
       {"train.shuffle", &t.shuffle},
@@ -248,7 +226,7 @@ std::vector<Field> schema(Config& c) {
       {"fsdp.activation_checkpointing", &f.activation_checkpointing},
       {"fsdp.cpu_offload", &f.cpu_offload},
       {"fsdp.hybrid.shard_group_size", &f.shard_group_size, at_least(0)},
-      {"comm.backend", backend_choice(&c.comm.backend)},
+      {"comm.backend", choice(&c.comm.backend, built_backend_names())},
       {"comm.timeout_s", &c.comm.timeout_s, above(0)},
       {"checkpoint.dir", &c.checkpoint.dir},
       {"checkpoint.format", choice(&c.checkpoint.format, kCheckpointFormats)},
@@ -621,10 +599,7 @@ void Reader::convert(const Field& f, const YAML::Node& v) const {
                  },
                  [&](std::string* dst) {
                    if (!v.IsScalar() && !v.IsNull()) expected("a string");
-                   const std::string s = v.IsScalar() ? v.Scalar() : "";  // "dir:" means ""
-                   if (!f.choices.empty() && std::ranges::find(f.choices, s) == f.choices.end())
-                     expected("one of [" + join(f.choices) + "]");
-                   *dst = s;
+                   *dst = v.IsScalar() ? v.Scalar() : "";  // "dir:" means ""
                  },
                  [&](std::vector<std::string>* dst) {
                    if (!v.IsSequence() && !v.IsNull()) expected("a list of strings");
@@ -665,12 +640,12 @@ void Reader::convert(const Field& f, const YAML::Node& v) const {
                    *dst.first = *step(0);
                    *dst.last = *step(1);
                  },
-                 [&](EvalEveryTarget dst) {
+                 [&](EvalEvery* dst) {
                    const std::string s = v.IsScalar() ? v.Scalar() : "";
                    if (s == "epoch" || s == "never") {
-                     *dst.dst = {s == "epoch" ? EvalEvery::When::epoch : EvalEvery::When::never, 0};
+                     *dst = {s == "epoch" ? EvalEvery::When::epoch : EvalEvery::When::never, 0};
                    } else if (const auto n = number<int64_t>(v); n && *n >= 1) {
-                     *dst.dst = {EvalEvery::When::steps, *n};
+                     *dst = {EvalEvery::When::steps, *n};
                    } else {
                      expected("'epoch', 'never' or a step count >= 1");
                    }

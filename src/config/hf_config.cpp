@@ -17,7 +17,7 @@ using Json = nlohmann::json;
 constexpr const char* kTransformerType = "fsdp_transformer";
 
 // T5Config's keys that model.kind t5 reads, with T5Config's defaults (transformers 4.36) for a
-// file that leaves one out. num_decoder_layers' default is num_layers (filled below).
+// file that leaves one out. num_decoder_layers' default is num_layers, the key before it.
 constexpr std::pair<const char*, const char*> kT5Keys[] = {
     {"vocab_size", "32128"},
     {"d_model", "512"},
@@ -53,6 +53,14 @@ InitFromKind init_from_kind(const std::string& path) {
   return InitFromKind::hdf5;
 }
 
+std::vector<std::string> hf_config_keys(ModelKind kind) {
+  std::vector<std::string> keys;
+  if (kind == ModelKind::t5)
+    for (const auto& k : kT5Keys) keys.emplace_back(k.first);
+  if (kind == ModelKind::transformer) keys.assign(std::begin(kTransformerKeys), std::end(kTransformerKeys));
+  return keys;
+}
+
 HfConfigKeys read_hf_config(const std::string& dir) {
   HfConfigKeys out;
   out.path = (std::filesystem::path(dir) / "config.json").string();
@@ -73,13 +81,9 @@ HfConfigKeys read_hf_config(const std::string& dir) {
     out.kind = ModelKind::t5;
     for (const auto& [key, fallback] : kT5Keys) {
       const auto it = j.find(key);
-      const std::string value = it == j.end() ? "" : scalar_text(*it, key, out.path);
-      out.keys.emplace_back(key, value.empty() ? fallback : value);
-    }
-    std::string num_layers;
-    for (auto& [key, value] : out.keys) {
-      if (key == std::string("num_layers")) num_layers = value;
-      if (key == std::string("num_decoder_layers") && value.empty()) value = num_layers;  // comes after it
+      std::string value = it == j.end() ? "" : scalar_text(*it, key, out.path);
+      if (value.empty()) value = *fallback ? fallback : out.keys.back().second;  // the key before: num_layers
+      out.keys.emplace_back(key, value);
     }
   } else if (model_type == kTransformerType) {
     out.kind = ModelKind::transformer;

@@ -33,6 +33,9 @@ struct HfConfigKeys {
 // JSON, names another model_type, or holds a key that is not a scalar.
 HfConfigKeys read_hf_config(const std::string& dir);
 
+// The model keys a config.json sets for `kind`, in read_hf_config's order; none for mnist_cnn.
+std::vector<std::string> hf_config_keys(ModelKind kind);
+
 // The config.json of a model (T5: T5Config's keys and the token ids, loadable by
 // T5ForConditionalGeneration.from_pretrained; transformer: model_type fsdp_transformer).
 // torch_dtype: "float32" or "bfloat16", what the weights are stored as.

@@ -204,36 +204,30 @@ void FsdpEngine::unshard(Unit& u, const char* phase) {
   // comm stream first waits for compute's work so far. Compute waits for the all_gather in
   // wait_for_unshard. A prefetch issued here still overlaps the kernels enqueued after it.
   const Stream comm = rt_->comm_stream();
+  const DType dtype = options_.param_dtype;
   ensure(u.gathered, {u.padded_numel}, DType::f32, MemCategory::gathered, *rt_);
+  // Gathering in bf16/f16 moves half the bytes; the f32 compute copy holds the rounded values.
+  if (dtype != DType::f32) ensure(u.gathered_lowp, {u.padded_numel}, dtype, MemCategory::gathered, *rt_);
+  char* base = static_cast<char*>((dtype == DType::f32 ? u.gathered : u.gathered_lowp).raw());
+  char* slot = base + r * u.shard_numel * dtype_bytes(dtype);
   const size_t count = static_cast<size_t>(u.shard_numel);
-  if (options_.param_dtype == DType::f32) {
-    float* slot = u.gathered.f32() + r * u.shard_numel;
+  if (dtype == DType::f32) {
     comm_waits_for_compute();
     rt_->copy_async(slot, mine, count * sizeof(float), copy_kind(*rt_, *shard_rt_), comm);
-    const int64_t bytes = u.padded_numel * static_cast<int64_t>(sizeof(float));
-    traffic_.all_gather.add(bytes, false);
-    u.pending_gather = trace_->collective({"all_gather", CommGroup::shard, bytes, DType::f32, &u.spec.name}, comm, [&] {
-      return mesh_.shard->all_gather(slot, u.gathered.f32(), count, DType::f32, comm);
-    });
   } else {
-    // Gathering in bf16/f16 moves half the bytes; the f32 compute copy holds the rounded values.
-    ensure(u.gathered_lowp, {u.padded_numel}, options_.param_dtype, MemCategory::gathered, *rt_);
-    char* base = static_cast<char*>(u.gathered_lowp.raw());
-    char* slot = base + r * u.shard_numel * dtype_bytes(options_.param_dtype);
     if (offloaded()) {  // the cast kernel reads device memory: bring the host shard over first
       u.staged_shard = Tensor::empty(*rt_, {u.shard_numel}, DType::f32, MemCategory::comm);
       rt_->copy_async(u.staged_shard.raw(), mine, count * sizeof(float), CopyKind::host_to_device,
                       rt_->compute_stream());
       mine = u.staged_shard.f32();
     }
-    rt_->kernels().cast(slot, options_.param_dtype, mine, DType::f32, static_cast<int64_t>(count));
+    rt_->kernels().cast(slot, dtype, mine, DType::f32, static_cast<int64_t>(count));
     comm_waits_for_compute();
-    const int64_t bytes = u.padded_numel * static_cast<int64_t>(dtype_bytes(options_.param_dtype));
-    traffic_.all_gather.add(bytes, false);
-    const CollectiveInfo info{"all_gather", CommGroup::shard, bytes, options_.param_dtype, &u.spec.name};
-    u.pending_gather = trace_->collective(
-        info, comm, [&] { return mesh_.shard->all_gather(slot, base, count, options_.param_dtype, comm); });
   }
+  const int64_t bytes = u.padded_numel * static_cast<int64_t>(dtype_bytes(dtype));
+  traffic_.all_gather.add(bytes, false);
+  u.pending_gather = trace_->collective({"all_gather", CommGroup::shard, bytes, dtype, &u.spec.name}, comm,
+                                        [&] { return mesh_.shard->all_gather(slot, base, count, dtype, comm); });
   u.state = UnitState::gathering;
 }
 
@@ -375,35 +369,28 @@ void FsdpEngine::post_backward(Unit& u) {
     const int64_t bytes = u.padded_numel * static_cast<int64_t>(dtype_bytes(options_.reduce_dtype));
     traffic_.reduce_scatter.add(bytes, false);
     const CollectiveInfo info{"reduce_scatter", CommGroup::shard, bytes, options_.reduce_dtype, &u.spec.name};
-    if (options_.reduce_dtype == DType::f32 && !offloaded()) {
-      // Straight into the grad shard (overwritten: under no_sync the full gradient accumulated).
-      comm_waits_for_compute();  // the full gradient is compute's output
-      auto work = trace_->collective(info, comm, [&] {
-        return mesh_.shard->reduce_scatter(u.full_grad.f32(), grad_shards_.f32() + u.shard_offset, count, DType::f32,
-                                           ReduceOp::sum, comm);
-      });
-      pending_reductions_.push_back({std::move(work), std::move(u.full_grad), Tensor(), u.shard_offset, &u});
-    } else {
-      // Reduce in reduce_dtype (bf16/f16: half the bytes) into a shard-size buffer, then add it
-      // into the f32 grad shard. Completed at once: the staging buffers' lifetimes are what the
-      // memory plan (plan.cpp) models.
-      Tensor in = std::move(u.full_grad);
-      if (options_.reduce_dtype != DType::f32) {
-        Tensor low = Tensor::empty(*rt_, {u.padded_numel}, options_.reduce_dtype, MemCategory::comm);
-        rt_->kernels().cast(low.raw(), options_.reduce_dtype, in.raw(), DType::f32, u.padded_numel);
-        in = std::move(low);
-      }
-      Tensor out = Tensor::empty(*rt_, {u.shard_numel}, options_.reduce_dtype, MemCategory::comm);
-      comm_waits_for_compute();
-      PendingReduction p{trace_->collective(info, comm,
-                                            [&] {
-                                              return mesh_.shard->reduce_scatter(in.raw(), out.raw(), count,
-                                                                                 options_.reduce_dtype, ReduceOp::sum,
-                                                                                 comm);
-                                            }),
-                         std::move(in), std::move(out), u.shard_offset, &u};
-      complete(p);
+    // f32 on the device the shards are on: straight into the grad shard (overwritten: under
+    // no_sync the full gradient accumulated). Else reduce in reduce_dtype (bf16/f16: half the
+    // bytes) into a shard-size buffer, then add it into the f32 grad shard, completed at once: the
+    // staging buffers' lifetimes are what the memory plan (plan.cpp) models.
+    const bool in_place = options_.reduce_dtype == DType::f32 && !offloaded();
+    Tensor in = std::move(u.full_grad), out;
+    if (options_.reduce_dtype != DType::f32) {
+      Tensor low = Tensor::empty(*rt_, {u.padded_numel}, options_.reduce_dtype, MemCategory::comm);
+      rt_->kernels().cast(low.raw(), options_.reduce_dtype, in.raw(), DType::f32, u.padded_numel);
+      in = std::move(low);
     }
+    if (!in_place) out = Tensor::empty(*rt_, {u.shard_numel}, options_.reduce_dtype, MemCategory::comm);
+    void* dst = in_place ? grad_shards_.f32() + u.shard_offset : out.raw();
+    comm_waits_for_compute();  // the full gradient is compute's output
+    auto issue = [&] {
+      return mesh_.shard->reduce_scatter(in.raw(), dst, count, options_.reduce_dtype, ReduceOp::sum, comm);
+    };
+    PendingReduction p{trace_->collective(info, comm, issue), std::move(in), std::move(out), u.shard_offset, &u};
+    if (in_place)
+      pending_reductions_.push_back(std::move(p));
+    else
+      complete(p);
     u.full_grad = Tensor();
   }
   reshard(u);  // every strategy frees a unit's parameters once its backward is done

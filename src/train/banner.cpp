@@ -1,34 +1,31 @@
-#include "train/banner.h"
-
+// What rank 0 prints when a run starts: the model, strategy, backend, data and schedule, and the
+// mesh line (the nodes MPI found, each named by its first rank's host, and the groups made of
+// them). Collective: every rank calls it (the host names are gathered).
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
-#include "config/config.h"
-#include "fsdp/fsdp.h"
-#include "models/model.h"
-#include "train/trainer.h"
+#include "train/trainer_state.h"
 
 namespace fsdp {
 
-void print_banner(const RunDescription& run) {
-  const Config& c = run.config;
-  const RunEnv& env = run.env;
-  Model& model = run.model;
-  const FsdpEngine& engine = run.engine;
+void Trainer::print_banner() const {
+  const State& s = *s_;
+  const Config& c = s.c;
+  const RunEnv& env = s.env;
+  const FsdpEngine& engine = *s.engine;
   const bool leader = env.rank == 0;
   if (leader)
     std::printf(
         "fsdp_app: %s, %lld parameters, %s on %d rank%s (%s, %zu units), %s, %lld train / %lld eval samples, %lld "
         "steps (%lld per epoch)\n",
-        std::string(enum_name(c.model.kind)).c_str(), static_cast<long long>(model.num_params()),
+        std::string(enum_name(c.model.kind)).c_str(), static_cast<long long>(s.model->num_params()),
         std::string(enum_name(c.fsdp.sharding_strategy)).c_str(), env.world_size, env.world_size == 1 ? "" : "s",
         c.comm.backend.c_str(), engine.units().size(), std::string(enum_name(c.data.kind)).c_str(),
-        static_cast<long long>(run.train_samples), static_cast<long long>(run.eval_samples),
-        static_cast<long long>(run.total_steps), static_cast<long long>(run.steps_per_epoch));
+        static_cast<long long>(s.data.train->size()), static_cast<long long>(s.data.eval->size()),
+        static_cast<long long>(s.total_steps), static_cast<long long>(s.steps_per_epoch));
   if (env.world_size > 1) {
     // The nodes MPI found (MPI_COMM_TYPE_SHARED: node_color), each named by its first rank's
     // host name, and the mesh made of them: HYBRID's shard groups are those nodes, and a log
@@ -38,7 +35,7 @@ void print_banner(const RunDescription& run) {
     char host[kHostBytes] = {};
     gethostname(host, kHostBytes - 1);
     std::vector<char> hosts(kHostBytes * env.world_size);
-    const std::vector<int>& colors = run.node_colors;
+    const std::vector<int>& colors = s.node_colors;
     env.world->all_gather(host, hosts.data(), kHostBytes, DType::u8)->wait();
     if (leader) {
       std::string nodes;
@@ -59,25 +56,6 @@ void print_banner(const RunDescription& run) {
                   engine.mesh().replicate->size(), engine.mesh().replicate->size() == 1 ? "" : "s");
     }
   }
-}
-
-// mpirun hands its ranks a pseudo-terminal even when its own output goes to a file (a Slurm log),
-// so under a launcher the rank's isatty says nothing: what counts is where the launcher's own
-// output goes, its stdout as /proc shows it (mpirun, or the orted/prted daemon on this node, is
-// the rank's parent). A terminal there: bars; a file or a pipe: plain lines. Remote ranks'
-// daemons have no terminal, and srun's slurmstepd writes to the job's log.
-bool interactive_terminal() {
-  if (!isatty(fileno(stdout))) return false;
-  bool launched = false;
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID"})
-    launched = launched || std::getenv(var) != nullptr;
-  if (!launched) return true;
-  char target[256] = {};
-  const std::string fd = "/proc/" + std::to_string(getppid()) + "/fd/1";
-  const ssize_t n = readlink(fd.c_str(), target, sizeof target - 1);
-  if (n <= 0) return false;
-  const std::string out(target, static_cast<size_t>(n));
-  return out.starts_with("/dev/pts/") || out.starts_with("/dev/tty");
 }
 
 }  // namespace fsdp

@@ -18,11 +18,7 @@ RunCommunicators make_run_communicators(
       r.world = make_communicator(device ? "mpi" : c.comm.backend, comm, {c.comm.timeout_s});
     if (decorate) r.world = decorate(std::move(r.world));
   }
-  if (device && comm != MPI_COMM_NULL) {
-    CommOptions options{c.comm.timeout_s};
-    options.runtime = &runtime;
-    r.device = make_communicator(c.comm.backend, comm, options);
-  }
+  if (device && comm != MPI_COMM_NULL) r.device = make_communicator(c.comm.backend, comm, {c.comm.timeout_s, &runtime});
   return r;
 }
 

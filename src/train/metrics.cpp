@@ -27,38 +27,20 @@ std::string escape(const std::string& s) {
 }
 }  // namespace
 
-void JsonLine::key(const std::string& k) {
-  if (!body_.empty()) body_ += ", ";
-  body_ += "\"" + escape(k) + "\": ";
-}
-
 JsonLine& JsonLine::num(const std::string& k, double value) {
-  key(k);
-  if (!std::isfinite(value)) {
-    body_ += "null";
-    return *this;
-  }
+  if (!std::isfinite(value)) return raw(k, "null");
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.9g", value);
-  body_ += buf;
-  return *this;
+  return raw(k, buf);
 }
 
-JsonLine& JsonLine::integer(const std::string& k, int64_t value) {
-  key(k);
-  body_ += std::to_string(value);
-  return *this;
-}
+JsonLine& JsonLine::integer(const std::string& k, int64_t value) { return raw(k, std::to_string(value)); }
 
-JsonLine& JsonLine::str(const std::string& k, const std::string& value) {
-  key(k);
-  body_ += "\"" + escape(value) + "\"";
-  return *this;
-}
+JsonLine& JsonLine::str(const std::string& k, const std::string& value) { return raw(k, "\"" + escape(value) + "\""); }
 
 JsonLine& JsonLine::raw(const std::string& k, const std::string& json) {
-  key(k);
-  body_ += json;
+  if (!body_.empty()) body_ += ", ";
+  body_ += "\"" + escape(k) + "\": " + json;
   return *this;
 }
 

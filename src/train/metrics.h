@@ -21,7 +21,6 @@ class JsonLine {
   std::string text() const { return "{" + body_ + "}"; }
 
  private:
-  void key(const std::string& k);
   std::string body_;
 };
 

@@ -1,8 +1,10 @@
-// The model an input file names: models/ takes sizes, not the config (config is read here, in
-// train/, so that models/ depends on nn/ and tensor/ only).
+// The model an input file names and the FSDP options of its fsdp section: the config is read
+// here, in train/, so that models/ (which takes sizes) depends on nn/ and tensor/ only, and
+// fsdp/ reads no Config.
 #include "train/model_from_config.h"
 #include "ckpt/hf_weights.h"
 #include "config/config.h"
+#include "fsdp/fsdp.h"
 #include "models/model.h"
 #include "models/t5.h"
 #include "tensor/error.h"
@@ -32,6 +34,23 @@ std::unique_ptr<Model> make_model(const ModelConfig& config) {
     return make_t5(t);
   }
   throw Error("model.kind: not " + names_of(kModelKinds));
+}
+
+FsdpOptions fsdp_options(const FsdpConfig& c) {
+  FsdpOptions o;
+  o.strategy = c.sharding_strategy;
+  o.wrap_policy = c.wrap_policy;
+  o.min_num_params = c.min_num_params;
+  o.wrap_modules = c.wrap_modules;
+  o.param_dtype = c.mixed_precision.param_dtype;
+  o.reduce_dtype = c.mixed_precision.reduce_dtype;
+  o.backward_prefetch = c.backward_prefetch;
+  o.forward_prefetch = c.forward_prefetch;
+  o.limit_all_gathers = c.limit_all_gathers;
+  o.activation_checkpointing = c.activation_checkpointing;
+  o.cpu_offload = c.cpu_offload;
+  o.shard_group_size = static_cast<int>(c.shard_group_size);
+  return o;
 }
 
 HfNames hf_names(const ModelConfig& config) {

@@ -11,6 +11,7 @@
 #include "config/config.h"
 #include "tensor/error.h"
 #include "tensor/meta_runtime.h"
+#include "train/metrics.h"
 #include "train/trainer.h"
 
 namespace fsdp {
@@ -113,18 +114,10 @@ void check_plan_fits(const MemoryPlan& plan, int ranks_on_node, DeviceRuntime& r
 }
 
 std::string MemoryPlan::peaks_json() const {
-  std::string s = "{";
-  for (size_t i = 0; i < kMemCategoryCount; ++i) {
-    s += '"';
-    s += mem_category_name(static_cast<MemCategory>(i));
-    s += "\": ";
-    s += std::to_string(peak_bytes[i]);
-    s += ", ";
-  }
-  s += "\"total\": ";
-  s += std::to_string(total_peak_bytes);
-  s += '}';
-  return s;
+  JsonLine j;
+  for (size_t i = 0; i < kMemCategoryCount; ++i)
+    j.integer(std::string(mem_category_name(static_cast<MemCategory>(i))), peak_bytes[i]);
+  return j.integer("total", total_peak_bytes).text();
 }
 
 std::string MemoryPlan::text() const {

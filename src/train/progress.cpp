@@ -1,8 +1,11 @@
 #include "train/progress.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 namespace fsdp {
 
@@ -54,6 +57,25 @@ void ProgressBar::update(int64_t done, const std::string& extra) {
               static_cast<long long>(done), static_cast<long long>(total_), format_duration(elapsed_s).c_str(),
               format_duration(left_s).c_str(), extra.empty() ? "" : " ", extra.c_str());
   std::fflush(stdout);
+}
+
+// mpirun hands its ranks a pseudo-terminal even when its own output goes to a file (a Slurm log),
+// so under a launcher the rank's isatty says nothing: what counts is where the launcher's own
+// output goes, its stdout as /proc shows it (mpirun, or the orted/prted daemon on this node, is
+// the rank's parent). A terminal there: bars; a file or a pipe: plain lines. Remote ranks'
+// daemons have no terminal, and srun's slurmstepd writes to the job's log.
+bool interactive_terminal() {
+  if (!isatty(fileno(stdout))) return false;
+  bool launched = false;
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID"})
+    launched = launched || std::getenv(var) != nullptr;
+  if (!launched) return true;
+  char target[256] = {};
+  const std::string fd = "/proc/" + std::to_string(getppid()) + "/fd/1";
+  const ssize_t n = readlink(fd.c_str(), target, sizeof target - 1);
+  if (n <= 0) return false;
+  const std::string out(target, static_cast<size_t>(n));
+  return out.starts_with("/dev/pts/") || out.starts_with("/dev/tty");
 }
 
 }  // namespace fsdp

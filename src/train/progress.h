@@ -28,6 +28,9 @@ class ProgressBar {
   bool drawn_ = false;
 };
 
+// Whether progress may redraw one line: rank 0 on a terminal, and not under a launcher.
+bool interactive_terminal();
+
 // "01:15", or "1:02:03" past an hour.
 std::string format_duration(double seconds);
 

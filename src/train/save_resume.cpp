@@ -67,18 +67,15 @@ void Trainer::restore() {
   const Config& c = s.c;
   if (s.env.planning) {
     // A plan touches no file. A resume is assumed to find its file: what it costs is the staging
-    // of the state it loads (device shards), held while the file is read.
+    // of the state it loads (device shards), held while the file is read. model.init_from below
+    // reads nothing on meta, and stages as its load does.
     if (!c.checkpoint.resume.empty()) HostCheckpointState(*s.engine, *s.optimizer, s.mem).copy_to_device(true);
-    if (!c.model.init_from.empty() && init_from_kind(c.model.init_from) != InitFromKind::hdf5)
-      init_from_hf();
-    else if (!c.model.init_from.empty())
-      s.engine->load_full_weights(init_from(c.model.init_from));  // reads nothing on meta
-    return;
+  } else if (!c.checkpoint.dir.empty()) {
+    prepare_checkpoint_dir(c.checkpoint.dir);
   }
   // Resume last: it overwrites the shards and optimizer state just made. Collective, and its
   // errors are agreed on inside, so a bad file is still a set-up error reported once.
-  if (!c.checkpoint.dir.empty()) prepare_checkpoint_dir(c.checkpoint.dir);
-  if (!c.checkpoint.resume.empty()) {
+  if (!c.checkpoint.resume.empty() && !s.env.planning) {
     // auto: the newest complete file whose values are finite; a diverged one (written by an older
     // version, or by another tool) is passed over with a note. Every rank sees the same list and
     // the same load outcome (errors are agreed on inside the load), so all take the same branch.

@@ -1,6 +1,6 @@
 // The trainer: set-up (the constructor), one training step, the loop of named calls, and the
 // memory plan's schedule. Checkpoints and weights: save_resume.cpp; the banner: banner.cpp;
-// evaluation: evaluate.cpp; the data and batches: batches.cpp; loss scaling: loss_scaler.cpp.
+// evaluation: evaluate.cpp; the data and batches: batches.cpp; loss scaling: trainer_state.h.
 #include "train/trainer.h"
 
 #include <cblas.h>
@@ -17,9 +17,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "tensor/error.h"
-#include "train/banner.h"
 #include "train/checkpointing.h"
-#include "train/evaluate.h"
 #include "train/generation.h"
 #include "train/model_from_config.h"
 #include "train/trace_file.h"
@@ -116,11 +114,6 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
 }
 
 Trainer::~Trainer() = default;
-
-EvalOptions Trainer::eval_options() const {
-  const State& s = *s_;
-  return {s.c.train.eval_batch_size, s.c.train.seed, s.env.rank, s.env.world_size, s.progress.tty};
-}
 
 GenerationOptions Trainer::generation_options() const {
   const State& s = *s_;
@@ -235,7 +228,7 @@ MemoryPlan Trainer::plan() {
     plan.all_reduce = t.all_reduce;
   };
   auto evaluate_once = [&] {
-    evaluate(*s.model, engine, *s.data.eval, eval_options(), s.mem);
+    evaluate();
     // ROUGE decodes with every unit gathered: one decoding batch per rank reaches its peak.
     if (const int64_t n = rouge_samples(); n > 0) {
       const GenerationOptions g = generation_options();
@@ -285,8 +278,7 @@ TrainSummary Trainer::run() {
   p.tty = leader && interactive_terminal();
   p.summary.start_step = p.summary.steps = s.start_step;
   p.lr = s.schedule->lr(s.start_step, s.start_step / s.steps_per_epoch);
-  print_banner({s.c, s.env, *s.model, *s.engine, s.data.train->size(), s.data.eval->size(), s.total_steps,
-                s.steps_per_epoch, s.node_colors});
+  print_banner();
   if (leader && !s.resume_note.empty()) std::fputs(s.resume_note.c_str(), stdout);
 
   const int64_t end_step = s.c.train.stop_after_steps > 0
@@ -384,7 +376,7 @@ void Trainer::evaluate_and_report(int64_t step_done, int64_t epoch) {
   RougeResult rouge;
   {
     const auto span = s.tracer->scope(Track::host, "evaluate");
-    r = evaluate(*s.model, *s.engine, *s.data.eval, eval_options(), s.mem);
+    r = evaluate();
     if (const int64_t n = rouge_samples(); n > 0)
       rouge = rouge_of_samples(*s.model, *s.engine, dynamic_cast<const Seq2SeqDataset&>(*s.data.eval), n,
                                generation_options(), s.mem);

@@ -19,7 +19,6 @@ class DeviceRuntime;
 class MemoryTracker;
 class Dataset;
 struct MemoryPlan;
-struct EvalOptions;
 struct GenerationOptions;
 struct CheckpointMeta;
 struct CheckpointStats;
@@ -86,6 +85,14 @@ class Trainer {
   StepResult train_step(int64_t step, double lr);
   // output.save_weights: every unit gathered in turn, written by rank 0.
   void write_weights();
+  // What rank 0 prints when the run starts (banner.cpp; collective: the host names are gathered).
+  void print_banner() const;
+  struct EvalResult {
+    double loss = 0.0, accuracy = 0.0;
+  };
+  // The validation set through the FSDP hooks, each rank its slice of every batch, the sums added
+  // over all ranks (evaluate.cpp).
+  EvalResult evaluate();
   // The loop's named calls (run() is the loop): the metrics line (with the step breakdown when
   // tracing) and progress of one step, the
   // evaluation when train.eval_every says so, the periodic save, and the run's end (closing
@@ -97,7 +104,6 @@ class Trainer {
   void maybe_checkpoint(int64_t steps_done);
   void save_step(int64_t steps_done);
   void finish();
-  EvalOptions eval_options() const;
   GenerationOptions generation_options() const;
   // generate.rouge_samples resolved: how many validation samples each evaluation scores.
   int64_t rouge_samples() const;

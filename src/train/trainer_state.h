@@ -1,6 +1,7 @@
 #pragma once
 // The trainer's state, shared by the files that implement Trainer: trainer.cpp (set-up, the
-// step, the loop, the plan) and save_resume.cpp (checkpoints and weights). Not for other users.
+// step, the loop, the plan), save_resume.cpp (checkpoints and weights), banner.cpp and
+// evaluate.cpp. Not for other users.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -17,7 +18,6 @@
 #include "tensor/memory.h"
 #include "train/batches.h"
 #include "train/communicators.h"
-#include "train/loss_scaler.h"
 #include "train/metrics.h"
 #include "train/plan.h"
 #include "train/progress.h"
@@ -25,6 +25,30 @@
 #include "train/trainer.h"
 
 namespace fsdp {
+
+// f16 dynamic loss scaling, torch.cuda.amp.GradScaler's rule, for f16 parameters or reductions:
+// start at init_loss_scale (2^16 by default), halve and skip the step on an overflow, double
+// after 2000 good steps in a row.
+struct LossScaler {
+  bool enabled = false;
+  double scale = 65536.0;
+  int64_t good_steps = 0;
+  // Returns whether the optimizer may step; unscales the gradients when it may.
+  bool update(FsdpEngine& engine) {
+    if (!enabled) return true;
+    if (!engine.grads_finite()) {
+      scale *= 0.5;
+      good_steps = 0;
+      return false;
+    }
+    engine.scale_grads(static_cast<float>(1.0 / scale));
+    if (++good_steps == 2000) {
+      scale *= 2.0;
+      good_steps = 0;
+    }
+    return true;
+  }
+};
 
 // What run() keeps between its named calls.
 struct Progress {
