@@ -12,12 +12,6 @@ namespace fsdp {
 
 namespace {
 
-// Host work is complete when it returns: every event is already reached.
-class DoneEvent final : public Event {
- public:
-  bool done() const override { return true; }
-};
-
 void* aligned_bytes(size_t bytes) {
   size_t rounded = (bytes + 63) / 64 * 64;  // as Buffer: 64-byte alignment for the vector loops
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);

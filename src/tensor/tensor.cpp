@@ -50,19 +50,13 @@ Buffer::~Buffer() {
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, MemCategory category, MemoryTracker* tracker) {
-  Tensor t;
-  t.shape_ = shape;
-  t.numel_ = shape_numel(shape);
-  t.dtype_ = dtype;
+  Tensor t(shape, dtype);
   t.buffer_ = std::make_shared<Buffer>(t.bytes(), category, tracker);
   return t;
 }
 
 Tensor Tensor::empty(DeviceRuntime& runtime, const Shape& shape, DType dtype, MemCategory category) {
-  Tensor t;
-  t.shape_ = shape;
-  t.numel_ = shape_numel(shape);
-  t.dtype_ = dtype;
+  Tensor t(shape, dtype);
   t.device_ = runtime.device();
   t.runtime_ = &runtime;
   t.buffer_ = std::make_shared<Buffer>(t.bytes(), category, runtime);

@@ -76,6 +76,7 @@ class Tensor {
   bool matches(const Shape& shape, DType dtype) const { return defined() && shape_ == shape && dtype_ == dtype; }
 
  private:
+  Tensor(const Shape& shape, DType dtype) : shape_(shape), numel_(shape_numel(shape)), dtype_(dtype) {}
   std::shared_ptr<Buffer> buffer_;
   Shape shape_;
   int64_t numel_ = 0;
