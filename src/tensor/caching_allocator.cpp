@@ -211,19 +211,16 @@ struct CachingAllocator::Impl {
       std::this_thread::yield();
       poll_events();
     }
-    for (auto it = segments.begin(); it != segments.end();) {
-      Segment& seg = *it->second;
+    std::erase_if(segments, [&](const auto& entry) {
+      Segment& seg = *entry.second;
       Block* only = seg.blocks.size() == 1 ? seg.blocks.begin()->second.get() : nullptr;
-      if (!only || only->state != Block::State::free) {
-        ++it;
-        continue;
-      }
+      if (!only || only->state != Block::State::free) return false;
       pool(only).erase(only);
       raw.free(seg.base);
       ++stats.device_frees;
       stats.reserved_bytes -= seg.size;
-      it = segments.erase(it);
-    }
+      return true;
+    });
   }
 
   std::string summary() const {
@@ -231,9 +228,8 @@ struct CachingAllocator::Impl {
     for (size_t c = 0; c < kMemCategoryCount; ++c) {
       if (!allocated_by_category[c]) continue;
       if (!parts.empty()) parts += ", ";
-      parts += mem_category_name(static_cast<MemCategory>(c));
-      parts += ' ';
-      parts += human_bytes(allocated_by_category[c]);
+      parts +=
+          std::string(mem_category_name(static_cast<MemCategory>(c))) + ' ' + human_bytes(allocated_by_category[c]);
     }
     std::string s = "allocated " + human_bytes(stats.allocated_bytes);
     if (!parts.empty()) s += " (" + parts + ")";

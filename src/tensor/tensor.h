@@ -18,6 +18,8 @@ using Shape = std::vector<int64_t>;
 
 int64_t shape_numel(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "[64, 1, 28, 28]"
+// Host memory, 64-byte aligned for the vector loops (at least 64 bytes); std::free releases it.
+void* aligned_host_alloc(size_t bytes);
 
 class DeviceRuntime;
 
