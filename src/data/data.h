@@ -31,6 +31,11 @@ class Dataset {
   virtual int64_t loss_elements(std::span<const int64_t> indices) const {
     return static_cast<int64_t>(indices.size()) * shape_numel(target_shape());
   }
+
+ protected:
+  // fill()'s argument checks (data/dataset.cpp): a bad index or a mis-allocated batch tensor is a
+  // caller bug that would otherwise write out of bounds, so it fails loudly with one line.
+  void check_fill(std::span<const int64_t> indices, const Tensor& inputs, const Tensor& targets) const;
 };
 
 // Fashion-MNIST from the gzipped IDX files in `dir` (Debian: /usr/share/datasets/fashion-mnist).

@@ -1,5 +1,3 @@
-// Argument checks shared by every Dataset::fill: a bad index or a mis-allocated batch tensor is a
-// caller bug that would otherwise write out of bounds, so it fails loudly with one line.
 #include <string>
 
 #include "data/data.h"
@@ -7,10 +5,9 @@
 
 namespace fsdp {
 
-// Declared where used (idx.cpp, text.cpp, synthetic.cpp); not part of the public interface.
-void check_fill(const Dataset& dataset, std::span<const int64_t> indices, const Tensor& inputs, const Tensor& targets) {
+void Dataset::check_fill(std::span<const int64_t> indices, const Tensor& inputs, const Tensor& targets) const {
   const int64_t count = static_cast<int64_t>(indices.size());
-  const int64_t size = dataset.size();
+  const int64_t size = this->size();
   for (int64_t index : indices)
     if (index < 0 || index >= size)
       throw Error("dataset fill: sample index " + std::to_string(index) + " is out of range [0, " +
@@ -25,8 +22,8 @@ void check_fill(const Dataset& dataset, std::span<const int64_t> indices, const 
           (t.defined() ? shape_str(t.shape()) + " " + std::string(dtype_name(t.dtype())) : std::string("undefined")) +
           ", expected cpu " + shape_str(want) + " " + std::string(dtype_name(dtype)));
   };
-  check("inputs", inputs, dataset.input_shape(), dataset.input_dtype());
-  check("targets", targets, dataset.target_shape(), DType::i32);
+  check("inputs", inputs, input_shape(), input_dtype());
+  check("targets", targets, target_shape(), DType::i32);
 }
 
 }  // namespace fsdp

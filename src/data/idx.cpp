@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,9 +16,6 @@
 #include "tensor/error.h"
 
 namespace fsdp {
-
-void check_fill(const Dataset& dataset, std::span<const int64_t> indices, const Tensor& inputs,
-                const Tensor& targets);  // dataset.cpp
 
 namespace {
 
@@ -28,16 +26,6 @@ constexpr int64_t kImagesHeaderBytes = 16, kLabelsHeaderBytes = 8;
 constexpr int64_t kClasses = 10;
 constexpr const char* kInstallHint = "install the Debian package dataset-fashion-mnist";
 
-struct GzFile {
-  gzFile handle;
-  explicit GzFile(const std::string& path) : handle(gzopen(path.c_str(), "rb")) {}
-  ~GzFile() {
-    if (handle) gzclose(handle);
-  }
-  GzFile(const GzFile&) = delete;
-  GzFile& operator=(const GzFile&) = delete;
-};
-
 [[noreturn]] void fail(const std::string& path, const std::string& problem) {
   throw Error("Fashion-MNIST: " + path + ": " + problem);
 }
@@ -46,22 +34,22 @@ std::vector<uint8_t> read_gz(const std::string& path) {
   std::error_code ignored;  // an unreadable path is reported by gzopen below
   if (!std::filesystem::exists(path, ignored) && !ignored) fail(path, std::string("file not found; ") + kInstallHint);
   errno = 0;
-  GzFile file(path);
-  if (!file.handle) fail(path, std::string("cannot open: ") + (errno ? std::strerror(errno) : "out of memory"));
-  gzbuffer(file.handle, 1 << 18);
+  const std::unique_ptr<gzFile_s, int (*)(gzFile)> file(gzopen(path.c_str(), "rb"), gzclose);
+  if (!file) fail(path, std::string("cannot open: ") + (errno ? std::strerror(errno) : "out of memory"));
+  gzbuffer(file.get(), 1 << 18);
 
   std::vector<uint8_t> bytes;
   constexpr size_t kChunkBytes = 1 << 20;
   for (;;) {
     size_t used = bytes.size();
     bytes.resize(used + kChunkBytes);
-    int got = gzread(file.handle, bytes.data() + used, kChunkBytes);
+    int got = gzread(file.get(), bytes.data() + used, kChunkBytes);
     bytes.resize(used + static_cast<size_t>(got > 0 ? got : 0));
     if (got <= 0) break;
   }
   // gzread reports a stream cut short as a plain end of file (0); only gzerror tells them apart.
   int code = Z_OK;
-  std::string message = gzerror(file.handle, &code);
+  std::string message = gzerror(file.get(), &code);
   if (message.starts_with(path + ": ")) message.erase(0, path.size() + 2);  // zlib prefixes it
   if (code != Z_OK) fail(path, "gzip data is corrupt or truncated (" + message + ")");
   return bytes;
@@ -117,7 +105,7 @@ class FashionMnist final : public Dataset {
   int64_t num_classes() const override { return kClasses; }
 
   void fill(std::span<const int64_t> indices, Tensor& inputs, Tensor& targets) const override {
-    check_fill(*this, indices, inputs, targets);
+    check_fill(indices, inputs, targets);
     float* out = inputs.f32();
     int32_t* labels = targets.i32();
     const uint8_t* pixels = image_file_.data() + kImagesHeaderBytes;

@@ -6,8 +6,9 @@
 // Texts are kept and encoded when a batch asks for them (a corpus of long texts encoded ahead
 // would cost every rank hundreds of MB). The model derives the padding
 // mask and the decoder's input (labels shifted right) from these.
+#include <strings.h>
+
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -21,9 +22,6 @@
 
 namespace fsdp {
 
-void check_fill(const Dataset& dataset, std::span<const int64_t> indices, const Tensor& inputs,
-                const Tensor& targets);  // dataset.cpp
-
 namespace {
 
 constexpr int32_t kIgnore = -100;
@@ -34,15 +32,11 @@ struct Pair {
 
 // "seq2seq data FILE:LINE: what", the one form of a bad row's message.
 Error bad_row(const std::string& path, int64_t line, const std::string& what) {
-  std::string message = "seq2seq data " + path;
-  message.append(":").append(std::to_string(line)).append(": ").append(what);
-  return Error(message);
+  return Error("seq2seq data " + path + ":" + std::to_string(line) + ": " + what);
 }
 
 // A file's rows as (source, target), or an Error naming the file, the line and the problem.
-std::vector<Pair> read_jsonl(const std::string& path, const Seq2SeqOptions& o) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in.is_open()) throw Error("seq2seq data " + path + ": cannot open");
+std::vector<Pair> read_jsonl(std::istream& in, const std::string& path, const Seq2SeqOptions& o) {
   std::vector<Pair> pairs;
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
@@ -67,9 +61,7 @@ std::vector<Pair> read_jsonl(const std::string& path, const Seq2SeqOptions& o) {
   return pairs;
 }
 
-std::vector<Pair> read_csv(const std::string& path, const Seq2SeqOptions& o) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in.is_open()) throw Error("seq2seq data " + path + ": cannot open");
+std::vector<Pair> read_csv(std::istream& in, const std::string& path, const Seq2SeqOptions& o) {
   CsvReader reader(in, "seq2seq data " + path);
   std::vector<std::string> header, fields;
   if (!reader.next(header)) return {};
@@ -100,15 +92,14 @@ std::vector<Pair> read_csv(const std::string& path, const Seq2SeqOptions& o) {
 }
 
 bool ends_with_csv(const std::string& path) {
-  if (path.size() < 4) return false;
-  std::string ext = path.substr(path.size() - 4);
-  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return ext == ".csv";
+  return path.size() >= 4 && strcasecmp(path.c_str() + path.size() - 4, ".csv") == 0;
 }
 
 // The file's usable pairs: cleaned, those with an empty source or target left out.
 std::vector<Pair> read_pairs(const std::string& path, const Seq2SeqOptions& o) {
-  std::vector<Pair> rows = ends_with_csv(path) ? read_csv(path, o) : read_jsonl(path, o);
+  std::ifstream in(path, std::ios::binary);
+  if (!in.is_open()) throw Error("seq2seq data " + path + ": cannot open");
+  std::vector<Pair> rows = ends_with_csv(path) ? read_csv(in, path, o) : read_jsonl(in, path, o);
   const size_t read = rows.size();
   std::vector<Pair> pairs;
   pairs.reserve(rows.size());
@@ -148,7 +139,7 @@ class Seq2Seq final : public Seq2SeqDataset {
   Shape target_shape() const override { return {L_}; }
   int64_t num_classes() const override { return tok_->vocab_size(); }
   void fill(std::span<const int64_t> indices, Tensor& inputs, Tensor& targets) const override {
-    check_fill(*this, indices, inputs, targets);
+    check_fill(indices, inputs, targets);
     for (size_t n = 0; n < indices.size(); ++n) {
       const Pair& p = pairs_[static_cast<size_t>(indices[n])];
       encode(*tok_, p.source, inputs.i32() + static_cast<int64_t>(n) * S_, S_, tok_->pad_id());

@@ -13,9 +13,6 @@
 
 namespace fsdp {
 
-void check_fill(const Dataset& dataset, std::span<const int64_t> indices, const Tensor& inputs,
-                const Tensor& targets);  // dataset.cpp
-
 namespace {
 
 constexpr float kNoiseStd = 0.5f;  // pixel noise, small next to the +1 class band
@@ -45,7 +42,7 @@ class SyntheticImages final : public Dataset {
   int64_t num_classes() const override { return classes_; }
 
   void fill(std::span<const int64_t> indices, Tensor& inputs, Tensor& targets) const override {
-    check_fill(*this, indices, inputs, targets);
+    check_fill(indices, inputs, targets);
     // One Philox block gives two normals (Box-Muller cos and sin): pixels 2m and 2m+1.
     const int64_t blocks_per_sample = (pixel_count_ + 1) / 2;
     for (size_t k = 0; k < indices.size(); ++k) {
@@ -85,7 +82,7 @@ class SyntheticTokens final : public Dataset {
   int64_t num_classes() const override { return vocab_; }
 
   void fill(std::span<const int64_t> indices, Tensor& inputs, Tensor& targets) const override {
-    check_fill(*this, indices, inputs, targets);
+    check_fill(indices, inputs, targets);
     std::vector<int32_t> sequence(static_cast<size_t>(seq_len_ + 1));
     for (size_t k = 0; k < indices.size(); ++k) {
       const uint64_t first_counter = static_cast<uint64_t>(indices[k] * (seq_len_ + 1));

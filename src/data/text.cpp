@@ -15,9 +15,6 @@
 
 namespace fsdp {
 
-void check_fill(const Dataset& dataset, std::span<const int64_t> indices, const Tensor& inputs,
-                const Tensor& targets);  // dataset.cpp
-
 namespace {
 
 namespace fs = std::filesystem;
@@ -77,7 +74,7 @@ class TextCorpus final : public Dataset {
   int64_t num_classes() const override { return 256; }
 
   void fill(std::span<const int64_t> indices, Tensor& inputs, Tensor& targets) const override {
-    check_fill(*this, indices, inputs, targets);
+    check_fill(indices, inputs, targets);
     int32_t* in = inputs.i32();
     int32_t* target = targets.i32();
     for (size_t k = 0; k < indices.size(); ++k) {

@@ -14,17 +14,11 @@ namespace fsdp {
 namespace {
 
 // torch.argmax: the first maximum.
-int32_t argmax(const float* row, int64_t n) {
-  int64_t best = 0;
-  for (int64_t v = 1; v < n; ++v)
-    if (row[v] > row[best]) best = v;
-  return static_cast<int32_t>(best);
-}
+int32_t argmax(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
 
 // log_softmax of one row in f32 (as torch computes it: max, then the log of the summed exps).
 void log_softmax_row(float* out, const float* row, int64_t n) {
-  float max = row[0];
-  for (int64_t v = 1; v < n; ++v) max = std::max(max, row[v]);
+  const float max = *std::max_element(row, row + n);
   float sum = 0.0f;  // >= 1: the max's own term is exp(0)
   for (int64_t v = 0; v < n; ++v) sum += std::exp(row[v] - max);
   const float log_sum = std::log(std::max(sum, 1.0f));
@@ -122,12 +116,9 @@ std::vector<std::vector<int32_t>> beam_search(DecodeSteps& steps, int64_t batch,
     for (int64_t b = 0; b < batch; ++b) {
       const size_t sb = static_cast<size_t>(b);
       if (done[sb]) {  // a finished sample's beams keep running on pad, scores 0 (HF)
-        for (int64_t j = 0; j < K; ++j) {
-          const int64_t i = b * K + j;
-          tokens[static_cast<size_t>(i)] = o.pad_id;
-          origin[static_cast<size_t>(i)] = static_cast<int32_t>(b * K);
-          next_scores[static_cast<size_t>(i)] = 0.0f;
-        }
+        std::fill_n(tokens.begin() + b * K, K, o.pad_id);
+        std::fill_n(origin.begin() + b * K, K, static_cast<int32_t>(b * K));
+        std::fill_n(next_scores.begin() + b * K, K, 0.0f);
         continue;
       }
       // scores (K * V) = log_softmax(logits) + the beam's score; the 2K best, best first.

@@ -39,7 +39,6 @@ class Model : public Module {
   // A sequential model: every layer in registration order, then the loss.
   virtual Tensor run_forward(RunCtx& ctx, const Tensor& inputs, const Tensor& targets);
   virtual Tensor run_backward(RunCtx& ctx, const Tensor& d_output);
-  Loss& mutable_loss() { return *loss_; }
 
   template <class L, class... Args>
   L& add_layer(Args&&... args) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <utility>
 
 #include "nn/layers.h"
 #include "tensor/error.h"
@@ -42,11 +43,11 @@ struct StackState {
 // T5LayerNorm: y = w * x / sqrt(mean(x^2) + eps); no mean subtraction, no bias.
 class T5LayerNorm : public Layer {
  public:
-  T5LayerNorm(const std::string& name, int64_t C, float eps, float factor)
+  T5LayerNorm(const std::string& name, const T5Config& c)
       : Layer(name, "T5LayerNorm"),
-        weight(add_param("weight", {C}, {ParamInit::Kind::constant, factor, 0.0f})),
-        C_(C),
-        eps_(eps) {}
+        weight(add_param("weight", {c.d_model}, {ParamInit::Kind::constant, c.initializer_factor, 0.0f})),
+        C_(c.d_model),
+        eps_(c.layer_norm_epsilon) {}
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
     x_ = x;
     const int64_t rows = x.numel() / C_;
@@ -68,27 +69,6 @@ class T5LayerNorm : public Layer {
   int64_t C_;
   float eps_;
   Tensor x_, y_, rstd_, dx_;
-};
-
-// HF's NewGELUActivation (gelu_new, the tanh approximation): T5 v1.1's gated-gelu.
-class GeluTanh : public Layer {
- public:
-  explicit GeluTanh(const std::string& name) : Layer(name, "NewGELUActivation") {}
-  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
-    x_ = x;
-    ctx.ensure(y_, x.shape(), DType::f32);
-    ctx.kernels().gelu_tanh_forward(y_.f32(), x.f32(), x.numel());
-    return y_;
-  }
-  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
-    ctx.ensure(dx_, x_.shape(), DType::f32);
-    ctx.kernels().gelu_tanh_backward(dx_.f32(), dy.f32(), x_.f32(), dy.numel());
-    return dx_;
-  }
-  void release_activations() override { x_ = y_ = dx_ = Tensor(); }
-
- private:
-  Tensor x_, y_, dx_;
 };
 
 // T5Attention: q, k, v, o without bias; scores q.k unscaled, plus the position bias (self-
@@ -225,21 +205,18 @@ class T5Attention : public Layer {
   Tensor dV_, dP_, dQ_, dK_, dq_, dx_;
 };
 
-// x + dropout(f(layer_norm(x))) around an attention or feed-forward module (HF's T5LayerSelfAttention,
-// T5LayerCrossAttention, T5LayerFF). The sublayer is registered first, as HF registers it.
+// x + dropout(f(layer_norm(x))) around an attention or feed-forward module `sub_name`, a Sub made
+// from args (HF's T5LayerSelfAttention, T5LayerCrossAttention, T5LayerFF). The sublayer is
+// registered first, as HF registers it.
 class Residual : public Layer {
  public:
-  Residual(const std::string& name, const std::string& type, const T5Config& c) : Layer(name, type), c_(c) {}
-  // Called once from the constructor of the concrete layer: the sublayer, then norm and dropout.
-  void finish(Layer& sub) {
-    sub_ = &sub;
-    norm_ = &add_child<T5LayerNorm>(child_name("layer_norm"), c_.d_model, c_.layer_norm_epsilon, c_.initializer_factor);
-    dropout_ = &add_child<Dropout>(child_name("dropout"), c_.dropout_rate);
-  }
-  template <class L, class... Args>
-  L& add_sub(Args&&... args) {
-    return add_child<L>(std::forward<Args>(args)...);
-  }
+  template <class Sub, class... Args>
+  Residual(const std::string& name, const std::string& type, const T5Config& c, const std::string& sub_name,
+           std::in_place_type_t<Sub>, Args&&... args)
+      : Layer(name, type),
+        sub_(&add_child<Sub>(child_name(sub_name), std::forward<Args>(args)...)),
+        norm_(&add_child<T5LayerNorm>(child_name("layer_norm"), c)),
+        dropout_(&add_child<Dropout>(child_name("dropout"), c.dropout_rate)) {}
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
     const Tensor f = dropout_->forward(ctx, sub_->forward(ctx, norm_->forward(ctx, x)));
     ctx.ensure(y_, x.shape(), DType::f32);
@@ -260,10 +237,9 @@ class Residual : public Layer {
   const T5LayerNorm& norm() const { return *norm_; }
 
  private:
-  const T5Config& c_;
-  Layer* sub_ = nullptr;
-  T5LayerNorm* norm_ = nullptr;
-  Dropout* dropout_ = nullptr;
+  Layer* sub_;
+  T5LayerNorm* norm_;
+  Dropout* dropout_;
   Tensor y_, dx_;
 };
 
@@ -286,11 +262,10 @@ class DenseActDense : public Layer {
     wo = &add_child<Linear>(child_name("wo"), c.d_ff, c.d_model, false);
     wo->weight.init = normal_std(f * std::pow(static_cast<double>(c.d_ff), -0.5));
     dropout = &add_child<Dropout>(child_name("dropout"), c.dropout_rate);
-    if (gated_) {
-      act = &add_child<GeluTanh>(child_name("act"));
-    } else {
+    if (gated_)
+      act = &add_child<GELU>(child_name("act"), true);
+    else
       act = &add_child<ReLU>(child_name("act"));
-    }
   }
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
     Tensor h = act->forward(ctx, wi->forward(ctx, x));
@@ -338,38 +313,19 @@ class DenseActDense : public Layer {
   Tensor linear_, gelu_, gated_out_, out_, dgelu_, dlinear_, dx_;
 };
 
-class SelfAttentionLayer : public Residual {
- public:
-  SelfAttentionLayer(const std::string& name, const T5Config& c, bool relative_bias, StackState& state)
-      : Residual(name, "T5LayerSelfAttention", c) {
-    finish(add_sub<T5Attention>(child_name("SelfAttention"), c, false, relative_bias, state));
-  }
-};
-
-class CrossAttentionLayer : public Residual {
- public:
-  CrossAttentionLayer(const std::string& name, const T5Config& c, StackState& state)
-      : Residual(name, "T5LayerCrossAttention", c) {
-    finish(add_sub<T5Attention>(child_name("EncDecAttention"), c, true, false, state));
-  }
-};
-
-class FeedForwardLayer : public Residual {
- public:
-  FeedForwardLayer(const std::string& name, const T5Config& c) : Residual(name, "T5LayerFF", c) {
-    finish(add_sub<DenseActDense>(child_name("DenseReluDense"), c));
-  }
-};
-
 // T5Block: layer.0 self-attention, (decoder) layer.1 cross-attention, then the feed-forward.
 // The transformer_layer wrap policy's unit.
 class T5Block : public Layer {
  public:
   T5Block(const std::string& name, const T5Config& c, bool first, StackState& state) : Layer(name, "T5Block") {
     const std::string layer = child_name("layer");
-    sub_.push_back(&add_child<SelfAttentionLayer>(layer + ".0", c, first, state));
-    if (state.decoder) sub_.push_back(&add_child<CrossAttentionLayer>(layer + ".1", c, state));
-    sub_.push_back(&add_child<FeedForwardLayer>(layer + "." + std::to_string(sub_.size()), c));
+    sub_.push_back(&add_child<Residual>(layer + ".0", "T5LayerSelfAttention", c, "SelfAttention",
+                                        std::in_place_type<T5Attention>, c, false, first, state));
+    if (state.decoder)
+      sub_.push_back(&add_child<Residual>(layer + ".1", "T5LayerCrossAttention", c, "EncDecAttention",
+                                          std::in_place_type<T5Attention>, c, true, false, state));
+    sub_.push_back(&add_child<Residual>(layer + "." + std::to_string(sub_.size()), "T5LayerFF", c, "DenseReluDense",
+                                        std::in_place_type<DenseActDense>, c));
   }
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
     y_ = x;
@@ -386,10 +342,10 @@ class T5Block : public Layer {
     for (Layer* l : sub_) l->release_activations();
   }
   // layer.0 self-attention, (decoder) layer.1 cross-attention, then the feed-forward.
-  Residual& sublayer(size_t i) const { return dynamic_cast<Residual&>(*sub_.at(i)); }
+  Residual& sublayer(size_t i) const { return *sub_.at(i); }
 
  private:
-  std::vector<Layer*> sub_;
+  std::vector<Residual*> sub_;
   Tensor y_, dx_;
 };
 
@@ -405,8 +361,7 @@ class T5Stack : public Layer {
     const int64_t n = decoder ? c.num_decoder_layers : c.num_layers;
     for (int64_t i = 0; i < n; ++i)
       blocks_.push_back(&add_child<T5Block>(child_name("block." + std::to_string(i)), c, i == 0, state_));
-    final_layer_norm =
-        &add_child<T5LayerNorm>(child_name("final_layer_norm"), c.d_model, c.layer_norm_epsilon, c.initializer_factor);
+    final_layer_norm = &add_child<T5LayerNorm>(child_name("final_layer_norm"), c);
     // HF calls one dropout module twice (after the embedding and after the final norm); two
     // here, each with its own mask stream.
     dropout_ = &add_child<Dropout>(child_name("dropout"), c.dropout_rate);
@@ -541,7 +496,7 @@ class T5Decoding final : public DecodeSteps {
         S_(enc.dim(1)),
         Tmax_(max_steps),
         I_(c.num_heads * c.d_kv) {
-    const int64_t B = enc.dim(0), C = c.d_model;
+    const int64_t C = c.d_model;
     Kernels& k = ctx.kernels();
     // Sequence i = b * beams + j reads sample b's encoder output and mask.
     Tensor rows = Tensor::empty({N_}, DType::i32, MemCategory::activations, ctx.mem);
@@ -553,7 +508,6 @@ class T5Decoding final : public DecodeSteps {
     key_valid_ = upload(ctx, mask);
     ctx.ensure(enc_, {N_, S_, C}, DType::f32);
     k.embedding_forward(enc_.f32(), upload(ctx, rows).i32(), enc.f32(), nullptr, 1, N_, S_ * C);
-    (void)B;
     const std::vector<T5Block*>& blocks = decoder.blocks();
     layers_.resize(blocks.size());
     for (size_t l = 0; l < blocks.size(); ++l) {

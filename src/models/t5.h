@@ -9,9 +9,6 @@
 // the cross-entropy over the labels that are not ignored (HF's CrossEntropyLoss(ignore_index=-100)).
 #include <cstdint>
 #include <memory>
-#include <string>
-#include <string_view>
-#include <vector>
 
 #include "models/model.h"
 

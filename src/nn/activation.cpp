@@ -19,13 +19,19 @@ const Tensor& ReLU::do_backward(RunCtx& ctx, const Tensor& dy) {
 const Tensor& GELU::do_forward(RunCtx& ctx, const Tensor& x) {
   x_ = x;
   ctx.ensure(y_, x.shape(), DType::f32);
-  ctx.kernels().gelu_forward(y_.f32(), x.f32(), x.numel());
+  if (tanh_)
+    ctx.kernels().gelu_tanh_forward(y_.f32(), x.f32(), x.numel());
+  else
+    ctx.kernels().gelu_forward(y_.f32(), x.f32(), x.numel());
   return y_;
 }
 
 const Tensor& GELU::do_backward(RunCtx& ctx, const Tensor& dy) {
   ctx.ensure(dx_, x_.shape(), DType::f32);
-  ctx.kernels().gelu_backward(dx_.f32(), dy.f32(), x_.f32(), dy.numel());
+  if (tanh_)
+    ctx.kernels().gelu_tanh_backward(dx_.f32(), dy.f32(), x_.f32(), dy.numel());
+  else
+    ctx.kernels().gelu_backward(dx_.f32(), dy.f32(), x_.f32(), dy.numel());
   return dx_;
 }
 

@@ -84,13 +84,9 @@ const Tensor& MultiheadAttention::do_backward(RunCtx& ctx, const Tensor& dy) {
     kernels.gemm_strided_batched(false, false, T, hd, T, 1.0f, dP, T, TT, k, 3 * C, hd, 0.0f, dq, 3 * C, hd, H_);
     kernels.gemm_strided_batched(true, false, T, hd, T, 1.0f, dP, T, TT, q, 3 * C, hd, 0.0f, dk, 3 * C, hd, H_);
   }
-  float* dx = nullptr;
-  if (need_input_grad) {
-    ctx.ensure(dx_, x_.shape(), DType::f32);
-    dx = dx_.f32();
-  }
-  kernels.linear_backward(dx, in_proj_weight.grad, in_proj_bias.grad, dqkv, x_.f32(), in_proj_weight.data, B * T, C,
-                          3 * C);
+  if (need_input_grad) ctx.ensure(dx_, x_.shape(), DType::f32);
+  kernels.linear_backward(need_input_grad ? dx_.f32() : nullptr, in_proj_weight.grad, in_proj_bias.grad, dqkv, x_.f32(),
+                          in_proj_weight.data, B * T, C, 3 * C);
   return dx_;
 }
 

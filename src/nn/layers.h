@@ -3,6 +3,7 @@
 // layouts, default initialisation and numerics. Shapes in the comments: B batch, T sequence,
 // C channels/features.
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "nn/module.h"
@@ -16,7 +17,7 @@ class Linear : public Layer {
   Linear(const std::string& name, int64_t in, int64_t out, bool bias = true);
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
-  void release_activations() override;
+  void release_activations() override { x_ = y_ = dx_ = Tensor(); }
   Param& weight;
   Param* bias = nullptr;
 
@@ -32,7 +33,7 @@ class Conv2d : public Layer {
   Conv2d(const std::string& name, int64_t in, int64_t out, int64_t kernel, int64_t padding = 0);
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
-  void release_activations() override;
+  void release_activations() override { x_ = col_ = ybuf_ = y_ = dyt_ = dcol_ = dx_ = Tensor(); }
   Param& weight;
   Param& bias;
 
@@ -49,21 +50,24 @@ class ReLU : public Layer {
   explicit ReLU(const std::string& name) : Layer(name, "ReLU") {}
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
-  void release_activations() override;
+  void release_activations() override { y_ = dx_ = Tensor(); }
 
  private:
   Tensor y_, dx_;
 };
 
-// Exact (erf) GELU, torch.nn.GELU() default.
+// Exact (erf) GELU, torch.nn.GELU() default; with tanh, HF's NewGELUActivation (gelu_new, the
+// tanh approximation: T5 v1.1's gated-gelu).
 class GELU : public Layer {
  public:
-  explicit GELU(const std::string& name) : Layer(name, "GELU") {}
+  explicit GELU(const std::string& name, bool tanh = false)
+      : Layer(name, tanh ? "NewGELUActivation" : "GELU"), tanh_(tanh) {}
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
-  void release_activations() override;
+  void release_activations() override { x_ = y_ = dx_ = Tensor(); }
 
  private:
+  bool tanh_;
   Tensor x_, y_, dx_;
 };
 
@@ -74,12 +78,12 @@ class Dropout : public Layer {
   Dropout(const std::string& name, float p) : Layer(name, "Dropout"), p_(p) {}
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
-  void release_activations() override;
+  void release_activations() override { mask_ = y_ = dx_ = Tensor(); }
 
  private:
   float p_;
   bool active_ = false;
-  Tensor x_, mask_, y_, dx_;
+  Tensor mask_, y_, dx_;
 };
 
 // torch.nn.MaxPool2d(2): (B, C, H, W) -> (B, C, H/2, W/2).
@@ -88,7 +92,7 @@ class MaxPool2d : public Layer {
   explicit MaxPool2d(const std::string& name) : Layer(name, "MaxPool2d") {}
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
-  void release_activations() override;
+  void release_activations() override { argmax_ = y_ = dx_ = Tensor(); }
 
  private:
   Tensor argmax_, y_, dx_;
@@ -101,7 +105,7 @@ class Flatten : public Layer {
   explicit Flatten(const std::string& name) : Layer(name, "Flatten") {}
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
-  void release_activations() override;
+  void release_activations() override { y_ = dx_ = Tensor(); }
 
  private:
   Shape x_shape_;
@@ -114,7 +118,7 @@ class LogSoftmax : public Layer {
   explicit LogSoftmax(const std::string& name) : Layer(name, "LogSoftmax") {}
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
-  void release_activations() override;
+  void release_activations() override { y_ = dx_ = Tensor(); }
 
  private:
   Tensor y_, dx_;
@@ -126,7 +130,7 @@ class LayerNorm : public Layer {
   LayerNorm(const std::string& name, int64_t C, float eps = 1e-5f);
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
-  void release_activations() override;
+  void release_activations() override { x_ = y_ = mean_ = rstd_ = dx_ = Tensor(); }
   Param& weight;
   Param& bias;
 
@@ -150,7 +154,7 @@ class Embeddings : public Layer {
   Embeddings(int64_t vocab, int64_t max_seq, int64_t C);
   const Tensor& do_forward(RunCtx& ctx, const Tensor& tokens) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
-  void release_activations() override;
+  void release_activations() override { tokens_ = y_ = Tensor(); }
   Embedding& tok;
   Embedding& pos;
 
@@ -167,14 +171,17 @@ class MultiheadAttention : public Layer {
   MultiheadAttention(const std::string& name, int64_t C, int64_t heads);
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
-  void release_activations() override;
+  void release_activations() override {
+    x_ = qkv_ = att_ = y_ = dqkv_ = dx_ = dp_ = out_ = Tensor();
+    out_proj.release_activations();
+  }
   Param& in_proj_weight;
   Param& in_proj_bias;
   Linear& out_proj;
 
  private:
   int64_t C_, H_;
-  Tensor x_, qkv_, att_, y_, dy_att_, dqkv_, dx_, dp_;
+  Tensor x_, qkv_, att_, y_, dqkv_, dx_, dp_;
   Tensor out_;  // out_proj's output (a handle: out_proj may be a checkpointed unit of its own)
 };
 
@@ -185,7 +192,10 @@ class TransformerBlock : public Layer {
   TransformerBlock(const std::string& name, int64_t C, int64_t heads, int64_t d_ff);
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
-  void release_activations() override;
+  void release_activations() override {
+    a_ = y_ = da_ = dx_ = Tensor();
+    for (Layer* l : std::initializer_list<Layer*>{&ln1, &attn, &ln2, &fc1, &act, &fc2}) l->release_activations();
+  }
   LayerNorm& ln1;
   MultiheadAttention& attn;
   LayerNorm& ln2;

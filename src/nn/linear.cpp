@@ -30,13 +30,9 @@ const Tensor& Linear::do_forward(RunCtx& ctx, const Tensor& x) {
 }
 
 const Tensor& Linear::do_backward(RunCtx& ctx, const Tensor& dy) {
-  float* dx = nullptr;
-  if (need_input_grad) {
-    ctx.ensure(dx_, x_.shape(), DType::f32);
-    dx = dx_.f32();
-  }
-  ctx.kernels().linear_backward(dx, weight.grad, bias ? bias->grad : nullptr, dy.f32(), x_.f32(), weight.data,
-                                x_.numel() / in_, in_, out_);
+  if (need_input_grad) ctx.ensure(dx_, x_.shape(), DType::f32);
+  ctx.kernels().linear_backward(need_input_grad ? dx_.f32() : nullptr, weight.grad, bias ? bias->grad : nullptr,
+                                dy.f32(), x_.f32(), weight.data, x_.numel() / in_, in_, out_);
   return dx_;
 }
 

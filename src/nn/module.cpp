@@ -23,14 +23,11 @@ Param& Module::add_param(const std::string& local_name, Shape shape, ParamInit i
   return *params_.back();
 }
 
-void Module::collect_params(std::vector<Param*>& out) {
-  for (auto& p : params_) out.push_back(p.get());
-  for (Module* c : children_) c->collect_params(out);
-}
-
 std::vector<Param*> Module::params() {
   std::vector<Param*> out;
-  collect_params(out);
+  visit([&](Module& m) {
+    for (auto& p : m.params_) out.push_back(p.get());
+  });
   return out;
 }
 

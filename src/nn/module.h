@@ -99,7 +99,6 @@ class Module {
   // innermost unit that holds every module using it.
   const std::vector<Param*>& used_params() const { return used_; }
   // PyTorch's named_parameters() order: own params first, then children in registration order.
-  void collect_params(std::vector<Param*>& out);
   std::vector<Param*> params();
   int64_t num_params();
   // Pre-order over the subtree (this module first).

@@ -109,6 +109,13 @@ struct CachingAllocator::Impl {
 
   FreeSet& pool(const Block* b) { return b->segment->small ? small_free : large_free; }
 
+  // b will also be used by work on `stream`; its own stream needs no event: reuse on that stream
+  // is ordered after the work anyway.
+  static void use_on(Block* b, Stream stream) {
+    if (!(stream == b->segment->stream) && std::find(b->used_on.begin(), b->used_on.end(), stream) == b->used_on.end())
+      b->used_on.push_back(stream);
+  }
+
   Block* take_free(bool small, Stream stream, size_t size) {
     FreeSet& set = small ? small_free : large_free;
     auto it = set.lower_bound(FreeKey{key_of(stream.native), size, 0});
@@ -204,19 +211,16 @@ struct CachingAllocator::Impl {
       std::this_thread::yield();
       poll_events();
     }
-    for (auto it = segments.begin(); it != segments.end();) {
-      Segment& seg = *it->second;
+    std::erase_if(segments, [&](const auto& entry) {
+      Segment& seg = *entry.second;
       Block* only = seg.blocks.size() == 1 ? seg.blocks.begin()->second.get() : nullptr;
-      if (!only || only->state != Block::State::free) {
-        ++it;
-        continue;
-      }
+      if (!only || only->state != Block::State::free) return false;
       pool(only).erase(only);
       raw.free(seg.base);
       ++stats.device_frees;
       stats.reserved_bytes -= seg.size;
-      it = segments.erase(it);
-    }
+      return true;
+    });
   }
 
   std::string summary() const {
@@ -224,9 +228,8 @@ struct CachingAllocator::Impl {
     for (size_t c = 0; c < kMemCategoryCount; ++c) {
       if (!allocated_by_category[c]) continue;
       if (!parts.empty()) parts += ", ";
-      parts += mem_category_name(static_cast<MemCategory>(c));
-      parts += ' ';
-      parts += human_bytes(allocated_by_category[c]);
+      parts +=
+          std::string(mem_category_name(static_cast<MemCategory>(c))) + ' ' + human_bytes(allocated_by_category[c]);
     }
     std::string s = "allocated " + human_bytes(stats.allocated_bytes);
     if (!parts.empty()) s += " (" + parts + ")";
@@ -289,27 +292,21 @@ void* CachingAllocator::allocate(size_t bytes, MemCategory category, Stream stre
   size_t size = bytes ? round_up(bytes, kRound) : kRound;
   bool small = size <= kSmallLimit;
   Block* b = m.take_free(small, stream, size);
-  if (!b) {
-    size_t segment_size = small ? kSmallSegment : round_up(size, kLargeRound);
-    void* base = m.raw.malloc(segment_size);
-    if (!base) {
-      // Cached segments of every stream and pool go back to the device, then one more try.
-      // Waiting for held blocks may also return one that fits this stream: use it first.
-      ++m.stats.oom_retries;
-      m.empty_cache();
-      b = m.take_free(small, stream, size);
-      if (!b) {
-        base = m.raw.malloc(segment_size);
-        if (!base) m.throw_oom(bytes, category);
-      }
-    }
-    if (b)
-      ++m.stats.cache_hits;
-    else
-      b = m.add_segment(base, segment_size, small, stream);
-  } else {
-    ++m.stats.cache_hits;
+  const size_t segment_size = small ? kSmallSegment : round_up(size, kLargeRound);
+  void* base = b ? nullptr : m.raw.malloc(segment_size);
+  if (!b && !base) {
+    // Cached segments of every stream and pool go back to the device, then one more try.
+    // Waiting for held blocks may also return one that fits this stream: use it first.
+    ++m.stats.oom_retries;
+    m.empty_cache();
+    b = m.take_free(small, stream, size);
+    if (!b) base = m.raw.malloc(segment_size);
+    if (!b && !base) m.throw_oom(bytes, category);
   }
+  if (b)
+    ++m.stats.cache_hits;
+  else
+    b = m.add_segment(base, segment_size, small, stream);
   m.split(b, size);
   b->state = Block::State::allocated;
   b->requested = bytes;
@@ -331,8 +328,7 @@ void CachingAllocator::deallocate(void* ptr, Stream stream) {
   Block* b = it->second;
   // Freed with a stream other than its own: that stream's queued work may still use it, like a
   // record_stream; the block goes back to its own stream's list (where its neighbours are).
-  if (!(stream == b->segment->stream) && std::find(b->used_on.begin(), b->used_on.end(), stream) == b->used_on.end())
-    b->used_on.push_back(stream);
+  Impl::use_on(b, stream);
   // The events first: if recording throws, the block is still in use and nothing has changed.
   Impl::Held held{b, {}};
   for (Stream s : b->used_on) held.events.push_back(m.raw.record(s));
@@ -354,10 +350,7 @@ void CachingAllocator::record_stream(void* ptr, Stream stream) {
   std::lock_guard lock(m.mutex);
   auto it = m.in_use.find(ptr);
   if (it == m.in_use.end()) throw Error("device allocator: record_stream of unknown pointer " + pointer_text(ptr));
-  Block* b = it->second;
-  // Its own stream needs no event: reuse on that stream is ordered after the work anyway.
-  if (stream == b->segment->stream) return;
-  if (std::find(b->used_on.begin(), b->used_on.end(), stream) == b->used_on.end()) b->used_on.push_back(stream);
+  Impl::use_on(it->second, stream);
 }
 
 void CachingAllocator::empty_cache() {

@@ -16,8 +16,7 @@
 namespace fsdp {
 namespace {
 
-// Elementwise loops below this many elements stay on one thread: waking the team costs more.
-constexpr int64_t kParallelMin = 1 << 15;
+using ops::kParallelMin;
 // Below this many elements the OpenMP fork/join costs more than an optimizer update.
 constexpr int64_t kOptimParallelMin = 1 << 16;
 // Softmax rows of one (T, T) plane go parallel above this many scores, as attention did.
@@ -414,10 +413,7 @@ class CpuKernels final : public Kernels {
       if (targets[r] < 0) continue;  // ignored row (kernels.h)
       const float* row = logp + r * C;
       s -= row[targets[r]];
-      int64_t best = 0;
-      for (int64_t c = 1; c < C; ++c)
-        if (row[c] > row[best]) best = c;
-      hits += best == targets[r];
+      hits += std::max_element(row, row + C) - row == targets[r];  // the first maximum
     }
     *sum = s;
     *correct = hits;

@@ -37,28 +37,28 @@ double DeviceRuntime::elapsed_s(const Event& from, const Event& to) {
 
 std::string_view device_name(Device device) { return device == Device::cpu ? "cpu" : "cuda"; }
 
-Tensor to_device(DeviceRuntime& rt, const Tensor& host, MemCategory category) {
-  if (host.device() != Device::cpu) throw Error("to_device: the source tensor is not in host memory");
-  Tensor t = Tensor::empty(rt, host.shape(), host.dtype(), category);
-  if (t.bytes()) {
-    Stream s = rt.compute_stream();
-    rt.copy_async(t.raw(), host.raw(), t.bytes(),
-                  rt.device() == Device::cpu ? CopyKind::host_to_host : CopyKind::host_to_device, s);
-    // Pageable source: the caller may reuse it as soon as this returns.
+namespace {
+// All of src into dst, on the compute stream; returns when done, so a pageable source may be
+// reused as soon as this returns.
+Tensor copy_sync(DeviceRuntime& rt, Tensor dst, const Tensor& src, CopyKind kind) {
+  if (dst.bytes()) {
+    const Stream s = rt.compute_stream();
+    rt.copy_async(dst.raw(), src.raw(), dst.bytes(), kind, s);
     rt.synchronize(s);
   }
-  return t;
+  return dst;
+}
+}  // namespace
+
+Tensor to_device(DeviceRuntime& rt, const Tensor& host, MemCategory category) {
+  if (host.device() != Device::cpu) throw Error("to_device: the source tensor is not in host memory");
+  return copy_sync(rt, Tensor::empty(rt, host.shape(), host.dtype(), category), host,
+                   rt.device() == Device::cpu ? CopyKind::host_to_host : CopyKind::host_to_device);
 }
 
 Tensor to_host(DeviceRuntime& rt, const Tensor& dev, MemCategory category, MemoryTracker* tracker) {
-  Tensor t = Tensor::empty(dev.shape(), dev.dtype(), category, tracker);
-  if (t.bytes()) {
-    Stream s = rt.compute_stream();
-    rt.copy_async(t.raw(), dev.raw(), t.bytes(),
-                  dev.device() == Device::cpu ? CopyKind::host_to_host : CopyKind::device_to_host, s);
-    rt.synchronize(s);
-  }
-  return t;
+  return copy_sync(rt, Tensor::empty(dev.shape(), dev.dtype(), category, tracker), dev,
+                   dev.device() == Device::cpu ? CopyKind::host_to_host : CopyKind::device_to_host);
 }
 
 }  // namespace fsdp

@@ -98,11 +98,17 @@ class DeviceRuntime {
   virtual Kernels& kernels() = 0;  // enqueued on compute_stream()
 };
 
+// Complete when made: the events of the host runtime (its work has finished when it returns) and
+// of the meta device.
+class DoneEvent : public Event {
+ public:
+  bool done() const override { return true; }
+};
+
 // The event of the default record_timed: complete when made, stamped with the host's clock.
-class HostTimedEvent final : public Event {
+class HostTimedEvent final : public DoneEvent {
  public:
   HostTimedEvent();
-  bool done() const override { return true; }
   double seconds() const { return seconds_; }  // steady_clock, seconds since its epoch
 
  private:

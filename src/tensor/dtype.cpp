@@ -68,6 +68,14 @@ void store_element(void* p, DType d, size_t i, double v) {
 
 namespace {
 bool is_float(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16 || d == DType::f64; }
+
+// dst[i] = F(src[i]): a direct call of an inline function, so the loop vectorises.
+template <class S, class D, D (*F)(S)>
+void map_n(const void* src, void* dst, size_t count) {
+  const auto* s = static_cast<const S*>(src);
+  auto* d = static_cast<D*>(dst);
+  for (size_t i = 0; i < count; ++i) d[i] = F(s[i]);
+}
 }  // namespace
 
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t count) {
@@ -78,30 +86,10 @@ void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_
     std::memcpy(dst, src, count * dtype_bytes(src_dtype));
     return;
   }
-  if (src_dtype == DType::f32 && dst_dtype == DType::bf16) {
-    auto s = static_cast<const float*>(src);
-    auto d = static_cast<uint16_t*>(dst);
-    for (size_t i = 0; i < count; ++i) d[i] = f32_to_bf16(s[i]);
-    return;
-  }
-  if (src_dtype == DType::bf16 && dst_dtype == DType::f32) {
-    auto s = static_cast<const uint16_t*>(src);
-    auto d = static_cast<float*>(dst);
-    for (size_t i = 0; i < count; ++i) d[i] = bf16_to_f32(s[i]);
-    return;
-  }
-  if (src_dtype == DType::f32 && dst_dtype == DType::f16) {
-    auto s = static_cast<const float*>(src);
-    auto d = static_cast<uint16_t*>(dst);
-    for (size_t i = 0; i < count; ++i) d[i] = f32_to_f16(s[i]);
-    return;
-  }
-  if (src_dtype == DType::f16 && dst_dtype == DType::f32) {
-    auto s = static_cast<const uint16_t*>(src);
-    auto d = static_cast<float*>(dst);
-    for (size_t i = 0; i < count; ++i) d[i] = f16_to_f32(s[i]);
-    return;
-  }
+  if (src_dtype == DType::f32 && dst_dtype == DType::bf16) return map_n<float, uint16_t, f32_to_bf16>(src, dst, count);
+  if (src_dtype == DType::bf16 && dst_dtype == DType::f32) return map_n<uint16_t, float, bf16_to_f32>(src, dst, count);
+  if (src_dtype == DType::f32 && dst_dtype == DType::f16) return map_n<float, uint16_t, f32_to_f16>(src, dst, count);
+  if (src_dtype == DType::f16 && dst_dtype == DType::f32) return map_n<uint16_t, float, f16_to_f32>(src, dst, count);
   for (DType d : {src_dtype, dst_dtype})
     if (!is_float(d)) throw Error("convert: " + std::string(dtype_name(d)) + " is not a float type");
   for (size_t i = 0; i < count; ++i) store_element(dst, dst_dtype, i, load_element(src, src_dtype, i));

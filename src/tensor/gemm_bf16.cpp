@@ -14,8 +14,6 @@ extern "C" void cblas_sbgemm(const enum CBLAS_ORDER, const enum CBLAS_TRANSPOSE,
 
 namespace fsdp::ops {
 
-bool have_native_sbgemm() { return FSDP_HAVE_SBGEMM; }
-
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
                const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
 #if FSDP_HAVE_SBGEMM

@@ -4,26 +4,12 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <new>
 
 #include "tensor/kernels.h"
 
 namespace fsdp {
 
 namespace {
-
-// Host work is complete when it returns: every event is already reached.
-class DoneEvent final : public Event {
- public:
-  bool done() const override { return true; }
-};
-
-void* aligned_bytes(size_t bytes) {
-  size_t rounded = (bytes + 63) / 64 * 64;  // as Buffer: 64-byte alignment for the vector loops
-  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
-  if (!p) throw std::bad_alloc();
-  return p;
-}
 
 // glibc gives blocks above its mmap threshold (dynamic, at most 32 MiB) their own mapping and
 // returns the top of the heap to the kernel past its trim threshold; either way the next step's
@@ -45,7 +31,7 @@ void keep_freed_host_memory() {
 HostRuntime::HostRuntime(MemoryTracker& tracker) : tracker_(tracker) { keep_freed_host_memory(); }
 
 void* HostRuntime::allocate(size_t bytes, MemCategory category, Stream) {
-  void* p = aligned_bytes(bytes);
+  void* p = aligned_host_alloc(bytes);
   tracker_.on_alloc(category, bytes);
   return p;
 }
@@ -55,7 +41,7 @@ void HostRuntime::deallocate(void* ptr, size_t bytes, MemCategory category, Stre
   std::free(ptr);
 }
 
-void* HostRuntime::allocate_pinned(size_t bytes) { return aligned_bytes(bytes); }
+void* HostRuntime::allocate_pinned(size_t bytes) { return aligned_host_alloc(bytes); }
 
 void HostRuntime::free_pinned(void* ptr) { std::free(ptr); }
 

@@ -12,11 +12,6 @@ namespace fsdp {
 
 namespace {
 
-class DoneEvent final : public Event {
- public:
-  bool done() const override { return true; }
-};
-
 // Every kernel a no-op; host values are zeros (a finite, zero loss and gradient norm).
 class MetaKernels final : public Kernels {
  public:

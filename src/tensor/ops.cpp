@@ -11,9 +11,6 @@
 
 namespace fsdp::ops {
 
-// Elementwise loops below this many elements stay on one thread: waking the team costs more.
-constexpr int64_t kParallelMin = 1 << 15;
-
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;

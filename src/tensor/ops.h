@@ -7,6 +7,9 @@
 
 namespace fsdp::ops {
 
+// Elementwise loops below this many elements stay on one thread: waking the team costs more.
+inline constexpr int64_t kParallelMin = 1 << 15;
+
 // C (M,N) = alpha * op(A) @ op(B) + beta * C, row-major; op(A) is (M,K), op(B) is (K,N).
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
@@ -48,15 +51,10 @@ void log_softmax_backward(float* dx, const float* dy, const float* y, int64_t ro
 void maxpool2_forward(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W);
 void maxpool2_backward(float* dx, const float* dy, const int32_t* argmax, int64_t planes, int64_t H, int64_t W);
 
-}  // namespace fsdp::ops
-
-namespace fsdp::ops {
-
 // bf16 operands (raw uint16 bits), f32 accumulate and output: OpenBLAS's cblas_sbgemm where the
 // library has it (detected by Meson), otherwise both operands are widened to f32 scratch and
 // sgemm runs — exact either way, since every bf16 value is an f32 value.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
                const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
-bool have_native_sbgemm();
 
 }  // namespace fsdp::ops

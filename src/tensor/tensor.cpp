@@ -27,11 +27,15 @@ std::string shape_str(const Shape& shape) {
   return s + "]";
 }
 
-Buffer::Buffer(size_t bytes, MemCategory category, MemoryTracker* tracker)
-    : bytes_(bytes), category_(category), tracker_(tracker) {
+void* aligned_host_alloc(size_t bytes) {
   size_t rounded = (bytes + 63) / 64 * 64;
-  data_ = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
-  if (!data_) throw std::bad_alloc();
+  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+
+Buffer::Buffer(size_t bytes, MemCategory category, MemoryTracker* tracker)
+    : data_(aligned_host_alloc(bytes)), bytes_(bytes), category_(category), tracker_(tracker) {
   if (tracker_) tracker_->on_alloc(category_, bytes_);
 }
 
@@ -50,19 +54,13 @@ Buffer::~Buffer() {
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, MemCategory category, MemoryTracker* tracker) {
-  Tensor t;
-  t.shape_ = shape;
-  t.numel_ = shape_numel(shape);
-  t.dtype_ = dtype;
+  Tensor t(shape, dtype);
   t.buffer_ = std::make_shared<Buffer>(t.bytes(), category, tracker);
   return t;
 }
 
 Tensor Tensor::empty(DeviceRuntime& runtime, const Shape& shape, DType dtype, MemCategory category) {
-  Tensor t;
-  t.shape_ = shape;
-  t.numel_ = shape_numel(shape);
-  t.dtype_ = dtype;
+  Tensor t(shape, dtype);
   t.device_ = runtime.device();
   t.runtime_ = &runtime;
   t.buffer_ = std::make_shared<Buffer>(t.bytes(), category, runtime);

@@ -18,6 +18,8 @@ using Shape = std::vector<int64_t>;
 
 int64_t shape_numel(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "[64, 1, 28, 28]"
+// Host memory, 64-byte aligned for the vector loops (at least 64 bytes); std::free releases it.
+void* aligned_host_alloc(size_t bytes);
 
 class DeviceRuntime;
 
@@ -76,6 +78,7 @@ class Tensor {
   bool matches(const Shape& shape, DType dtype) const { return defined() && shape_ == shape && dtype_ == dtype; }
 
  private:
+  Tensor(const Shape& shape, DType dtype) : shape_(shape), numel_(shape_numel(shape)), dtype_(dtype) {}
   std::shared_ptr<Buffer> buffer_;
   Shape shape_;
   int64_t numel_ = 0;
