@@ -9,7 +9,6 @@
 #include <mpi.h>
 
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <memory>
 #include <string>

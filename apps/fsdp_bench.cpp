@@ -64,10 +64,7 @@ constexpr const char* kUsage =
     "  --timeout 60 --device cpu; every built backend; every op. Run under mpirun/srun for more than\n"
     "  one rank. --device cuda: the backends' buffers live on the rank's GPU (mpi-raw stays on the host).\n";
 
-// ---- element access: every dtype through double (all values used here are exact in it) ----
-
-double load(const void* p, size_t i, DType d) { return fsdp::load_element(p, d, i); }
-void store(void* p, size_t i, DType d, double v) { fsdp::store_element(p, d, i, v); }
+// ---- values: every dtype through double (all values used here are exact in it) ----
 
 // An unsigned result wraps; every other dtype holds these small integers exactly.
 double as_stored(double v, DType d) { return d == DType::u8 ? static_cast<double>(static_cast<int64_t>(v) & 0xff) : v; }
@@ -129,7 +126,7 @@ constexpr Collective kAllGather = {
     [](size_t count, int) { return count; },
     [](size_t count, int n) { return count * static_cast<size_t>(n); },
     [](void* in, size_t count, DType d, int rank, int) {
-      for (size_t i = 0; i < count; ++i) store(in, i, d, gather_value(rank, i));
+      for (size_t i = 0; i < count; ++i) fsdp::store_element(in, d, i, gather_value(rank, i));
     },
     [](size_t j, size_t count, DType, int, int) { return gather_value(static_cast<int>(j / count), j % count); },
     [](fsdp::Communicator& c, const void* in, void* out, size_t count, DType d) {
@@ -148,7 +145,7 @@ constexpr Collective kReduceScatter = {
     [](size_t count, int n) { return count * static_cast<size_t>(n); },
     [](size_t count, int) { return count; },
     [](void* in, size_t count, DType d, int rank, int n) {
-      for (size_t i = 0; i < count * static_cast<size_t>(n); ++i) store(in, i, d, sum_value(rank, i, d));
+      for (size_t i = 0; i < count * static_cast<size_t>(n); ++i) fsdp::store_element(in, d, i, sum_value(rank, i, d));
     },
     [](size_t j, size_t count, DType d, int rank, int n) {
       return expected_sum(n, static_cast<size_t>(rank) * count + j, d);
@@ -169,7 +166,7 @@ constexpr Collective kAllReduce = {
     [](size_t count, int) { return count; },
     [](size_t count, int) { return count; },
     [](void* in, size_t count, DType d, int rank, int) {
-      for (size_t i = 0; i < count; ++i) store(in, i, d, sum_value(rank, i, d));
+      for (size_t i = 0; i < count; ++i) fsdp::store_element(in, d, i, sum_value(rank, i, d));
     },
     [](size_t j, size_t, DType d, int, int n) { return expected_sum(n, j, d); },
     [](fsdp::Communicator& c, const void* in, void* out, size_t count, DType d) {
@@ -361,23 +358,15 @@ struct Row {
   uint64_t wrong = 0;
 };
 
-// Aligned, untouched-until-filled storage for one buffer.
-struct Buffer {
-  explicit Buffer(size_t bytes)
-      : ptr(static_cast<char*>(std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64)))) {
-    if (!ptr) throw std::bad_alloc();
-  }
-  ~Buffer() { std::free(ptr); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  char* ptr;
-};
-
-// A buffer the collective works on: host memory, or device memory of `rt` with a host copy
-// that values are written to and checked in.
+// A buffer the collective works on: host memory (aligned, untouched until filled), or device
+// memory of `rt` with a host copy that values are written to and checked in.
 class BenchBuffer {
  public:
-  BenchBuffer(size_t bytes, fsdp::DeviceRuntime* rt) : host_(bytes), rt_(rt), bytes_(bytes) {
+  BenchBuffer(size_t bytes, fsdp::DeviceRuntime* rt)
+      : host_(static_cast<char*>(std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64))), std::free),
+        rt_(rt),
+        bytes_(bytes) {
+    if (!host_) throw std::bad_alloc();
     if (rt_) device_ = rt_->allocate(bytes_, fsdp::MemCategory::comm, rt_->compute_stream());
   }
   ~BenchBuffer() {
@@ -385,10 +374,10 @@ class BenchBuffer {
   }
   BenchBuffer(const BenchBuffer&) = delete;
   BenchBuffer& operator=(const BenchBuffer&) = delete;
-  char* host() const { return host_.ptr; }
-  void* data() const { return rt_ ? device_ : host_.ptr; }  // what the collective gets
-  void upload() { copy(data(), host_.ptr, fsdp::CopyKind::host_to_device); }
-  void download() { copy(host_.ptr, data(), fsdp::CopyKind::device_to_host); }
+  char* host() const { return host_.get(); }
+  void* data() const { return rt_ ? device_ : host_.get(); }  // what the collective gets
+  void upload() { copy(data(), host_.get(), fsdp::CopyKind::host_to_device); }
+  void download() { copy(host_.get(), data(), fsdp::CopyKind::device_to_host); }
 
  private:
   void copy(void* dst, const void* src, fsdp::CopyKind kind) {
@@ -396,7 +385,7 @@ class BenchBuffer {
     rt_->copy_async(dst, src, bytes_, kind, rt_->compute_stream());
     rt_->synchronize(rt_->compute_stream());
   }
-  Buffer host_;
+  std::unique_ptr<char, decltype(&std::free)> host_;
   fsdp::DeviceRuntime* rt_;
   size_t bytes_;
   void* device_ = nullptr;
@@ -412,7 +401,7 @@ Row measure(const Collective& c, size_t count, const Args& a, fsdp::Communicator
   fsdp::DeviceRuntime* const device = comm ? rt : nullptr;
   BenchBuffer in(in_n * b, device), out(out_n * b, device);
   c.fill_in(in.host(), count, d, rank, n);
-  for (size_t j = 0; j < out_n; ++j) store(out.host(), j, d, sentinel(d));
+  for (size_t j = 0; j < out_n; ++j) fsdp::store_element(out.host(), d, j, sentinel(d));
   in.upload();
   out.upload();
 
@@ -433,7 +422,7 @@ Row measure(const Collective& c, size_t count, const Args& a, fsdp::Communicator
   out.download();
   uint64_t wrong = 0;
   for (size_t j = 0; j < out_n; ++j)
-    if (load(out.host(), j, d) != c.expected(j, count, d, rank, n)) ++wrong;
+    if (fsdp::load_element(out.host(), d, j) != c.expected(j, count, d, rank, n)) ++wrong;
 
   double max_s = 0;
   uint64_t wrong_total = 0;
@@ -453,16 +442,12 @@ Row measure(const Collective& c, size_t count, const Args& a, fsdp::Communicator
   return r;
 }
 
-void print_row(const Row& r) {
-  std::printf("%14s %15s %12zu %11zu %6s %12.2f %11.3f %11.3f %7llu\n", r.backend.c_str(), r.op.c_str(), r.size_bytes,
-              r.count, std::string(fsdp::dtype_name(r.dtype)).c_str(), r.time_us, r.algbw_GBps, r.busbw_GBps,
-              static_cast<unsigned long long>(r.wrong));
-  std::fflush(stdout);
-}
+// The row's fields in `format`'s order: kTableRow on stdout, kCsvRow in --csv.
+constexpr const char* kTableRow = "%14s %15s %12zu %11zu %6s %12.2f %11.3f %11.3f %7llu\n";
+constexpr const char* kCsvRow = "%s,%s,%zu,%zu,%s,%.3f,%.6f,%.6f,%llu\n";
 
-void csv_row(FILE* f, const Row& r) {
-  if (!f) return;
-  std::fprintf(f, "%s,%s,%zu,%zu,%s,%.3f,%.6f,%.6f,%llu\n", r.backend.c_str(), r.op.c_str(), r.size_bytes, r.count,
+void write_row(FILE* f, const char* format, const Row& r) {
+  std::fprintf(f, format, r.backend.c_str(), r.op.c_str(), r.size_bytes, r.count,
                std::string(fsdp::dtype_name(r.dtype)).c_str(), r.time_us, r.algbw_GBps, r.busbw_GBps,
                static_cast<unsigned long long>(r.wrong));
   std::fflush(f);
@@ -571,10 +556,8 @@ int run(const Args& a, MPI_Comm world, int rank, int n, fsdp::DeviceRuntime* rt)
         for (size_t count : counts) {
           Row r = measure(*c, count, a, comm.get(), raw, world, rank, n, rt);
           wrong_total += r.wrong;
-          if (rank == 0) {
-            print_row(r);
-            csv_row(csv, r);
-          }
+          if (rank == 0) write_row(stdout, kTableRow, r);
+          if (csv) write_row(csv, kCsvRow, r);
         }
       }
     }

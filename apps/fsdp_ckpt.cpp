@@ -28,11 +28,13 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/h5.h"
+#include "ckpt/internal.h"
 #include "ckpt/safetensors.h"
 #include "comm/agree.h"
 #include "comm/mpi_env.h"
@@ -245,32 +247,14 @@ void print_table(const std::vector<std::vector<std::string>>& rows, const std::v
   }
 }
 
-// The root attributes, fsdp-hpc's in the order CheckpointMeta lists them; multi-line strings
-// (config_yaml) last, as indented text.
+// The root attributes, fsdp-hpc's in the order CheckpointMeta lists them (the file's order but
+// format ahead of format_version); multi-line strings (config_yaml) last, as indented text.
 void print_attributes(hid_t root) {
-  static const std::vector<std::string> order = {"format",
-                                                 "format_version",
-                                                 "step",
-                                                 "epoch",
-                                                 "step_in_epoch",
-                                                 "steps_per_epoch",
-                                                 "world_size",
-                                                 "shard_group_size",
-                                                 "global_batch_size",
-                                                 "seed",
-                                                 "strategy",
-                                                 "backend",
-                                                 "wrap_policy",
-                                                 "model_kind",
-                                                 "optimizer",
-                                                 "optimizer_states",
-                                                 "optimizer_step",
-                                                 "scheduler",
-                                                 "lr",
-                                                 "loss_scale",
-                                                 "loss_scale_good_steps",
-                                                 "best_eval_loss",
-                                                 "config_yaml"};
+  static const std::vector<std::string> order = [] {
+    std::vector<std::string> names = fsdp::ckpt::meta_attribute_names();
+    std::swap(names[0], names[1]);
+    return names;
+  }();
   std::vector<std::string> names = attr_names(root);
   std::stable_sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
     auto rank = [](const std::string& s) { return std::find(order.begin(), order.end(), s) - order.begin(); };
@@ -290,13 +274,8 @@ void print_attributes(hid_t root) {
   print_table(rows, {});
   for (const auto& [name, text] : blocks) {
     std::printf("  %s:\n", name.c_str());
-    size_t at = 0;
-    while (at < text.size()) {
-      size_t end = text.find('\n', at);
-      if (end == std::string::npos) end = text.size();
-      std::printf("    %s\n", text.substr(at, end - at).c_str());
-      at = end + 1;
-    }
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) std::printf("    %s\n", line.c_str());
   }
 }
 
@@ -359,10 +338,7 @@ void print_index(const fsdp::CheckpointContents& c) {
 
 int inspect(const std::string& path) {
   fsdp::H5Quiet quiet;
-  if (access(path.c_str(), R_OK) != 0) throw Error(path + ": cannot read the file (" + std::strerror(errno) + ")");
-  if (H5Fis_hdf5(path.c_str()) <= 0) throw Error(path + ": not an HDF5 file (or truncated)");
-  fsdp::H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (!file.valid()) throw Error(path + ": cannot open as HDF5 (truncated or damaged?)");
+  const fsdp::H5Id file = fsdp::ckpt::open_checkpoint_file(path, path);
   const bool ours = H5Aexists(file.get(), "format_version") > 0;
   std::unique_ptr<fsdp::CheckpointContents> contents;
   std::string error;
@@ -486,12 +462,11 @@ int convert(const Args& args, const fsdp::MpiSession& mpi) {
   } catch (const std::exception& e) {
     setup_error = describe(e);
   }
-  int failed = setup_error.empty() ? 0 : 1, any_failed = 0, all_failed = 0;
-  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Allreduce(&failed, &all_failed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (any_failed) {
-    if (failed && all_failed && mpi.rank() == 0) std::fprintf(stderr, "fsdp_ckpt: %s\n", setup_error.c_str());
-    if (failed && !all_failed) std::fprintf(stderr, "fsdp_ckpt: rank %d: %s\n", mpi.rank(), setup_error.c_str());
+  const fsdp::Agreement setup = fsdp::agree_on_error(MPI_COMM_WORLD, setup_error);
+  if (!setup.ok()) {
+    if (setup.all_failed() && mpi.rank() == 0) std::fprintf(stderr, "fsdp_ckpt: %s\n", setup_error.c_str());
+    if (!setup_error.empty() && !setup.all_failed())
+      std::fprintf(stderr, "fsdp_ckpt: rank %d: %s\n", mpi.rank(), setup_error.c_str());
     return 1;
   }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <numeric>
 
 #include "ckpt/internal.h"
 #include "comm/agree.h"
@@ -19,22 +20,6 @@ Group::Group(MPI_Comm comm) : comm_(comm) {
   MPI_Comm_size(comm_, &size_);
 }
 
-std::vector<char> Group::all_gather(const std::vector<char>& mine) const {
-  if (!parallel()) return mine;
-  int n = static_cast<int>(mine.size());
-  std::vector<int> counts(size_), displs(size_);
-  MPI_Allgather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, comm_);
-  int64_t total = 0;
-  for (int r = 0; r < size_; ++r) {
-    displs[r] = static_cast<int>(total);
-    total += counts[r];
-  }
-  if (total > INT32_MAX) throw Error("checkpoint: piece table too large to exchange");
-  std::vector<char> all(total);
-  MPI_Allgatherv(mine.data(), n, MPI_BYTE, all.data(), counts.data(), displs.data(), MPI_BYTE, comm_);
-  return all;
-}
-
 void Group::agree(const std::string& error) const { agree_on_error(comm_, error).throw_if_failed(); }
 
 void Group::barrier() const {
@@ -42,11 +27,15 @@ void Group::barrier() const {
 }
 
 std::vector<PieceCrc> all_gather_pieces(const Group& g, const std::vector<PieceCrc>& mine) {
-  std::vector<char> bytes(mine.size() * sizeof(PieceCrc));
-  if (!bytes.empty()) std::memcpy(bytes.data(), mine.data(), bytes.size());
-  std::vector<char> all_bytes = g.all_gather(bytes);
-  std::vector<PieceCrc> all(all_bytes.size() / sizeof(PieceCrc));
-  if (!all.empty()) std::memcpy(all.data(), all_bytes.data(), all_bytes.size());
+  if (!g.parallel()) return mine;
+  const int bytes = static_cast<int>(mine.size() * sizeof(PieceCrc));
+  std::vector<int> counts(g.size()), displs(g.size());
+  MPI_Allgather(&bytes, 1, MPI_INT, counts.data(), 1, MPI_INT, g.comm());
+  std::exclusive_scan(counts.begin(), counts.end(), displs.begin(), int64_t{0});  // wraps when refused below
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  if (total > INT32_MAX) throw Error("checkpoint: piece table too large to exchange");
+  std::vector<PieceCrc> all(total / sizeof(PieceCrc));
+  MPI_Allgatherv(mine.data(), bytes, MPI_BYTE, all.data(), counts.data(), displs.data(), MPI_BYTE, g.comm());
   return all;
 }
 
@@ -242,15 +231,11 @@ void write_attr(hid_t obj, const char* name, const std::vector<std::string>& val
   write_raw_attr(obj, name, type.get(), space.get(), ptrs.empty() ? static_cast<const void*>(&empty) : ptrs.data());
 }
 
-bool has_attr(hid_t obj, const char* name) { return H5Aexists(obj, name) > 0; }
-
 int64_t read_int_attr(hid_t obj, const char* name, const std::string& what) {
   return read_scalar<int64_t>(obj, name, what, H5T_INTEGER, H5T_NATIVE_INT64);
 }
 
-double read_double_attr(hid_t obj, const char* name, const std::string& what) {
-  return read_scalar<double>(obj, name, what, H5T_FLOAT, H5T_NATIVE_DOUBLE);
-}
+namespace {
 
 std::vector<std::string> read_strings_attr(hid_t obj, const char* name, const std::string& what) {
   H5Id a = open_attr(obj, name, what);
@@ -278,56 +263,32 @@ std::string read_string_attr(hid_t obj, const char* name, const std::string& wha
   return v[0];
 }
 
-namespace {
-
-// One row per root attribute: the writer and the reader walk the same table.
-struct MetaField {
-  const char* name;
-  std::function<void(hid_t, const CheckpointMeta&)> write;
-  std::function<void(hid_t, CheckpointMeta&, const std::string&)> read;
-};
-
-template <class T>
-MetaField field(const char* name, T CheckpointMeta::*member) {
-  return {name, [=](hid_t f, const CheckpointMeta& m) { write_attr(f, name, m.*member); },
-          [=](hid_t f, CheckpointMeta& m, const std::string& what) {
-            if constexpr (std::is_same_v<T, int64_t>)
-              m.*member = read_int_attr(f, name, what);
-            else if constexpr (std::is_same_v<T, double>)
-              m.*member = read_double_attr(f, name, what);
-            else if constexpr (std::is_same_v<T, std::string>)
-              m.*member = read_string_attr(f, name, what);
-            else
-              m.*member = read_strings_attr(f, name, what);
-          }};
-}
-
-const std::vector<MetaField>& meta_fields() {
-  static const std::vector<MetaField> fields = {
-      field("format", &CheckpointMeta::format),
-      field("step", &CheckpointMeta::step),
-      field("epoch", &CheckpointMeta::epoch),
-      field("step_in_epoch", &CheckpointMeta::step_in_epoch),
-      field("steps_per_epoch", &CheckpointMeta::steps_per_epoch),
-      field("world_size", &CheckpointMeta::world_size),
-      field("shard_group_size", &CheckpointMeta::shard_group_size),
-      field("global_batch_size", &CheckpointMeta::global_batch_size),
-      field("seed", &CheckpointMeta::seed),
-      field("strategy", &CheckpointMeta::strategy),
-      field("backend", &CheckpointMeta::backend),
-      field("wrap_policy", &CheckpointMeta::wrap_policy),
-      field("model_kind", &CheckpointMeta::model_kind),
-      field("optimizer", &CheckpointMeta::optimizer),
-      field("optimizer_states", &CheckpointMeta::optimizer_states),
-      field("optimizer_step", &CheckpointMeta::optimizer_step),
-      field("scheduler", &CheckpointMeta::scheduler),
-      field("lr", &CheckpointMeta::lr),
-      field("loss_scale", &CheckpointMeta::loss_scale),
-      field("loss_scale_good_steps", &CheckpointMeta::loss_scale_good_steps),
-      field("best_eval_loss", &CheckpointMeta::best_eval_loss),
-      field("config_yaml", &CheckpointMeta::config_yaml),
-  };
-  return fields;
+// One call per root attribute but format_version, in file order: fn(name, member). The writer,
+// the reader and meta_attribute_names walk the same list.
+template <class Meta, class Fn>
+void for_each_meta_field(Meta&& m, Fn fn) {
+  fn("format", m.format);
+  fn("step", m.step);
+  fn("epoch", m.epoch);
+  fn("step_in_epoch", m.step_in_epoch);
+  fn("steps_per_epoch", m.steps_per_epoch);
+  fn("world_size", m.world_size);
+  fn("shard_group_size", m.shard_group_size);
+  fn("global_batch_size", m.global_batch_size);
+  fn("seed", m.seed);
+  fn("strategy", m.strategy);
+  fn("backend", m.backend);
+  fn("wrap_policy", m.wrap_policy);
+  fn("model_kind", m.model_kind);
+  fn("optimizer", m.optimizer);
+  fn("optimizer_states", m.optimizer_states);
+  fn("optimizer_step", m.optimizer_step);
+  fn("scheduler", m.scheduler);
+  fn("lr", m.lr);
+  fn("loss_scale", m.loss_scale);
+  fn("loss_scale_good_steps", m.loss_scale_good_steps);
+  fn("best_eval_loss", m.best_eval_loss);
+  fn("config_yaml", m.config_yaml);
 }
 
 }  // namespace
@@ -335,24 +296,33 @@ const std::vector<MetaField>& meta_fields() {
 void write_meta(hid_t file, const CheckpointMeta& meta) {
   // format_version first: a reader checks it before trusting anything else.
   write_attr(file, "format_version", meta.format_version);
-  for (const MetaField& f : meta_fields()) f.write(file, meta);
+  for_each_meta_field(meta, [&](const char* name, const auto& value) { write_attr(file, name, value); });
 }
 
 std::vector<std::string> meta_attribute_names() {
   std::vector<std::string> names = {"format_version"};
-  for (const MetaField& f : meta_fields()) names.emplace_back(f.name);
+  for_each_meta_field(CheckpointMeta{}, [&](const char* name, const auto&) { names.emplace_back(name); });
   return names;
 }
 
 CheckpointMeta read_meta(hid_t file, const std::string& what) {
   CheckpointMeta m;
-  if (!has_attr(file, "format_version"))
+  if (H5Aexists(file, "format_version") <= 0)
     throw Error(what + ": not an fsdp-hpc checkpoint (no format_version attribute)");
   m.format_version = read_int_attr(file, "format_version", what);
   if (m.format_version != kCheckpointFormatVersion)
     throw Error(what + ": format_version " + std::to_string(m.format_version) + " is not supported (this build reads " +
                 std::to_string(kCheckpointFormatVersion) + ")");
-  for (const MetaField& f : meta_fields()) f.read(file, m, what);
+  for_each_meta_field(m, [&]<class T>(const char* name, T& value) {
+    if constexpr (std::is_same_v<T, int64_t>)
+      value = read_int_attr(file, name, what);
+    else if constexpr (std::is_same_v<T, double>)
+      value = read_scalar<double>(file, name, what, H5T_FLOAT, H5T_NATIVE_DOUBLE);
+    else if constexpr (std::is_same_v<T, std::string>)
+      value = read_string_attr(file, name, what);
+    else
+      value = read_strings_attr(file, name, what);
+  });
   if (m.format != "consolidated" && m.format != "sharded") throw Error(what + ": unknown format '" + m.format + "'");
   if (m.step < 0 || m.epoch < 0 || m.world_size < 1 || m.optimizer_step < 0)
     throw Error(what + ": negative step, epoch or world_size attribute");

@@ -5,6 +5,7 @@
 #include <hdf5.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nn/module.h"
@@ -16,13 +17,12 @@ class H5Id {
   H5Id() = default;
   H5Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
   ~H5Id() { reset(); }
-  H5Id(H5Id&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = H5I_INVALID_HID; }
+  H5Id(H5Id&& o) noexcept : id_(std::exchange(o.id_, H5I_INVALID_HID)), close_(o.close_) {}
   H5Id& operator=(H5Id&& o) noexcept {
     if (this != &o) {
       reset();
-      id_ = o.id_;
+      id_ = std::exchange(o.id_, H5I_INVALID_HID);
       close_ = o.close_;
-      o.id_ = H5I_INVALID_HID;
     }
     return *this;
   }
@@ -30,11 +30,7 @@ class H5Id {
   H5Id& operator=(const H5Id&) = delete;
   hid_t get() const { return id_; }
   // Gives up ownership: the caller closes it (to see the close's own result, e.g. H5Fclose).
-  hid_t release() {
-    hid_t id = id_;
-    id_ = H5I_INVALID_HID;
-    return id;
-  }
+  hid_t release() { return std::exchange(id_, H5I_INVALID_HID); }
   bool valid() const { return id_ >= 0; }
   void reset() {
     if (id_ >= 0 && close_) close_(id_);

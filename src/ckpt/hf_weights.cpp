@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <memory>
 
 #include "ckpt/internal.h"
 #include "ckpt/safetensors.h"

@@ -21,8 +21,6 @@ class Group {
   int size() const { return size_; }
   MPI_Comm comm() const { return comm_; }
   bool parallel() const { return comm_ != MPI_COMM_NULL; }
-  // Every rank's bytes, concatenated in rank order.
-  std::vector<char> all_gather(const std::vector<char>& mine) const;
   // Error agreement: when any rank's message is non-empty, every rank throws the lowest failing
   // rank's message (prefixed with its rank when the group has several).
   void agree(const std::string& error) const;
@@ -82,12 +80,8 @@ void write_attr(hid_t obj, const char* name, int64_t value);
 void write_attr(hid_t obj, const char* name, double value);
 void write_attr(hid_t obj, const char* name, const std::string& value);
 void write_attr(hid_t obj, const char* name, const std::vector<std::string>& value);
-bool has_attr(hid_t obj, const char* name);
-// Readers throw Error("<what>: attribute <name> ...") when missing or of another kind.
+// Throws Error("<what>: attribute <name> ...") when missing or not a scalar integer.
 int64_t read_int_attr(hid_t obj, const char* name, const std::string& what);
-double read_double_attr(hid_t obj, const char* name, const std::string& what);
-std::string read_string_attr(hid_t obj, const char* name, const std::string& what);
-std::vector<std::string> read_strings_attr(hid_t obj, const char* name, const std::string& what);
 
 // The root attributes, one table for writing and reading.
 void write_meta(hid_t file, const CheckpointMeta& meta);

@@ -7,6 +7,7 @@
 // Reading by independent POSIX opens (HDF5's default driver) instead of one collective MPI-IO
 // open keeps a damaged file from ever leaving ranks in a collective that some never reach: each
 // rank fails or succeeds alone, and one agreement step decides for all.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -29,11 +30,6 @@ struct TensorSource {
   uint32_t crc = 0;
 };
 
-std::string dims_str(const std::vector<hsize_t>& dims) {
-  Shape s(dims.begin(), dims.end());
-  return shape_str(s);
-}
-
 class Reader {
  public:
   Reader(const std::string& path, const ShardedState& st, const LoadOptions& options)
@@ -52,6 +48,7 @@ class Reader {
   }
 
   const CheckpointMeta& meta() const { return meta_; }
+  const std::vector<Param*>& params() const { return params_; }  // in ShardedState order
   int states() const { return states_; }
   const TensorSource& source(size_t param, int state) const { return sources_[param * states_ + state]; }
 
@@ -94,11 +91,9 @@ class Reader {
     if (!options_.optimizer.empty() && meta_.optimizer != options_.optimizer)
       throw Error(what_ + ": written with optimizer " + meta_.optimizer + ", this run uses " + options_.optimizer +
                   " (load weights only with model.init_from)");
-    for (const std::string& s : st_.state_names) {
-      bool found = false;
-      for (const std::string& f : meta_.optimizer_states) found = found || f == s;
-      if (!found) throw Error(what_ + ": has no optimizer state '" + s + "'");
-    }
+    for (const std::string& s : st_.state_names)
+      if (std::ranges::find(meta_.optimizer_states, s) == meta_.optimizer_states.end())
+        throw Error(what_ + ": has no optimizer state '" + s + "'");
   }
 
   hid_t open_dataset(const std::string& path) {
@@ -134,8 +129,9 @@ class Reader {
         hid_t ds = open_dataset(path);
         if (ds < 0) throw Error(what_ + ": missing tensor " + path);
         std::vector<hsize_t> dims = dataset_dims(ds, what_ + ": " + path);
-        if (Shape(dims.begin(), dims.end()) != params_[i]->shape)
-          throw Error(what_ + ": " + path + " has shape " + dims_str(dims) + ", the model expects " +
+        const Shape shape(dims.begin(), dims.end());
+        if (shape != params_[i]->shape)
+          throw Error(what_ + ": " + path + " has shape " + shape_str(shape) + ", the model expects " +
                       shape_str(params_[i]->shape));
         sources_[i * states_ + s] = {ds, dims, 0, crc_attr(ds, path)};
       }
@@ -167,8 +163,8 @@ class Reader {
         if (ds < 0) throw Error(what_ + ": missing dataset " + path);
         std::vector<hsize_t> ddims = dataset_dims(ds, what_ + ": " + path);
         if (ddims.size() != 1 || static_cast<int64_t>(ddims[0]) != padded)
-          throw Error(what_ + ": " + path + " has shape " + dims_str(ddims) + ", the index says (" +
-                      std::to_string(padded) + ")");
+          throw Error(what_ + ": " + path + " has shape " + shape_str(Shape(ddims.begin(), ddims.end())) +
+                      ", the index says (" + std::to_string(padded) + ")");
         sources_[i * states_ + s] = {ds, ddims, t.offset, t.crc32[file_state]};
       }
     }
@@ -218,25 +214,21 @@ CheckpointMeta load_checkpoint(const std::string& path, const ShardedState& st, 
   // Every tensor's pieces, from all ranks, tile it: their combined CRC must be the stored one.
   const std::vector<PieceCrc> all = all_gather_pieces(g, pieces);
   const int states = reader->states();
-  std::vector<std::vector<PieceCrc>> by_tensor;
-  size_t n_params = 0;
-  for (const UnitShard& u : st.units) n_params += u.layout->params.size();
-  by_tensor.resize(n_params * states);
+  const std::vector<Param*>& params = reader->params();
+  std::vector<std::vector<PieceCrc>> by_tensor(params.size() * states);
   for (const PieceCrc& p : all) by_tensor[p.tensor].push_back(p);
-  size_t param = 0;
   int64_t bytes = 0;
-  for (const UnitShard& u : st.units)
-    for (size_t i = 0; i < u.layout->params.size(); ++i, ++param)
-      for (int s = 0; s < states; ++s) {
-        const int64_t numel = u.layout->params[i]->numel();
-        bytes += numel * static_cast<int64_t>(sizeof(float));
-        uint32_t crc = 0;
-        if (!combine_crc(by_tensor[param * states + s], true, numel, &crc))
-          throw Error("checkpoint " + path + ": the ranks did not read all of " + reader->tensor_name(param, s));
-        if (crc != reader->source(param, s).crc)
-          throw Error("checkpoint " + path + ": " + reader->tensor_name(param, s) +
-                      " fails its crc32 check (the file is damaged)");
-      }
+  for (size_t param = 0; param < params.size(); ++param)
+    for (int s = 0; s < states; ++s) {
+      const int64_t numel = params[param]->numel();
+      bytes += numel * static_cast<int64_t>(sizeof(float));
+      uint32_t crc = 0;
+      if (!combine_crc(by_tensor[param * states + s], true, numel, &crc))
+        throw Error("checkpoint " + path + ": the ranks did not read all of " + reader->tensor_name(param, s));
+      if (crc != reader->source(param, s).crc)
+        throw Error("checkpoint " + path + ": " + reader->tensor_name(param, s) +
+                    " fails its crc32 check (the file is damaged)");
+    }
   // Sound bytes, diverged values: the caller decides (resume: auto tries an older file).
   try {
     g.agree(reader->nonfinite().empty() ? ""

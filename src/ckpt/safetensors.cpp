@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string_view>
 #include <utility>
 
 #include "tensor/error.h"
@@ -27,6 +28,9 @@ constexpr std::pair<const char*, int64_t> kDTypes[] = {
     {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
     {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"F64", 8},     {"I64", 8}, {"U64", 8},
 };
+
+// A header longer than this is refused before it is read (the safetensors library's limit).
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
 // No tensor of more dimensions or elements is real: refused as damaged (as the HDF5 loader does).
 constexpr size_t kMaxDims = 8;
@@ -83,11 +87,12 @@ SafetensorsTensor parse_entry(const std::string& name, const Json& v, const std:
   return t;
 }
 
-// Reads exactly `bytes` at `offset`; false at end of file. EINTR and short reads are retried.
-bool pread_all(int fd, void* dst, uint64_t bytes, uint64_t offset) {
-  auto* p = static_cast<char*>(dst);
+// Transfers exactly `bytes` at `offset` with io (pread or pwrite); false at end of file. EINTR
+// and short transfers are retried.
+template <class Byte, class Io>
+bool transfer_all(Io io, int fd, Byte* p, uint64_t bytes, uint64_t offset) {
   while (bytes > 0) {
-    const ssize_t n = ::pread(fd, p, bytes, static_cast<off_t>(offset));
+    const ssize_t n = io(fd, p, bytes, static_cast<off_t>(offset));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return false;
     p += n;
@@ -97,17 +102,12 @@ bool pread_all(int fd, void* dst, uint64_t bytes, uint64_t offset) {
   return true;
 }
 
+bool pread_all(int fd, void* dst, uint64_t bytes, uint64_t offset) {
+  return transfer_all(::pread, fd, static_cast<char*>(dst), bytes, offset);
+}
+
 bool pwrite_all(int fd, const void* src, uint64_t bytes, uint64_t offset) {
-  const auto* p = static_cast<const char*>(src);
-  while (bytes > 0) {
-    const ssize_t n = ::pwrite(fd, p, bytes, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    bytes -= static_cast<uint64_t>(n);
-    offset += static_cast<uint64_t>(n);
-  }
-  return true;
+  return transfer_all(::pwrite, fd, static_cast<const char*>(src), bytes, offset);
 }
 
 Json read_json_file(const std::string& path) {
@@ -115,7 +115,7 @@ Json read_json_file(const std::string& path) {
   if (fd < 0) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
   struct stat st {};
   std::string text;
-  const bool ok = fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) <= kMaxSafetensorsHeaderBytes &&
+  const bool ok = fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) <= kMaxHeaderBytes &&
                   (text.resize(static_cast<size_t>(st.st_size)), pread_all(fd, text.data(), text.size(), 0));
   ::close(fd);
   if (!ok) throw Error(path + ": cannot read (or over 100 MB)");
@@ -126,15 +126,9 @@ Json read_json_file(const std::string& path) {
   }
 }
 
-}  // namespace
-
-SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t header_bytes, uint64_t file_bytes,
-                                           const std::string& what) {
-  SafetensorsHeader h;
-  h.header_bytes = header_bytes;
-  if (header_bytes > file_bytes || file_bytes - header_bytes < 8)
-    throw Error(what + ": truncated: the header needs " + std::to_string(header_bytes) + " + 8 bytes, the file has " +
-                std::to_string(file_bytes));
+// The tensors a header's JSON describes, in data order, checked against `data_bytes` of data.
+// `what` starts every message (the file's path).
+std::vector<SafetensorsTensor> parse_header(std::string_view json, uint64_t data_bytes, const std::string& what) {
   Json j;
   try {
     j = Json::parse(json);
@@ -142,25 +136,23 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t heade
     throw Error(what + ": bad header JSON (" + e.what() + ")");
   }
   if (!j.is_object()) throw Error(what + ": the header is not a JSON object");
+  std::vector<SafetensorsTensor> tensors;
   for (const auto& [key, value] : j.items()) {
     if (key == "__metadata__") {
       if (!value.is_object()) throw Error(what + ": __metadata__ is not a JSON object");
-      for (const auto& [k, v] : value.items()) {
+      for (const auto& [k, v] : value.items())
         if (!v.is_string()) throw Error(text({what, ": __metadata__ value of '", k, "' is not a string"}));
-        h.metadata[k] = v.get<std::string>();
-      }
       continue;
     }
-    h.tensors.push_back(parse_entry(key, value, what));
+    tensors.push_back(parse_entry(key, value, what));
   }
   // The tensors must tile the data: sorted by place, each begins where the one before ended.
-  std::sort(h.tensors.begin(), h.tensors.end(), [](const SafetensorsTensor& a, const SafetensorsTensor& b) {
+  std::sort(tensors.begin(), tensors.end(), [](const SafetensorsTensor& a, const SafetensorsTensor& b) {
     return std::tie(a.begin_bytes, a.end_bytes, a.name) < std::tie(b.begin_bytes, b.end_bytes, b.name);
   });
-  const uint64_t data_bytes = file_bytes - 8 - header_bytes;
   uint64_t cursor = 0;
   const SafetensorsTensor* previous = nullptr;
-  for (const SafetensorsTensor& t : h.tensors) {
+  for (const SafetensorsTensor& t : tensors) {
     if (t.end_bytes > data_bytes)
       throw Error(what + ": tensor " + t.name + " at data_offsets " + range_str(t.begin_bytes, t.end_bytes) +
                   " runs past the end of the data (" + std::to_string(data_bytes) + " bytes; truncated file?)");
@@ -176,8 +168,10 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t heade
   if (cursor != data_bytes)
     throw Error(what + ": " + std::to_string(data_bytes - cursor) + " bytes after the last tensor's data (bytes " +
                 range_str(cursor, data_bytes) + " belong to no tensor)");
-  return h;
+  return tensors;
 }
+
+}  // namespace
 
 DType safetensors_float_dtype(const SafetensorsTensor& t, const std::string& what) {
   if (t.dtype == "F32") return DType::f32;
@@ -215,7 +209,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) {
         open_file((fs::path(path) / file).string());
         const File& opened = *files_.back();
         std::set<std::string> held;
-        for (const SafetensorsTensor& t : opened.header.tensors) held.insert(t.name);
+        for (const SafetensorsTensor& t : opened.tensors) held.insert(t.name);
         for (const std::string& n : names)
           if (!held.contains(n))
             throw Error(text({index, ": weight_map puts ", n, " in ", file, ", which does not hold it"}));
@@ -226,7 +220,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) {
     }
   }
   for (size_t f = 0; f < files_.size(); ++f)
-    for (const SafetensorsTensor& t : files_[f]->header.tensors)
+    for (const SafetensorsTensor& t : files_[f]->tensors)
       if (!by_name_.emplace(t.name, Entry{&t, static_cast<int>(f)}).second)
         throw Error(files_[f]->path + ": tensor " + t.name + " is also in " + file_path(by_name_.at(t.name).file));
 }
@@ -248,14 +242,15 @@ void SafetensorsReader::open_file(const std::string& path) {
     throw Error(path + ": truncated: " + std::to_string(file_bytes) + " bytes, less than the 8-byte header length");
   uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i) header_bytes = header_bytes << 8 | len[i];
-  if (header_bytes > kMaxSafetensorsHeaderBytes)
+  if (header_bytes > kMaxHeaderBytes)
     throw Error(path + ": header length " + std::to_string(header_bytes) + " bytes is over the 100 MB limit");
   if (8 + header_bytes > file_bytes)
     throw Error(path + ": truncated: the header needs " + std::to_string(8 + header_bytes) + " bytes, the file has " +
                 std::to_string(file_bytes));
   std::string json(header_bytes, '\0');
   if (!pread_all(f.fd, json.data(), header_bytes, 8)) throw Error(path + ": cannot read the header");
-  f.header = parse_safetensors_header(json, header_bytes, file_bytes, path);
+  f.data_begin = 8 + header_bytes;
+  f.tensors = parse_header(json, file_bytes - f.data_begin, path);
   bytes_read_ += 8 + header_bytes;
 }
 
@@ -271,7 +266,7 @@ void SafetensorsReader::read_f32(const Entry& e, int64_t offset, int64_t count, 
   if (offset < 0 || count < 0 || offset + count > t.numel())
     throw Error(f.path + ": tensor " + t.name + ": elements " + range_str(offset, offset + count) + " asked of " +
                 std::to_string(t.numel()));
-  const uint64_t at = f.header.data_begin() + t.begin_bytes + static_cast<uint64_t>(offset) * t.element_bytes;
+  const uint64_t at = f.data_begin + t.begin_bytes + static_cast<uint64_t>(offset) * t.element_bytes;
   const uint64_t bytes = static_cast<uint64_t>(count) * t.element_bytes;
   void* dst = out;
   if (dtype != DType::f32) {

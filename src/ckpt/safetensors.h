@@ -15,16 +15,12 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "tensor/dtype.h"
 #include "tensor/tensor.h"
 
 namespace fsdp {
-
-// A header longer than this is refused before it is read (the safetensors library's limit).
-constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 
 // One tensor of a file as its header describes it.
 struct SafetensorsTensor {
@@ -35,19 +31,6 @@ struct SafetensorsTensor {
   uint64_t begin_bytes{}, end_bytes{};  // data_offsets: relative to the end of the header
   int64_t numel() const { return shape_numel(shape); }
 };
-
-// A parsed and checked header.
-struct SafetensorsHeader {
-  uint64_t header_bytes{};                 // N, the JSON's length
-  std::vector<SafetensorsTensor> tensors;  // in data order
-  std::map<std::string, std::string> metadata;
-  uint64_t data_begin() const { return 8 + header_bytes; }
-};
-
-// Checks a header's JSON against a file of `file_bytes` bytes whose first 8 bytes gave
-// header_bytes. `what` starts every message (the file's path).
-SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t header_bytes, uint64_t file_bytes,
-                                           const std::string& what);
 
 // The f32/bf16/f16 DType of a safetensors dtype name; Error naming the tensor otherwise.
 DType safetensors_float_dtype(const SafetensorsTensor& t, const std::string& what);
@@ -85,7 +68,8 @@ class SafetensorsReader {
     File& operator=(const File&) = delete;
     std::string path;
     int fd = -1;
-    SafetensorsHeader header;
+    uint64_t data_begin = 0;                 // 8 + the header's length
+    std::vector<SafetensorsTensor> tensors;  // in data order
   };
   void open_file(const std::string& path);
 

@@ -32,6 +32,7 @@ namespace {
 struct DatasetSpec {
   std::string path;
   std::vector<hsize_t> dims;
+  int64_t numel = 0;
 };
 
 // One contiguous write of this rank into one dataset (at most one per dataset).
@@ -59,8 +60,9 @@ SavePlan make_plan(const ShardedState& st, CheckpointFormat format) {
     auto local = [&](int s, int64_t flat) { return st.buffers[s] + u.local_offset + (flat - u.held_begin); };
     if (sharded) {
       for (int s = 0; s < states; ++s) {
-        plan.datasets.push_back(
-            {shard_path(static_cast<int64_t>(k), s, st.state_names), {static_cast<hsize_t>(u.padded_numel)}});
+        plan.datasets.push_back({shard_path(static_cast<int64_t>(k), s, st.state_names),
+                                 {static_cast<hsize_t>(u.padded_numel)},
+                                 u.padded_numel});
         if (u.write_count > 0) plan.writes.push_back({first_dataset + s, w_begin, u.write_count, local(s, w_begin)});
       }
     }
@@ -74,7 +76,8 @@ SavePlan make_plan(const ShardedState& st, CheckpointFormat format) {
         int64_t dataset = first_dataset + s;
         if (!sharded) {
           dataset = static_cast<int64_t>(plan.datasets.size());
-          plan.datasets.push_back({consolidated_path(p->name, s, st.state_names), {p->shape.begin(), p->shape.end()}});
+          plan.datasets.push_back(
+              {consolidated_path(p->name, s, st.state_names), {p->shape.begin(), p->shape.end()}, p->numel()});
         }
         if (lo >= hi) continue;
         PieceCrc piece{tensor, dataset, lo - p_begin, sharded ? lo : lo - p_begin, hi - lo, 0};
@@ -293,9 +296,7 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st,
   for (size_t d = 0; d < plan.datasets.size(); ++d) {
     const WriteOp* w = op_of[d];
     if (!w && !(g.parallel() && options.collective)) continue;
-    int64_t numel = 1;
-    for (hsize_t x : plan.datasets[d].dims) numel *= static_cast<int64_t>(x);
-    if (numel == 0) continue;  // an empty unit (a root that wraps nothing): nothing to transfer
+    if (plan.datasets[d].numel == 0) continue;  // an empty unit (a root that wraps nothing): nothing to transfer
     H5Id fspace(H5Dget_space(datasets[d].get()), H5Sclose);
     hsize_t n = w ? static_cast<hsize_t>(w->count) : 1;
     H5Id mspace(H5Screate_simple(1, &n, nullptr), H5Sclose);
@@ -326,8 +327,7 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st,
   CheckpointStats stats;
   try {
     for (size_t d = 0; d < plan.datasets.size(); ++d) {
-      int64_t numel = 1;
-      for (hsize_t x : plan.datasets[d].dims) numel *= static_cast<int64_t>(x);
+      const int64_t numel = plan.datasets[d].numel;
       stats.bytes += numel * static_cast<int64_t>(sizeof(float));
       uint32_t crc = 0;
       if (!combine_crc(by_dataset[d], false, numel, &crc))
