@@ -18,10 +18,22 @@ def transformer_matmul_params(vocab, d_model, n_layers, d_ff, **_):
 
 def transformer_step_flops(batch, vocab, d_model, n_layers, d_ff, seq_len, **_):
     """6 * (matmul parameters) * tokens, plus attention 12 * L * B * T^2 * C (QK^T and PV,
-    forward 4BT^2C + backward 8BT^2C per layer, counted over the full T x T even though the
-    causal half is masked)."""
+    forward 4BT^2C + backward 8BT^2C per layer), counted over the full T x T although the causal
+    half is masked: PaLM's model-FLOPs convention, and what PyTorch's nn.MultiheadAttention
+    computes. fsdp-hpc's host kernels skip most of the masked half (Kernels::causal_row_block:
+    row blocks of 32, so (n + 1) / 2n of the square for n = T / 32 blocks), so they execute fewer
+    FLOPs than counted; transformer_executed_step_flops gives that number."""
     B, T, C, L = batch, seq_len, d_model, n_layers
     return 6 * transformer_matmul_params(vocab, d_model, n_layers, d_ff) * B * T + 12 * L * B * T * T * C
+
+
+def transformer_executed_step_flops(batch, vocab, d_model, n_layers, d_ff, seq_len, row_block=32, **_):
+    """The matmul FLOPs fsdp-hpc's host kernels execute per step: the attention GEMMs cover, per
+    row block [r0, r1), only the key columns < r1 (nn/attention.cpp)."""
+    B, T, C, L = batch, seq_len, d_model, n_layers
+    blocks = -(-T // row_block)
+    covered = sum(min(T, (i + 1) * row_block) * (min(T, (i + 1) * row_block) - i * row_block) for i in range(blocks))
+    return 6 * transformer_matmul_params(vocab, d_model, n_layers, d_ff) * B * T + 12 * L * B * covered * C
 
 
 def mnist_cnn_step_flops(batch):

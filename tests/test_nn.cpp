@@ -381,53 +381,61 @@ BOOST_AUTO_TEST_CASE(multihead_attention_causal) {
                                                             "attn.out_proj.weight", "attn.out_proj.bias"}));
   Bound b(attn, 6);
   b.perturb_constants(7);  // in_proj_bias, out_proj.bias
-  Tensor x = random_tensor({2, 5, 8}, 12);
-  check_layer(attn, ctx, x, &b, Tol{});
+  // T 5 is one GEMM block; T 70 runs the host kernels' blocked causal GEMMs (rows in blocks of
+  // causal_row_block: 32, 32 and a last, shorter one).
+  BOOST_TEST_REQUIRE(cpu_kernels().causal_row_block(5) == 5);
+  BOOST_TEST_REQUIRE(cpu_kernels().causal_row_block(70) < 35);
+  for (const int64_t T : {int64_t{5}, int64_t{70}}) {
+    BOOST_TEST_CONTEXT("T " << T) {
+      Tensor x = random_tensor({2, T, 8}, 12);
+      check_layer(attn, ctx, x, &b, Tol{});
 
-  // Forward against a direct double computation of causal softmax attention.
-  const Tensor& y = attn.forward(ctx, x);
-  const int64_t B = 2, T = 5, C = 8, H = 2, hd = 4;
-  std::vector<double> qkv(B * T * 3 * C), o(B * T * C);
-  for (int64_t r = 0; r < B * T; ++r)
-    for (int64_t j = 0; j < 3 * C; ++j) {
-      double s = attn.in_proj_bias.data[j];
-      for (int64_t c = 0; c < C; ++c)
-        s += static_cast<double>(attn.in_proj_weight.data[j * C + c]) * x.f32()[r * C + c];
-      qkv[r * 3 * C + j] = s;
-    }
-  for (int64_t bb = 0; bb < B; ++bb)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < T; ++i) {
-        std::vector<double> sc(i + 1);
-        double mx = -1e300;
-        for (int64_t j = 0; j <= i; ++j) {
-          double s = 0.0;
-          for (int64_t d = 0; d < hd; ++d)
-            s += qkv[(bb * T + i) * 3 * C + h * hd + d] * qkv[(bb * T + j) * 3 * C + C + h * hd + d];
-          sc[j] = s / std::sqrt(static_cast<double>(hd));
-          mx = std::max(mx, sc[j]);
+      // Forward against a direct double computation of causal softmax attention.
+      const Tensor& y = attn.forward(ctx, x);
+      const int64_t B = 2, C = 8, H = 2, hd = 4;
+      std::vector<double> qkv(B * T * 3 * C), o(B * T * C);
+      for (int64_t r = 0; r < B * T; ++r)
+        for (int64_t j = 0; j < 3 * C; ++j) {
+          double s = attn.in_proj_bias.data[j];
+          for (int64_t c = 0; c < C; ++c)
+            s += static_cast<double>(attn.in_proj_weight.data[j * C + c]) * x.f32()[r * C + c];
+          qkv[r * 3 * C + j] = s;
         }
-        double z = 0.0;
-        for (auto& s : sc) z += (s = std::exp(s - mx));
-        for (int64_t d = 0; d < hd; ++d) {
-          double acc = 0.0;
-          for (int64_t j = 0; j <= i; ++j) acc += sc[j] / z * qkv[(bb * T + j) * 3 * C + 2 * C + h * hd + d];
-          o[(bb * T + i) * C + h * hd + d] = acc;
+      for (int64_t bb = 0; bb < B; ++bb)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t i = 0; i < T; ++i) {
+            std::vector<double> sc(i + 1);
+            double mx = -1e300;
+            for (int64_t j = 0; j <= i; ++j) {
+              double s = 0.0;
+              for (int64_t d = 0; d < hd; ++d)
+                s += qkv[(bb * T + i) * 3 * C + h * hd + d] * qkv[(bb * T + j) * 3 * C + C + h * hd + d];
+              sc[j] = s / std::sqrt(static_cast<double>(hd));
+              mx = std::max(mx, sc[j]);
+            }
+            double z = 0.0;
+            for (auto& s : sc) z += (s = std::exp(s - mx));
+            for (int64_t d = 0; d < hd; ++d) {
+              double acc = 0.0;
+              for (int64_t j = 0; j <= i; ++j) acc += sc[j] / z * qkv[(bb * T + j) * 3 * C + 2 * C + h * hd + d];
+              o[(bb * T + i) * C + h * hd + d] = acc;
+            }
+          }
+      for (int64_t r = 0; r < B * T; ++r)
+        for (int64_t j = 0; j < C; ++j) {
+          double s = attn.out_proj.bias->data[j];
+          for (int64_t c = 0; c < C; ++c) s += attn.out_proj.weight.data[j * C + c] * o[r * C + c];
+          BOOST_TEST_REQUIRE(std::fabs(y.f32()[r * C + j] - s) < 1e-5);
         }
-      }
-  for (int64_t r = 0; r < B * T; ++r)
-    for (int64_t j = 0; j < C; ++j) {
-      double s = attn.out_proj.bias->data[j];
-      for (int64_t c = 0; c < C; ++c) s += attn.out_proj.weight.data[j * C + c] * o[r * C + c];
-      BOOST_TEST_REQUIRE(std::fabs(y.f32()[r * C + j] - s) < 1e-5);
-    }
 
-  // Causality: changing the last position leaves the earlier outputs untouched.
-  std::vector<float> y0 = to_vec(attn.forward(ctx, x));
-  x.f32()[(0 * T + 4) * C + 3] += 1.0f;
-  std::vector<float> y1 = to_vec(attn.forward(ctx, x));
-  for (int64_t i = 0; i < 4 * C; ++i) BOOST_TEST(y0[i] == y1[i]);
-  BOOST_TEST(y0[4 * C] != y1[4 * C]);
+      // Causality: changing the last position leaves the earlier outputs untouched.
+      std::vector<float> y0 = to_vec(attn.forward(ctx, x));
+      x.f32()[(0 * T + T - 1) * C + 3] += 1.0f;
+      std::vector<float> y1 = to_vec(attn.forward(ctx, x));
+      for (int64_t i = 0; i < (T - 1) * C; ++i) BOOST_TEST_REQUIRE(y0[i] == y1[i]);
+      BOOST_TEST(y0[(T - 1) * C] != y1[(T - 1) * C]);
+    }
+  }
   BOOST_CHECK_THROW(MultiheadAttention("bad", 8, 3), Error);
 }
 

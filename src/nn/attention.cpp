@@ -1,9 +1,23 @@
+#include <algorithm>
 #include <cmath>
 
 #include "nn/layers.h"
 #include "tensor/error.h"
 
 namespace fsdp {
+namespace {
+
+// Causal attention needs only the lower triangle j <= i of each (T, T) plane. Its GEMMs run in
+// blocks of rows [r0, r1) (or, for the products with P^T and dS^T, blocks of columns [c0, c1)),
+// each over the part that can be unmasked: key columns < r1, or query rows >= c0. The skipped
+// terms are exact zeros of P and dS, so every output element sums the same non-zero terms as
+// over the full square. Kernels::causal_row_block says how large a block is (T: one block).
+template <typename Fn>
+void for_causal_blocks(int64_t T, int64_t block, Fn&& fn) {
+  for (int64_t r0 = 0; r0 < T; r0 += block) fn(r0, std::min(T, r0 + block));
+}
+
+}  // namespace
 
 MultiheadAttention::MultiheadAttention(const std::string& name, int64_t C, int64_t heads)
     : Layer(name, "MultiheadAttention"),
@@ -33,20 +47,26 @@ const Tensor& MultiheadAttention::do_forward(RunCtx& ctx, const Tensor& x) {
   float* qkv = qkv_.f32();
   float* att = att_.f32();
   float* y = y_.f32();
-  // Per sample, one batched GEMM over the H heads: head h's q, k, v are columns h*hd of the
-  // sample's (T, 3C) rows (stride hd), its scores the plane h of att (stride T*T).
+  // Per sample and row block, one batched GEMM over the H heads: head h's q, k, v are columns h*hd
+  // of the sample's (T, 3C) rows (stride hd), its scores the plane h of att (stride T*T).
+  const int64_t block = kernels.causal_row_block(T);
   for (int64_t b = 0; b < B; ++b) {
     const float* q = qkv + b * T * 3 * C;
-    // S (T, T) = scale * q k^T; only j <= i is used (causal).
-    kernels.gemm_strided_batched(false, true, T, T, hd, scale, q, 3 * C, hd, q + C, 3 * C, hd, 0.0f,
-                                 att + b * H_ * T * T, T, T * T, H_);
+    // S[r0:r1, :r1] = scale * q[r0:r1] k[:r1]^T. The columns from r1 on are masked: never computed.
+    for_causal_blocks(T, block, [&](int64_t r0, int64_t r1) {
+      kernels.gemm_strided_batched(false, true, r1 - r0, r1, hd, scale, q + r0 * 3 * C, 3 * C, hd, q + C, 3 * C, hd,
+                                   0.0f, att + b * H_ * T * T + r0 * T, T, T * T, H_);
+    });
   }
+  // Reads j <= i only and writes P = 0 above the diagonal, over what the blocks left unwritten too.
   kernels.causal_softmax_forward(att, B * H_, T);
   for (int64_t b = 0; b < B; ++b) {
     const float* v = qkv + b * T * 3 * C + 2 * C;
-    // y_h (T, hd) = P (T, T) @ v (T, hd), written into y's head columns.
-    kernels.gemm_strided_batched(false, false, T, hd, T, 1.0f, att + b * H_ * T * T, T, T * T, v, 3 * C, hd, 0.0f,
-                                 y + b * T * C, C, hd, H_);
+    // y_h[r0:r1] (rows, hd) = P[r0:r1, :r1] @ v[:r1], written into y's head columns.
+    for_causal_blocks(T, block, [&](int64_t r0, int64_t r1) {
+      kernels.gemm_strided_batched(false, false, r1 - r0, hd, r1, 1.0f, att + b * H_ * T * T + r0 * T, T, T * T, v,
+                                   3 * C, hd, 0.0f, y + b * T * C + r0 * C, C, hd, H_);
+    });
   }
   out_ = out_proj.forward(ctx, y_);
   return out_;
@@ -66,6 +86,7 @@ const Tensor& MultiheadAttention::do_backward(RunCtx& ctx, const Tensor& dy) {
   float* dqkv = dqkv_.f32();
   float* dP = dp_.f32();
   const int64_t TT = T * T;
+  const int64_t block = kernels.causal_row_block(T);
   for (int64_t b = 0; b < B; ++b) {
     const float* q = qkv + b * T * 3 * C;  // head h at column h*hd of each (3C) row
     const float* k = q + C;
@@ -75,14 +96,28 @@ const Tensor& MultiheadAttention::do_backward(RunCtx& ctx, const Tensor& dy) {
     float* dv = dq + 2 * C;
     const float* P = att + b * H_ * TT;  // (H, T, T)
     const float* gy = g + b * T * C;     // (T, C), head h at column h*hd
-    // dv (T, hd) = P^T @ gy ; dP (T, T) = gy @ v^T
-    kernels.gemm_strided_batched(true, false, T, hd, T, 1.0f, P, T, TT, gy, C, hd, 0.0f, dv, 3 * C, hd, H_);
-    kernels.gemm_strided_batched(false, true, T, T, hd, 1.0f, gy, C, hd, v, 3 * C, hd, 0.0f, dP, T, TT, H_);
-    // Softmax backward, folded with the scale: dS = scale * P * (dP - sum_j P dP).
+    // dv[c0:c1] = P[c0:, c0:c1]^T @ gy[c0:] (rows above c0 of those columns are masked);
+    // dP[r0:r1, :r1] = gy[r0:r1] @ v[:r1]^T.
+    for_causal_blocks(T, block, [&](int64_t c0, int64_t c1) {
+      kernels.gemm_strided_batched(true, false, c1 - c0, hd, T - c0, 1.0f, P + c0 * T + c0, T, TT, gy + c0 * C, C, hd,
+                                   0.0f, dv + c0 * 3 * C, 3 * C, hd, H_);
+    });
+    for_causal_blocks(T, block, [&](int64_t r0, int64_t r1) {
+      kernels.gemm_strided_batched(false, true, r1 - r0, r1, hd, 1.0f, gy + r0 * C, C, hd, v, 3 * C, hd, 0.0f,
+                                   dP + r0 * T, T, TT, H_);
+    });
+    // Softmax backward, folded with the scale: dS = scale * P * (dP - sum_j P dP). It reads j <= i
+    // only and writes dS = 0 above the diagonal.
     kernels.causal_softmax_backward(dP, P, H_, T, scale);
-    // dq = dS @ k ; dk = dS^T @ q
-    kernels.gemm_strided_batched(false, false, T, hd, T, 1.0f, dP, T, TT, k, 3 * C, hd, 0.0f, dq, 3 * C, hd, H_);
-    kernels.gemm_strided_batched(true, false, T, hd, T, 1.0f, dP, T, TT, q, 3 * C, hd, 0.0f, dk, 3 * C, hd, H_);
+    // dq[r0:r1] = dS[r0:r1, :r1] @ k[:r1] ; dk[c0:c1] = dS[c0:, c0:c1]^T @ q[c0:]
+    for_causal_blocks(T, block, [&](int64_t r0, int64_t r1) {
+      kernels.gemm_strided_batched(false, false, r1 - r0, hd, r1, 1.0f, dP + r0 * T, T, TT, k, 3 * C, hd, 0.0f,
+                                   dq + r0 * 3 * C, 3 * C, hd, H_);
+    });
+    for_causal_blocks(T, block, [&](int64_t c0, int64_t c1) {
+      kernels.gemm_strided_batched(true, false, c1 - c0, hd, T - c0, 1.0f, dP + c0 * T + c0, T, TT, q + c0 * 3 * C,
+                                   3 * C, hd, 0.0f, dk + c0 * 3 * C, 3 * C, hd, H_);
+    });
   }
   if (need_input_grad) ctx.ensure(dx_, x_.shape(), DType::f32);
   kernels.linear_backward(need_input_grad ? dx_.f32() : nullptr, in_proj_weight.grad, in_proj_bias.grad, dqkv, x_.f32(),

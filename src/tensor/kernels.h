@@ -47,6 +47,11 @@ class Kernels {
                                     const float* A, int64_t lda, int64_t stride_a, const float* B, int64_t ldb,
                                     int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c,
                                     int64_t batch) = 0;
+  // Rows per GEMM block of causal self-attention (nn/attention.cpp). Rows [r0, r1) of a (T, T)
+  // score plane need key columns < r1 only, so blocks smaller than T skip most of the masked upper
+  // triangle at the price of more, smaller GEMMs. The default, T, is one GEMM over the full square:
+  // on a GPU each block would be a launch of its own.
+  virtual int64_t causal_row_block(int64_t T) const { return T; }
   // bf16 operands (raw bits), f32 accumulate and output (cuBLAS: CUBLAS_COMPUTE_32F).
   virtual void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                          int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) = 0;
