@@ -219,11 +219,14 @@ class CpuKernels final : public Kernels {
       const int64_t i = r % T;
       float* row = P + r * T;
       float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
       for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
-      // exp_f32 (kernel_math.h) vectorises where glibc's expf is a call per element; the sum
-      // stays a loop of its own, in the same order.
+      // exp_f32 (kernel_math.h) vectorises where glibc's expf is a call per element. The sums
+      // (here and in the backward) go in vector-lane partial sums: serially, each add waits
+      // for the last.
       for (int64_t j = 0; j <= i; ++j) row[j] = kmath::exp_f32(row[j] - mx);
       float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
       for (int64_t j = 0; j <= i; ++j) sum += row[j];
       const float inv = 1.0f / sum;
       for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
@@ -238,6 +241,7 @@ class CpuKernels final : public Kernels {
       const float* pr = P + r * T;
       float* dr = dP + r * T;
       float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
       for (int64_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
       for (int64_t j = 0; j <= i; ++j) dr[j] = scale * pr[j] * (dr[j] - dot);
       for (int64_t j = i + 1; j < T; ++j) dr[j] = 0.0f;
