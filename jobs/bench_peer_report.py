@@ -7,8 +7,13 @@ Per run (model, np, implementation, strategy): the median step time over the ste
 first (which pays for allocations on both sides), tokens/s (transformer) or samples/s
 (mnist_cnn) of the global batch at that median, the peak RSS of each rank (/usr/bin/time's
 maximum RSS, getrusage of the rank's process), and the model FLOP rate (jobs/bench_flops.py)
-over the sgemm peak measured just before the run at the threads it could use (np x threads per
-rank, at most the CPUs; runs/NAME.sgemm).
+over the sgemm peak at the threads the run could use (np x threads per rank, at most the CPUs).
+The sgemm peak is measured just before every run (runs/NAME.sgemm, best of 5); the denominator is
+the median of all of this bench's readings at that thread count. On a shared machine one reading
+moves by 10-20% with the neighbours' load (76-90 GFLOP/s on one core here), which moved a row's
+fraction by up to 10 points between runs of the same binary; the machine's peak is one number,
+and the median of 8-16 readings spread over the whole bench estimates it far more steadily.
+results.json keeps each run's own reading (sgemm_before_run_gflops); table.md gives the range.
 
 The loss check: every run of a model trains the same global batches from the same weights, so
 every run's per-step loss must equal the reference run's (PyTorch FSDP2 at the smallest np) to
@@ -117,15 +122,21 @@ def main():
         batch = BATCH[model]
         flops = transformer_step_flops(batch, **BENCH_TRANSFORMER) if model == "transformer" else mnist_cnn_step_flops(batch)
         items = batch * (BENCH_TRANSFORMER["seq_len"] if model == "transformer" else 1)
-        peak = sgemm_peak_gflops(open(os.path.join(runs, name + ".sgemm")).read())
+        reading = sgemm_peak_gflops(open(os.path.join(runs, name + ".sgemm")).read())
         impl, strategy = IMPL[rest]
         rss = rss_mib(runs, name, np_)
         results.append(dict(name=name, model=model, np=np_, key=rest, impl=impl, strategy=strategy, losses=losses,
                             step_time_s=times, median_step_s=step_s, per_s=items / step_s,
-                            gflops=flops / step_s / 1e9, peak_gflops=peak, peak_threads=min(np_ * threads, ncpu),
-                            frac_peak=flops / step_s / 1e9 / peak, rss_mib=rss))
+                            gflops=flops / step_s / 1e9, sgemm_before_run_gflops=reading,
+                            peak_threads=min(np_ * threads, ncpu), rss_mib=rss))
     if not results:
         fail(f"{runs}: no runs")
+    readings = {}  # threads -> every run's sgemm reading at that thread count
+    for r in results:
+        readings.setdefault(r["peak_threads"], []).append(r["sgemm_before_run_gflops"])
+    for r in results:
+        r["peak_gflops"] = statistics.median(readings[r["peak_threads"]])
+        r["frac_peak"] = r["gflops"] / r["peak_gflops"]
     results.sort(key=lambda r: (r["model"] != "transformer", r["np"], ORDER.index(r["key"])))
 
     bad = []
@@ -147,8 +158,11 @@ def main():
     md = []
     md.append(f"CPU: {env['cpu']}; {threads} thread(s) per rank; load average at the start "
               f"{env['loadavg_start'].split()[:3]}, at the end {env.get('loadavg_end', '?').split()[:3]}.")
+    spread = "; ".join(f"{t} thread(s): median {statistics.median(v):.1f} of {len(v)} readings "
+                       f"{min(v):.1f}-{max(v):.1f} GFLOP/s" for t, v in sorted(readings.items()))
     md.append(f"Command: `{env['command']}`. sgemm peak: apps/sgemm_peak (2048^3, best of 5) just before each run, "
-              f"at np x threads per rank threads, at most {ncpu}.")
+              f"at np x threads per rank threads, at most {ncpu}; each row's is the median of the bench's readings "
+              f"at its thread count ({spread}).")
     executed = transformer_executed_step_flops(BATCH["transformer"], **BENCH_TRANSFORMER)
     counted = transformer_step_flops(BATCH["transformer"], **BENCH_TRANSFORMER)
     md.append(f"GFLOP/s counts model FLOPs (jobs/bench_flops.py; attention over the full T x T, as PyTorch computes "
