@@ -29,7 +29,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 archive=$(realpath -m "$1")
 # The archive's folder (the device tool's carry folder, gpu-bundle/, is git-ignored and absent in a
 # fresh clone): made now, so a bad path fails before minutes of nvcc, not after.
-mkdir -p "$(dirname "$archive")" || { echo "gpu-bundle: cannot create $(dirname "$archive") for $1" >&2; exit 2; }
+mkdir -p "$(dirname "$archive")" 2>/dev/null || { echo "gpu-bundle: cannot create $(dirname "$archive") for $1" >&2; exit 2; }
 build=${GPU_BUNDLE_BUILD:-$root/build-gpu-bundle}
 arch=${GPU_BUNDLE_ARCH:-80,90}
 limit=$((48 * 1024 * 1024))
