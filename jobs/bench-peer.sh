@@ -21,7 +21,8 @@
 # several GB). fsdp_app and apps/sgemm_peak are compiled in DIR (default build). Each run's
 # ranks run under /usr/bin/time, whose maximum RSS (getrusage of each rank) is the peak RSS;
 # apps/sgemm_peak runs just before each run (the peak its fraction of peak is taken of).
-# OUT_DIR gets table.md (summary and per-step losses), results.json, peer.png and the raw logs.
+# OUT_DIR gets table.md (summary and per-step losses), results.json, peer.png and the raw logs
+# (OUT_DIR/runs, emptied first).
 # Fails (exit 1) when any run's losses differ from the others beyond the tolerances in
 # jobs/bench_peer_report.py.
 set -euo pipefail
@@ -57,6 +58,9 @@ for f in /usr/share/games/fortunes/fortunes /usr/share/datasets/fashion-mnist/tr
   [ -r "$f" ] || { echo "bench-peer: $f is missing (bash jobs/install-deps.sh)" >&2; exit 1; }
 done
 command -v gnuplot >/dev/null || { echo "bench-peer: gnuplot not found (bash jobs/install-deps.sh)" >&2; exit 1; }
+# OUT_DIR/runs starts empty: the report reads every run in it, and a run left by an earlier call
+# with other --nps or --models would join this call's table and sgemm medians.
+rm -rf "$out/runs"
 mkdir -p "$out/runs" || { echo "bench-peer: cannot create $out" >&2; exit 1; }
 out=$(cd "$out" && pwd)
 
