@@ -3,7 +3,7 @@
 # batches and threads, trained under fsdp_app and under PyTorch on this CPU.
 #
 #   bash jobs/bench-peer.sh OUT_DIR [--steps N] [--nps "1 2 4"] [--models "transformer mnist_cnn"]
-#                           [--threads T] [--no-fsdp1] [--build DIR]
+#                           [--threads T] [--repeats R] [--no-fsdp1] [--build DIR]
 #   self-check (~1 minute once the venv exists): bash jobs/bench-peer.sh /tmp/peer --steps 3 --nps 1 --models mnist_cnn
 #
 # Models: input/transformer_bench.yaml's transformer (global batch 8 x 256 tokens, AdamW) and the
@@ -23,6 +23,11 @@
 # apps/sgemm_peak runs just before each run (the peak its fraction of peak is taken of).
 # OUT_DIR gets table.md (summary and per-step losses), results.json, peer.png and the raw logs
 # (OUT_DIR/runs, emptied first).
+# --repeats R runs every configuration R times, in rounds (each round all of them, every other
+# round in reverse order); a row's step time is the median over all its repeats' timed steps.
+# On a shared machine one process's speed is set for its life (placement, the neighbours' load
+# of that minute) and moved this CPU's rows by up to 10 points of sgemm peak between runs of the
+# same binary: a claim about % of peak wants R >= 3.
 # Fails (exit 1) when any run's losses differ from the others beyond the tolerances in
 # jobs/bench_peer_report.py.
 set -euo pipefail
@@ -33,13 +38,14 @@ usage() { sed -n '5,7p' "$0" >&2; exit 2; }
 case $1 in -h|--help) sed -n '2,26p' "$0"; exit 0 ;; -*) usage ;; esac
 out=$1
 shift
-steps=4 nps="1 2 4" models="transformer mnist_cnn" threads=1 fsdp1=1 build=build
+steps=4 nps="1 2 4" models="transformer mnist_cnn" threads=1 repeats=1 fsdp1=1 build=build
 while [ $# -gt 0 ]; do
   case $1 in
     --steps) steps=${2:-}; shift 2 ;;
     --nps) nps=${2:-}; shift 2 ;;
     --models) models=${2:-}; shift 2 ;;
     --threads) threads=${2:-}; shift 2 ;;
+    --repeats) repeats=${2:-}; shift 2 ;;
     --no-fsdp1) fsdp1=0; shift ;;
     --build) build=${2:-}; shift 2 ;;
     -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
@@ -49,6 +55,7 @@ done
 positive() { case $2 in ''|*[!0-9]*|0) echo "bench-peer: $1 needs a positive integer, got '$2'" >&2; exit 2 ;; esac; }
 positive --steps "$steps"
 positive --threads "$threads"
+positive --repeats "$repeats"
 [ "$steps" -ge 2 ] || { echo "bench-peer: --steps needs at least 2 (the first step is not timed)" >&2; exit 2; }
 for np in $nps; do positive --nps "$np"; done
 for m in $models; do
@@ -81,7 +88,7 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
   echo "cpus: $ncpu"
   echo "loadavg_start: $(cat /proc/loadavg)"
   echo "threads_per_rank: $threads"
-  echo "command: bash jobs/bench-peer.sh OUT_DIR --steps $steps --nps \"$nps\" --models \"$models\" --threads $threads$([ $fsdp1 = 0 ] && echo ' --no-fsdp1')"
+  echo "command: bash jobs/bench-peer.sh OUT_DIR --steps $steps --nps \"$nps\" --models \"$models\" --threads $threads --repeats $repeats$([ $fsdp1 = 0 ] && echo ' --no-fsdp1')"
 } >"$out/env.txt"
 cat "$out/env.txt"
 
@@ -110,8 +117,21 @@ launch() {
   }
 }
 
+# Every run of a round as "model np kind" lines, in the order of the first round.
 for model in $models; do
   "$py" tests/reference/torch_peer.py --model "$model" --write-init "$out/runs/${model}_init.h5"
+done
+plan=()
+for model in $models; do
+  for np in $nps; do
+    kinds=(ours_FULL_SHARD ours_NO_SHARD torch_fsdp2 torch_ddp)
+    [ $fsdp1 = 1 ] && kinds+=(torch_fsdp1_full torch_fsdp1_no)
+    for kind in "${kinds[@]}"; do plan+=("$model $np $kind"); done
+  done
+done
+
+run_one() {  # MODEL NP KIND SUFFIX
+  local model=$1 np=$2 kind=$3 name=${1}_np${2}_${3}$4 batch ours
   if [ "$model" = transformer ]; then
     batch=8
     ours=(input/transformer_bench.yaml --set train.global_batch_size="$batch"
@@ -123,22 +143,24 @@ for model in $models; do
   ours+=(--set train.steps="$steps" --set train.threads="$threads" --set train.shuffle=false
     --set train.dropout=false --set train.scheduler.kind=none --set train.eval_every=never
     --set model.init_from="$out/runs/${model}_init.h5" --set comm.backend=mpi --set output.log_every=1)
-  for np in $nps; do
-    modes="fsdp2 ddp"
-    [ $fsdp1 = 1 ] && modes+=" fsdp1_full fsdp1_no"
-    for strategy in FULL_SHARD NO_SHARD; do
-      name=${model}_np${np}_ours_${strategy}
-      echo "-- $name"
-      launch "$name" "$np" "$app" "${ours[@]}" --set fsdp.sharding_strategy=$strategy \
-        --set output.metrics="$out/runs/$name.jsonl"
-    done
-    for mode in $modes; do
-      name=${model}_np${np}_torch_${mode}
-      echo "-- $name"
-      launch "$name" "$np" "$py" tests/reference/torch_peer.py --model "$model" --mode "$mode" \
+  echo "-- $name"
+  case $kind in
+    ours_*)
+      launch "$name" "$np" "$app" "${ours[@]}" --set fsdp.sharding_strategy="${kind#ours_}" \
+        --set output.metrics="$out/runs/$name.jsonl" ;;
+    torch_*)
+      launch "$name" "$np" "$py" tests/reference/torch_peer.py --model "$model" --mode "${kind#torch_}" \
         --init "$out/runs/${model}_init.h5" --steps "$steps" --global-batch $batch --threads "$threads" \
-        --out "$out/runs/$name.json"
-    done
+        --out "$out/runs/$name.json" ;;
+  esac
+}
+
+for ((round = 1; round <= repeats; round++)); do
+  suffix=; [ "$round" -gt 1 ] && suffix="~r$round"
+  if ((round % 2)); then order=("${plan[@]}"); else order=(); for ((i = ${#plan[@]} - 1; i >= 0; i--)); do order+=("${plan[i]}"); done; fi
+  for entry in "${order[@]}"; do
+    # shellcheck disable=SC2086  # "model np kind": three words
+    run_one $entry "$suffix"
   done
 done
 echo "loadavg_end: $(cat /proc/loadavg)" >>"$out/env.txt"

@@ -4,7 +4,8 @@ peer.png (gnuplot); exit 1 when the losses do not agree.
 usage: /usr/bin/python3 jobs/bench_peer_report.py OUT_DIR
 
 Per run (model, np, implementation, strategy): the median step time over the steps after the
-first (which pays for allocations on both sides), tokens/s (transformer) or samples/s
+first (which pays for allocations on both sides) of all its repeats (NAME, NAME~r2, ...: see
+bench-peer.sh --repeats; table.md then lists each repeat's median too), tokens/s (transformer) or samples/s
 (mnist_cnn) of the global batch at that median, the peak RSS of each rank (/usr/bin/time's
 maximum RSS, getrusage of the rank's process), and the model FLOP rate (jobs/bench_flops.py)
 over the sgemm peak at the threads the run could use (np x threads per rank, at most the CPUs).
@@ -108,35 +109,50 @@ def main():
     threads = int(env["threads_per_rank"])
     ncpu = int(env["cpus"])
 
-    results = []
+    # Repeat k > 1 of a run is NAME~rK (bench-peer.sh --repeats); a row pools its repeats.
+    by_base = {}
     for f in sorted(os.listdir(runs)):
         if not (f.endswith(".jsonl") or (f.endswith(".json"))):
             continue
         name = f.rsplit(".", 1)[0]
-        model, np_part, rest = name.split("_np")[0], name.split("_np")[1].split("_", 1)[0], name.split("_np")[1].split("_", 1)[1]
+        base, _, rep = name.partition("~r")
+        by_base.setdefault(base, []).append((int(rep) if rep else 1, name))
+    results = []
+    for base, reps in by_base.items():
+        reps.sort()
+        model, np_part, rest = base.split("_np")[0], base.split("_np")[1].split("_", 1)[0], base.split("_np")[1].split("_", 1)[1]
         np_ = int(np_part)
-        losses, times = read_run(runs, name)
-        if len(times) < 2:
-            fail(f"{name}: {len(times)} steps, need 2 (the first is not timed)")
-        step_s = statistics.median(times[1:])
         batch = BATCH[model]
         flops = transformer_step_flops(batch, **BENCH_TRANSFORMER) if model == "transformer" else mnist_cnn_step_flops(batch)
         items = batch * (BENCH_TRANSFORMER["seq_len"] if model == "transformer" else 1)
-        reading = sgemm_peak_gflops(open(os.path.join(runs, name + ".sgemm")).read())
         impl, strategy = IMPL[rest]
-        rss = rss_mib(runs, name, np_)
-        results.append(dict(name=name, model=model, np=np_, key=rest, impl=impl, strategy=strategy, losses=losses,
-                            step_time_s=times, median_step_s=step_s, per_s=items / step_s,
-                            gflops=flops / step_s / 1e9, sgemm_before_run_gflops=reading,
-                            peak_threads=min(np_ * threads, ncpu), rss_mib=rss))
+        repeats, timed, rss = [], [], []
+        for _, name in reps:
+            losses, times = read_run(runs, name)
+            if len(times) < 2:
+                fail(f"{name}: {len(times)} steps, need 2 (the first is not timed)")
+            reading = sgemm_peak_gflops(open(os.path.join(runs, name + ".sgemm")).read())
+            repeats.append(dict(name=name, losses=losses, step_time_s=times, median_step_s=statistics.median(times[1:]),
+                                sgemm_before_run_gflops=reading))
+            timed += times[1:]
+            rss.append(rss_mib(runs, name, np_))
+        # The median over every timed step of every repeat: one repeat's steps share its process's
+        # placement and the machine's load of that minute; repeats spread over the bench do not.
+        step_s = statistics.median(timed)
+        results.append(dict(name=base, model=model, np=np_, key=rest, impl=impl, strategy=strategy,
+                            losses=repeats[0]["losses"], repeats=repeats, median_step_s=step_s, per_s=items / step_s,
+                            gflops=flops / step_s / 1e9, flops=flops, peak_threads=min(np_ * threads, ncpu),
+                            rss_mib=[max(col) for col in zip(*rss)]))
     if not results:
         fail(f"{runs}: no runs")
     readings = {}  # threads -> every run's sgemm reading at that thread count
     for r in results:
-        readings.setdefault(r["peak_threads"], []).append(r["sgemm_before_run_gflops"])
+        readings.setdefault(r["peak_threads"], []).extend(x["sgemm_before_run_gflops"] for x in r["repeats"])
     for r in results:
         r["peak_gflops"] = statistics.median(readings[r["peak_threads"]])
         r["frac_peak"] = r["gflops"] / r["peak_gflops"]
+        for x in r["repeats"]:
+            x["frac_peak"] = r["flops"] / x["median_step_s"] / 1e9 / r["peak_gflops"]
     results.sort(key=lambda r: (r["model"] != "transformer", r["np"], ORDER.index(r["key"])))
 
     bad = []
@@ -145,15 +161,17 @@ def main():
         refs = [r for r in mine if r["key"] == "torch_fsdp2"] or mine
         ref = min(refs, key=lambda r: r["np"])
         for r in mine:
-            if len(r["losses"]) != len(ref["losses"]):
-                fail(f"{r['name']}: {len(r['losses'])} steps, {ref['name']} {len(ref['losses'])}")
-            r["loss_rel_diff"] = [rel(a, b) for a, b in zip(r["losses"], ref["losses"])]
             r["loss_ref"] = ref["name"]
-            for step, d in enumerate(r["loss_rel_diff"], start=1):
-                if not d <= loss_rtol(model, step):  # NaN fails too
-                    bad.append(f"{r['name']}: step {step} loss {r['losses'][step - 1]!r} differs from "
-                               f"{ref['name']}'s {ref['losses'][step - 1]!r} by {d:.2e} relative "
-                               f"(tolerance {loss_rtol(model, step):g})")
+            for x in r["repeats"]:  # every repeat trains the same steps: each is checked
+                if len(x["losses"]) != len(ref["losses"]):
+                    fail(f"{x['name']}: {len(x['losses'])} steps, {ref['name']} {len(ref['losses'])}")
+                x["loss_rel_diff"] = [rel(a, b) for a, b in zip(x["losses"], ref["losses"])]
+                for step, d in enumerate(x["loss_rel_diff"], start=1):
+                    if not d <= loss_rtol(model, step):  # NaN fails too
+                        bad.append(f"{x['name']}: step {step} loss {x['losses'][step - 1]!r} differs from "
+                                   f"{ref['name']}'s {ref['losses'][step - 1]!r} by {d:.2e} relative "
+                                   f"(tolerance {loss_rtol(model, step):g})")
+            r["loss_rel_diff"] = [max(col) for col in zip(*(x["loss_rel_diff"] for x in r["repeats"]))]
 
     md = []
     md.append(f"CPU: {env['cpu']}; {threads} thread(s) per rank; load average at the start "
@@ -178,8 +196,18 @@ def main():
                   f"{r['per_s']:.0f} {unit} | {max(r['rss_mib']):.0f} | {r['gflops']:.1f} ({r['peak_gflops']:.1f}) | "
                   f"{100 * r['frac_peak']:.0f}% | "
                   f"{max(r['loss_rel_diff']):.1e} |")
+    if any(len(r["repeats"]) > 1 for r in results):
+        md.append("")
+        md.append("Each row pools the timed steps of its repeats; per repeat (in run order), the median step and "
+                  "its % of the row's sgemm peak:")
+        md.append("")
+        md.append("| model | np | strategy | implementation | per repeat: step (s), % of sgemm peak |")
+        md.append("|---|---:|---|---|---|")
+        for r in results:
+            each = ", ".join(f"{x['median_step_s']:.3f} ({100 * x['frac_peak']:.0f}%)" for x in r["repeats"])
+            md.append(f"| {r['model']} | {r['np']} | {r['strategy']} | {r['impl']} | {each} |")
     md.append("")
-    md.append("Per-step losses (the reference of each model is PyTorch FSDP2 at the smallest np):")
+    md.append("Per-step losses (the reference of each model is PyTorch FSDP2 at the smallest np; first repeat):")
     md.append("")
     steps = max(len(r["losses"]) for r in results)
     md.append("| run | " + " | ".join(f"step {s + 1}" for s in range(steps)) + " | max rel. diff |")
