@@ -35,7 +35,7 @@ cd "$(dirname "$0")/.."
 
 usage() { sed -n '5,7p' "$0" >&2; exit 2; }
 [ $# -ge 1 ] || usage
-case $1 in -h|--help) sed -n '2,26p' "$0"; exit 0 ;; -*) usage ;; esac
+case $1 in -h|--help) sed -n '2,32p' "$0"; exit 0 ;; -*) usage ;; esac
 out=$1
 shift
 steps=4 nps="1 2 4" models="transformer mnist_cnn" threads=1 repeats=1 fsdp1=1 build=build
@@ -48,7 +48,7 @@ while [ $# -gt 0 ]; do
     --repeats) repeats=${2:-}; shift 2 ;;
     --no-fsdp1) fsdp1=0; shift ;;
     --build) build=${2:-}; shift 2 ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "bench-peer: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
 done
