@@ -12,7 +12,10 @@
 # Exit status: 0 when no check failed (skipped and not-implemented ones do not count), else 1.
 # RUN_GPU_CHECKS_DEVICE=cpu runs the GPU checks with train.device cpu where they say cuda: a dry
 # run of this script's own logic on a machine without a GPU (what was tested without one).
-# RUN_GPU_CHECKS_ONLY=name,name runs only those checks (names as in the report). Each fsdp_app or
+# RUN_GPU_CHECKS_ONLY=name,name runs only those checks (names as in the report).
+# RUN_GPU_CHECKS_DEADLINE_S=N: a check that would start N s or more after the script began is
+# recorded as skipped (out of time) instead, so a device call with a hard limit still ends with its
+# report; report.md and report.json are rewritten after every check for the same reason. Each fsdp_app or
 # fsdp_bench launch has a timeout (120 s; fsdp_bench 150 s), so a hang fails its check only.
 # cuBLAS, cuBLASLt and NCCL are not in the bundle: they are taken from CUDA_LIBS (a folder), else
 # the CUDA toolkit (CUDA_HOME, /usr/local/cuda), else the NVIDIA Python packages beside the
@@ -105,9 +108,43 @@ L=$OUT/logs
 mkdir -p "$L"
 W=$(mktemp -d /tmp/fsdp-gpu-checks.XXXXXX)
 
+# ---- report -------------------------------------------------------------------------------------
+write_report() {
+failed=0
+{
+  echo "# fsdp-gpu checks$([ $cpu -eq 1 ] && echo ' (--cpu)')$([ "$DEV" != cuda ] && echo " (DRY RUN: train.device $DEV for cuda)")"
+  echo
+  echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname); bundle: $(head -1 "$B/BUILD-INFO")"
+  echo
+  echo "GPU libraries used: ${gpu_libs_used:-none}"
+  [ -n "$gpu_libs_line" ] && echo "GPU libraries missing or too old: $gpu_libs_line"
+  echo
+  echo "| check | result | seconds | note |"
+  echo "| --- | --- | --- | --- |"
+  for i in "${!names[@]}"; do
+    echo "| ${names[$i]} | ${states[$i]} | ${secs[$i]} | ${notes[$i]//|/\\|} |"
+    [ "${states[$i]}" = fail ] && failed=$((failed + 1))
+  done
+  echo
+  echo "$failed failed. Logs: logs/CHECK.log"
+} >"$OUT/report.md"
+jstr() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g; s/\t/ /g' | tr -d '\n\r'; }
+{
+  printf '{"mode": "%s", "bundle": "%s", "gpu_libraries": "%s", "gpu_libraries_problem": "%s", "failed": %d, "checks": [' \
+    "$([ $cpu -eq 1 ] && echo cpu || echo gpu)" "$(jstr "$(head -1 "$B/BUILD-INFO")")" "$(jstr "$gpu_libs_used")" "$(jstr "$gpu_libs_line")" "$failed"
+  for i in "${!names[@]}"; do
+    [ "$i" -gt 0 ] && printf ', '
+    printf '{"name": "%s", "result": "%s", "seconds": %s, "note": "%s"}' "${names[$i]}" "${states[$i]}" "${secs[$i]}" "$(jstr "${notes[$i]}")"
+  done
+  printf ']}\n'
+} >"$OUT/report.json"
+}
+
 # ---- the check runner -------------------------------------------------------------------------
 names=() states=() secs=() notes=()
 only=",${RUN_GPU_CHECKS_ONLY:-},"
+deadline_s=${RUN_GPU_CHECKS_DEADLINE_S:-0}
+t_begin=$(date +%s)
 DEV=${RUN_GPU_CHECKS_DEVICE:-cuda}
 record() { names+=("$1"); states+=("$2"); secs+=("$3"); notes+=("$4"); echo "[$2] $1 ($3 s) $4"; }
 # check NAME FUNCTION: the function's stdout/stderr go to logs/NAME.log; it returns 0 pass,
@@ -115,6 +152,11 @@ record() { names+=("$1"); states+=("$2"); secs+=("$3"); notes+=("$4"); echo "[$2
 check() {
   local name=$1 fn=$2 t0 rc state note
   if [ "$only" != ",," ] && [[ $only != *",$name,"* ]]; then return; fi
+  if [ "$deadline_s" -gt 0 ] && [ $(($(date +%s) - t_begin)) -ge "$deadline_s" ]; then
+    record "$name" skip 0 "out of time (RUN_GPU_CHECKS_DEADLINE_S=$deadline_s)"
+    write_report
+    return
+  fi
   t0=$(date +%s.%N)
   : >"$L/$name.note"
   ( NOTE=$L/$name.note; "$fn" ) >"$L/$name.log" 2>&1
@@ -123,6 +165,7 @@ check() {
   note=$(awk 'NF {printf "%s%s", sep, $0; sep = "; "}' "$L/$name.note" | cut -c1-600)
   [ $rc -ne 0 ] && [ $rc -ne 77 ] && [ $rc -ne 78 ] && [ -z "$note" ] && note="exit $rc; see logs/$name.log"
   record "$name" "$state" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')" "$note"
+  write_report
 }
 note() { echo "$*" | tee -a "$NOTE"; }
 mpirun_() { timeout "${T:-120}" mpirun --oversubscribe --bind-to none "$@"; }
@@ -135,7 +178,7 @@ app() {  # TAG NP SET...
   : >"$W/empty.yaml"
   echo "+ mpirun -np $np fsdp_app ${sets[*]}"
   rm -f "$W/$tag.jsonl"
-  mpirun_ -np "$np" "$B/bin/fsdp_app" "$W/empty.yaml" "${sets[@]}"
+  mpirun_ -np "$np" ${APP_PREFIX:-} "$B/bin/fsdp_app" "$W/empty.yaml" "${sets[@]}"
 }
 losses() { grep '"step"' "$W/$1.jsonl" | grep -o '"loss":[^,}]*' | cut -d: -f2; }
 # same_losses A B RTOL [FIRST_STEP_OF_B_IN_A]: every loss of B equals A's within RTOL (relative).
@@ -189,7 +232,41 @@ c_test_gpu() {
   [ $rc -eq 77 ] && note "test_gpu skipped (exit 77: no CUDA device)"
   return $rc
 }
-c_sanitizer() { note "not implemented: compute-sanitizer memcheck/racecheck/synccheck over test_gpu and 3-step runs"; return 78; }
+# compute-sanitizer: each tool over test_gpu, memcheck over a 3-step run of each model. A tool's
+# own limit (S seconds) keeps the slow ones (racecheck instruments every shared-memory access)
+# from eating the call; a timeout is reported as such, not as a finding.
+sanitize() {  # LABEL SECONDS TOOL COMMAND...
+  local label=$1 secs=$2 tool=$3 rc; shift 3
+  timeout "$secs" "$CS" --tool "$tool" --error-exitcode 9 "$@" >"$L/sanitizer_$label.txt" 2>&1
+  rc=$?
+  local summary
+  summary=$(grep -a -m1 -E '(ERROR|RACECHECK|SYNCCHECK|LEAK) SUMMARY|Device not supported|Error: ' "$L/sanitizer_$label.txt" | cut -c1-160)
+  case $rc in
+    0) note "$label: clean (${summary:-no summary line})" ;;
+    124) note "$label: timed out after $secs s (no verdict) ${summary}" ;;
+    *) note "$label: exit $rc: ${summary:-$(tail -2 "$L/sanitizer_$label.txt" | tr '\n' ' ' | cut -c1-200)}"; return 1 ;;
+  esac
+}
+c_sanitizer() {
+  CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer /opt/nvidia/*/compute-sanitizer 2>/dev/null | head -1)
+  [ -n "$CS" ] || { note "no compute-sanitizer on this machine"; return 77; }
+  local bad=0 t=${SANITIZER_S:-100}
+  sanitize test_gpu_memcheck "$t" memcheck "$B/bin/test_gpu" --report_level=short --color_output=no || bad=1
+  sanitize test_gpu_racecheck "$t" racecheck "$B/bin/test_gpu" --report_level=short --color_output=no || bad=1
+  sanitize test_gpu_synccheck "$t" synccheck "$B/bin/test_gpu" --report_level=short --color_output=no || bad=1
+  local m arr
+  for m in MNIST TEXT; do
+    arr="$m[@]"
+    APP_PREFIX="$CS --tool memcheck --error-exitcode 9" T=$((t + 20)) app "san_$m" 1 "${!arr}" train.steps=3 \
+      train.device=$DEV >"$L/sanitizer_${m}_memcheck.txt" 2>&1
+    case $? in
+      0) note "${m} 3 steps memcheck: clean ($(grep -a -m1 'ERROR SUMMARY' "$L/sanitizer_${m}_memcheck.txt"))" ;;
+      124) note "${m} 3 steps memcheck: timed out (no verdict)" ;;
+      *) note "${m} 3 steps memcheck: $(grep -a -m1 -E 'ERROR SUMMARY|Invalid|Error' "$L/sanitizer_${m}_memcheck.txt" | cut -c1-200)"; bad=1 ;;
+    esac
+  done
+  return $bad
+}
 c_gpu_vs_cpu() {
   local m bad=0 arr
   for m in MNIST TEXT; do
@@ -200,7 +277,24 @@ c_gpu_vs_cpu() {
   done
   return $bad
 }
-c_bf16() { note "not implemented: bf16 params/reductions GPU vs CPU with a derived tolerance"; return 78; }
+# bf16 params and reductions (f32 master, f32 accumulation in every GEMM on both sides). Both
+# sides round the same f32 master to the same bf16 params; what differs is the f32 summation
+# order inside GEMMs and reductions (~1e-6 relative), which flips a bf16 rounding of an
+# activation or gradient now and then: one bf16 ulp, 2^-8 = 3.9e-3 relative, on single elements.
+# A loss is a mean over B*T tokens, so such flips move it by far less than one ulp; we bound it by
+# one bf16 ulp of the loss, 4e-3 relative, over all 20 steps (AdamW normalises the updates, so a
+# flipped gradient element moves its weight by lr at most).
+BF16_RTOL=4e-3
+c_bf16() {
+  local bad=0 m arr mp=(fsdp.mixed_precision.param_dtype=bf16 fsdp.mixed_precision.reduce_dtype=bf16)
+  for m in TEXT MNIST; do
+    arr="$m[@]"
+    app "bf16_${m}_cpu" 1 "${!arr}" "${mp[@]}" train.steps=20 train.device=cpu || { note "$m bf16 cpu run failed"; bad=1; continue; }
+    app "bf16_${m}_cuda" 1 "${!arr}" "${mp[@]}" train.steps=20 train.device=$DEV || { note "$m bf16 cuda run failed"; bad=1; continue; }
+    same_losses "bf16_${m}_cpu" "bf16_${m}_cuda" $BF16_RTOL | tee -a "$NOTE" || bad=1
+  done
+  return $bad
+}
 world_sizes() {  # BACKEND
   local be=$1 model np s g bad=0 arr ref
   for model in mnist transformer; do
@@ -267,7 +361,40 @@ c_bench() {
   note "csv: logs/bench_np1.csv (all backends), logs/bench_np2.csv (mpi, ucx)"
   return $bad
 }
-c_perf() { note "not implemented: MFU of a GPU-filling transformer vs cuBLAS bf16 peak and PyTorch FSDP2"; return 78; }
+# A transformer that fills the GPU, bf16 params and reductions, f32 master, FULL_SHARD, np 1,
+# NCCL; the same model (torch_models.LM), batch and precision under PyTorch FSDP2; the cuBLAS bf16
+# GEMM peak measured in the same call. MFU = tokens/s * FLOPs per token / peak, FLOPs per token
+# = 6 * (matmul params) + 12 * L * T * d (attention scores and values, forward + backward).
+PERF_D=${PERF_D:-2048} PERF_L=${PERF_L:-16} PERF_FF=${PERF_FF:-8192} PERF_T=${PERF_T:-1024} PERF_B=${PERF_B:-8} PERF_H=16
+c_perf() {
+  local py=(env -u LD_LIBRARY_PATH python3 "$B/py/gpu_perf_fsdp2.py")
+  local shape=(model.kind=transformer model.vocab=256 model.d_model=$PERF_D model.n_layers=$PERF_L model.n_heads=$PERF_H
+    model.d_ff=$PERF_FF model.seq_len=$PERF_T)
+  local run=("${shape[@]}" data.kind=synthetic data.synthetic_samples=$((PERF_B * 8)) train.batch_size=$PERF_B
+    train.steps=7 train.epochs=0 train.optimizer.kind=adamw train.optimizer.lr=0.0001 train.eval_every=never
+    fsdp.sharding_strategy=FULL_SHARD fsdp.auto_wrap.policy=transformer_layer fsdp.mixed_precision.param_dtype=bf16
+    fsdp.mixed_precision.reduce_dtype=bf16 comm.backend=${PERF_BACKEND:-nccl} train.device=$DEV)
+  local peak="" ours="" theirs="" bad=0
+  peak=$("${py[@]}" --gemm-peak 2>&1 | tee -a /dev/stderr | grep -o '"gemm_bf16_tflops": [0-9.]*' | awk '{print $2}')
+  local s sets=(); for s in "${run[@]}"; do sets+=(--set "$s"); done
+  : >"$W/empty.yaml"
+  mpirun_ -np 1 "$B/bin/fsdp_app" "$W/empty.yaml" "${sets[@]}" --plan | tee "$W/perf_plan.txt"
+  app perf_ours 1 "${run[@]}" | tee "$W/perf_ours.txt" || { note "fsdp_app failed: $(grep -a -m1 '^fsdp_app' "$L/performance.log" | cut -c1-240)"; bad=1; }
+  ours=$(grep '"step"' "$W/perf_ours.jsonl" 2>/dev/null | awk 'NR > 2' | grep -o '"tokens_per_s":[^,}]*' | cut -d: -f2 | sort -g | awk '{a[NR] = $1} END {if (NR) print a[int((NR + 1) / 2)]}')
+  theirs=$("${py[@]}" --d-model $PERF_D --n-layers $PERF_L --n-heads $PERF_H --d-ff $PERF_FF --seq-len $PERF_T --batch $PERF_B 2>&1 | tee -a /dev/stderr | grep '"tokens_per_s"' | tail -1)
+  local flops_tok
+  flops_tok=$(awk -v d=$PERF_D -v l=$PERF_L -v f=$PERF_FF -v t=$PERF_T 'BEGIN {printf "%.6g", 6 * (l * (4 * d * d + 2 * d * f) + d * 256) + 12 * l * t * d}')
+  local their_tps their_mem
+  their_tps=$(echo "$theirs" | grep -o '"tokens_per_s": [0-9.e+]*' | awk '{print $2}')
+  their_mem=$(echo "$theirs" | grep -o '"peak_bytes": [0-9]*' | awk '{printf "%.2f", $2 / 2^30}')
+  note "model d $PERF_D, L $PERF_L, d_ff $PERF_FF, T $PERF_T, batch $PERF_B, bf16/f32 master, FULL_SHARD np 1 nccl; $flops_tok FLOP/token"
+  note "cuBLAS bf16 GEMM peak (torch.matmul 8192^3, same call): ${peak:-?} TFLOP/s"
+  note "ours: ${ours:-?} tokens/s, MFU $(awk -v a="${ours:-0}" -v f="$flops_tok" -v p="${peak:-0}" 'BEGIN {if (p > 0) printf "%.1f%%", 100 * a * f / (p * 1e12); else print "?"}'); $(grep -m1 '^done:' "$W/perf_ours.txt")"
+  note "PyTorch FSDP2: ${their_tps:-?} tokens/s, MFU $(awk -v a="${their_tps:-0}" -v f="$flops_tok" -v p="${peak:-0}" 'BEGIN {if (p > 0) printf "%.1f%%", 100 * a * f / (p * 1e12); else print "?"}'), peak ${their_mem:-?} GiB (max_memory_allocated)"
+  [ -n "$ours" ] && [ -n "$their_tps" ] && note "ours / FSDP2 tokens/s: $(awk -v a="$ours" -v b="$their_tps" 'BEGIN {printf "%.2f", a / b}')"
+  [ -n "$ours" ] || bad=1
+  return $bad
+}
 
 # --cpu: no GPU needed.
 c_cpu_train() {
@@ -315,47 +442,19 @@ if [ $cpu -eq 1 ]; then
 else
   check machine c_machine
   check test_gpu c_test_gpu
-  check compute_sanitizer c_sanitizer
   check gpu_vs_cpu_f32 c_gpu_vs_cpu
-  check gpu_vs_cpu_bf16 c_bf16
-  check world_sizes_mpi c_world_sizes_mpi
-  check world_sizes_ucx c_world_sizes_ucx
   check nccl c_nccl
+  check performance c_perf
+  check gpu_vs_cpu_bf16 c_bf16
   check cpu_offload c_cpu_offload
   check checkpoint_device_cpu c_ckpt_device_cpu
+  check world_sizes_mpi c_world_sizes_mpi
   check fsdp_bench_cuda c_bench
-  check performance c_perf
+  check world_sizes_ucx c_world_sizes_ucx
+  check compute_sanitizer c_sanitizer
 fi
 
-# ---- report -------------------------------------------------------------------------------------
-failed=0
-{
-  echo "# fsdp-gpu checks$([ $cpu -eq 1 ] && echo ' (--cpu)')$([ "$DEV" != cuda ] && echo " (DRY RUN: train.device $DEV for cuda)")"
-  echo
-  echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname); bundle: $(head -1 "$B/BUILD-INFO")"
-  echo
-  echo "GPU libraries used: ${gpu_libs_used:-none}"
-  [ -n "$gpu_libs_line" ] && echo "GPU libraries missing or too old: $gpu_libs_line"
-  echo
-  echo "| check | result | seconds | note |"
-  echo "| --- | --- | --- | --- |"
-  for i in "${!names[@]}"; do
-    echo "| ${names[$i]} | ${states[$i]} | ${secs[$i]} | ${notes[$i]//|/\\|} |"
-    [ "${states[$i]}" = fail ] && failed=$((failed + 1))
-  done
-  echo
-  echo "$failed failed. Logs: logs/CHECK.log"
-} >"$OUT/report.md"
-jstr() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g; s/\t/ /g' | tr -d '\n\r'; }
-{
-  printf '{"mode": "%s", "bundle": "%s", "gpu_libraries": "%s", "gpu_libraries_problem": "%s", "failed": %d, "checks": [' \
-    "$([ $cpu -eq 1 ] && echo cpu || echo gpu)" "$(jstr "$(head -1 "$B/BUILD-INFO")")" "$(jstr "$gpu_libs_used")" "$(jstr "$gpu_libs_line")" "$failed"
-  for i in "${!names[@]}"; do
-    [ "$i" -gt 0 ] && printf ', '
-    printf '{"name": "%s", "result": "%s", "seconds": %s, "note": "%s"}' "${names[$i]}" "${states[$i]}" "${secs[$i]}" "$(jstr "${notes[$i]}")"
-  done
-  printf ']}\n'
-} >"$OUT/report.json"
+write_report
 cat "$OUT/report.md"
 rm -rf "$W"
 [ $failed -eq 0 ]
