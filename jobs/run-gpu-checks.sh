@@ -36,6 +36,10 @@ export UCX_MODULE_DIR=$B/lib/ucx
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export PATH=$B/bin:$PATH
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+# A GPU machine may have its own PMIx (the H200 image has one under /usr/lib/x86_64-linux-gnu/pmix2):
+# ours then prints a dlopen error for each of its plugins there and a warning about compression
+# at every launch. Neither matters to a single-node run; silenced so that the logs show ours.
+export PMIX_MCA_mca_base_component_show_load_errors=0 PMIX_MCA_pcompress_base_silence_warning=1
 
 # cuBLAS/cuBLASLt/NCCL: the sonames the binaries need (BUILD-INFO "needs"), found on this machine.
 need() { awk -v k="$1" '$1 == k {sub(/^[^ ]+ +/, ""); print}' "$B/BUILD-INFO"; }
@@ -267,14 +271,43 @@ c_sanitizer() {
   done
   return $bad
 }
-c_gpu_vs_cpu() {
-  local m bad=0 arr
-  for m in MNIST TEXT; do
-    arr="$m[@]"
-    app "${m}_cpu" 1 "${!arr}" train.steps=20 train.device=cpu || { note "$m cpu run failed"; bad=1; continue; }
-    app "${m}_cuda" 1 "${!arr}" train.steps=20 train.device=$DEV || { note "$m cuda run failed"; bad=1; continue; }
-    same_losses "${m}_cpu" "${m}_cuda" 1e-5 | tee -a "$NOTE" || bad=1
+# mnist_cnn's free 20-step run is chaotic (tests/reference/check_reference.py): Adadelta at lr 1
+# with near-tied max-pool windows turns a last-bit difference (cuBLAS and OpenBLAS sum in
+# different orders) into a jump at a step nobody can predict; on the first H200 run the free
+# run agreed to 1e-5 for 11 steps, then jumped to 1e-2. So mnist_cnn is held step by step, as
+# check_reference.py holds it against torch: the CPU run writes a checkpoint after every step,
+# and the GPU resumes from the CPU's state after step s for one step; its loss of step s+1 must
+# equal the CPU's to RTOL. Each step starts from the same bits, so nothing compounds. The free
+# run is reported beside it. The transformer's free run is stable and held to RTOL directly.
+STEPWISE_STEPS=${STEPWISE_STEPS:-"4 9 14 19"}
+stepwise() {  # TAG RTOL SET...: MNIST with SET, CPU every step, GPU from the CPU's state
+  local tag=$1 rtol=$2 s f bad=0 cmp=""; shift 2
+  rm -rf "$W/sw_$tag"
+  app "sw_${tag}_cpu" 1 "${MNIST[@]}" "$@" train.steps=20 train.device=cpu checkpoint.dir="$W/sw_$tag" \
+    checkpoint.every_steps=1 checkpoint.keep=100 || { note "$tag: cpu run failed"; return 1; }
+  for s in $STEPWISE_STEPS; do
+    f=$(printf '%s/sw_%s/ckpt_%08d.h5' "$W" "$tag" "$s")
+    [ -e "$f" ] || { note "$tag: no checkpoint $f"; bad=1; continue; }
+    rm -rf "$W/sw_${tag}_$s"; mkdir -p "$W/sw_${tag}_$s"; cp "$f" "$W/sw_${tag}_$s/"
+    app "sw_${tag}_gpu_$s" 1 "${MNIST[@]}" "$@" train.steps=$((s + 1)) train.device=$DEV \
+      checkpoint.dir="$W/sw_${tag}_$s" checkpoint.resume=auto || { note "$tag: resume at step $s failed"; bad=1; continue; }
+    cmp+=$(awk -v s=$((s + 1)) -v rtol="$rtol" 'FNR == NR { if (FNR == s) a = $1; next } FNR == 1 { b = $1 }
+      END { d = a - b; if (d < 0) d = -d; m = a < 0 ? -a : a; r = d / (m > 0 ? m : 1)
+            printf "step %d %.3g%s, ", s, r, (a == "" || b == "" || d > rtol * m) ? " (over)" : "" }' \
+      <(losses "sw_${tag}_cpu") <(losses "sw_${tag}_gpu_$s"))
   done
+  [[ $cmp == *over* ]] && bad=1
+  note "$tag step by step from the CPU's state (loss of the step, relative to the CPU's; RTOL $rtol): ${cmp%, }"
+  return $bad
+}
+c_gpu_vs_cpu() {
+  local bad=0
+  app TEXT_cpu 1 "${TEXT[@]}" train.steps=20 train.device=cpu || { note "TEXT cpu run failed"; bad=1; }
+  app TEXT_cuda 1 "${TEXT[@]}" train.steps=20 train.device=$DEV || { note "TEXT cuda run failed"; bad=1; }
+  [ $bad -eq 0 ] && { same_losses TEXT_cpu TEXT_cuda 1e-5 | tee -a "$NOTE" || bad=1; }
+  stepwise MNIST_f32 1e-5 || bad=1
+  app MNIST_cpu 1 "${MNIST[@]}" train.steps=20 train.device=cpu && app MNIST_cuda 1 "${MNIST[@]}" train.steps=20 train.device=$DEV &&
+    note "free run (chaotic, not held): $(same_losses MNIST_cpu MNIST_cuda 1e-5)"
   return $bad
 }
 # bf16 params and reductions (f32 master, f32 accumulation in every GEMM on both sides). Both
@@ -287,12 +320,11 @@ c_gpu_vs_cpu() {
 BF16_RTOL=4e-3
 c_bf16() {
   local bad=0 m arr mp=(fsdp.mixed_precision.param_dtype=bf16 fsdp.mixed_precision.reduce_dtype=bf16)
-  for m in TEXT MNIST; do
-    arr="$m[@]"
-    app "bf16_${m}_cpu" 1 "${!arr}" "${mp[@]}" train.steps=20 train.device=cpu || { note "$m bf16 cpu run failed"; bad=1; continue; }
-    app "bf16_${m}_cuda" 1 "${!arr}" "${mp[@]}" train.steps=20 train.device=$DEV || { note "$m bf16 cuda run failed"; bad=1; continue; }
-    same_losses "bf16_${m}_cpu" "bf16_${m}_cuda" $BF16_RTOL | tee -a "$NOTE" || bad=1
-  done
+  app bf16_TEXT_cpu 1 "${TEXT[@]}" "${mp[@]}" train.steps=20 train.device=cpu || { note "TEXT bf16 cpu run failed"; bad=1; }
+  app bf16_TEXT_cuda 1 "${TEXT[@]}" "${mp[@]}" train.steps=20 train.device=$DEV || { note "TEXT bf16 cuda run failed"; bad=1; }
+  [ $bad -eq 0 ] && { same_losses bf16_TEXT_cpu bf16_TEXT_cuda $BF16_RTOL | tee -a "$NOTE" || bad=1; }
+  # mnist_cnn: chaotic in a free run (see stepwise), so step by step here too.
+  STEPWISE_STEPS=${STEPWISE_STEPS_BF16:-"9 19"} stepwise MNIST_bf16 $BF16_RTOL "${mp[@]}" || bad=1
   return $bad
 }
 world_sizes() {  # BACKEND
@@ -326,7 +358,7 @@ c_nccl() {
   if T=120 app nccl_np2 2 "${TINY_transformer[@]}" train.device=$DEV comm.backend=nccl train.batch_size=12 train.steps=2 train.epochs=0 >"$W/nccl2.txt" 2>&1; then
     note "nccl np 2 on one GPU ran instead of refusing"; bad=1
   else
-    note "nccl np 2 said: $(grep -v '^+\|^---\|^\s*$\|mpirun\|Primary job\|^$' "$W/nccl2.txt" | head -2 | tr '\n' ' ' | cut -c1-300)"
+    note "nccl np 2 said: $(grep -a -m2 '^fsdp_app' "$W/nccl2.txt" | tr '\n' ' ' | cut -c1-300)"
   fi
   cat "$W/nccl2.txt"
   return $bad
@@ -455,6 +487,7 @@ else
 fi
 
 write_report
+mkdir -p "$L/metrics" && cp "$W"/*.jsonl "$L/metrics/" 2>/dev/null
 cat "$OUT/report.md"
 rm -rf "$W"
 [ $failed -eq 0 ]
