@@ -323,6 +323,11 @@ c_bf16() {
   app bf16_TEXT_cpu 1 "${TEXT[@]}" "${mp[@]}" train.steps=20 train.device=cpu || { note "TEXT bf16 cpu run failed"; bad=1; }
   app bf16_TEXT_cuda 1 "${TEXT[@]}" "${mp[@]}" train.steps=20 train.device=$DEV || { note "TEXT bf16 cuda run failed"; bad=1; }
   [ $bad -eq 0 ] && { same_losses bf16_TEXT_cpu bf16_TEXT_cuda $BF16_RTOL | tee -a "$NOTE" || bad=1; }
+  # The same with train.matmul_precision medium (bf16 GEMM operands; CPU rounds copies, cuBLAS
+  # rounds inside): the same tolerance, the same derivation.
+  app bf16m_TEXT_cpu 1 "${TEXT[@]}" "${mp[@]}" train.matmul_precision=medium train.steps=20 train.device=cpu &&
+    app bf16m_TEXT_cuda 1 "${TEXT[@]}" "${mp[@]}" train.matmul_precision=medium train.steps=20 train.device=$DEV &&
+    { same_losses bf16m_TEXT_cpu bf16m_TEXT_cuda $BF16_RTOL | sed 's/^/matmul_precision medium: /' | tee -a "$NOTE"; } || bad=1
   # mnist_cnn: chaotic in a free run (see stepwise), so step by step here too.
   STEPWISE_STEPS=${STEPWISE_STEPS_BF16:-"9 19"} stepwise MNIST_bf16 $BF16_RTOL "${mp[@]}" || bad=1
   return $bad
@@ -406,13 +411,20 @@ c_perf() {
     train.steps=7 train.epochs=0 train.optimizer.kind=adamw train.optimizer.lr=0.0001 train.eval_every=never
     fsdp.sharding_strategy=FULL_SHARD fsdp.auto_wrap.policy=transformer_layer fsdp.mixed_precision.param_dtype=bf16
     fsdp.mixed_precision.reduce_dtype=bf16 comm.backend=${PERF_BACKEND:-nccl} train.device=$DEV)
-  local peak="" ours="" theirs="" bad=0
+  local peak="" ours="?" theirs="" bad=0
   peak=$("${py[@]}" --gemm-peak 2>&1 | tee -a /dev/stderr | grep -o '"gemm_bf16_tflops": [0-9.]*' | awk '{print $2}')
   local s sets=(); for s in "${run[@]}"; do sets+=(--set "$s"); done
   : >"$W/empty.yaml"
   mpirun_ -np 1 "$B/bin/fsdp_app" "$W/empty.yaml" "${sets[@]}" --plan | tee "$W/perf_plan.txt"
-  app perf_ours 1 "${run[@]}" | tee "$W/perf_ours.txt" || { note "fsdp_app failed: $(grep -a -m1 '^fsdp_app' "$L/performance.log" | cut -c1-240)"; bad=1; }
-  ours=$(grep '"step"' "$W/perf_ours.jsonl" 2>/dev/null | awk 'NR > 2' | grep -o '"tokens_per_s":[^,}]*' | cut -d: -f2 | sort -g | awk '{a[NR] = $1} END {if (NR) print a[int((NR + 1) / 2)]}')
+  # Ours at each train.matmul_precision: highest (f32 GEMMs, as the CPU) and medium (bf16 operands
+  # on tensor cores); tokens/s is the median of the steps after the first two.
+  local prec ours_at=()
+  for prec in ${PERF_PRECISIONS:-highest medium}; do
+    app perf_ours_$prec 1 "${run[@]}" train.matmul_precision=$prec | tee "$W/perf_ours_$prec.txt" ||
+      { note "fsdp_app ($prec) failed: $(grep -a '^fsdp_app' "$W/perf_ours_$prec.txt" | tail -1 | cut -c1-240)"; bad=1; }
+    ours=$(grep '"step"' "$W/perf_ours_$prec.jsonl" 2>/dev/null | awk 'NR > 2' | grep -o '"tokens_per_s":[^,}]*' | cut -d: -f2 | sort -g | awk '{a[NR] = $1} END {if (NR) print a[int((NR + 1) / 2)]}')
+    ours_at+=("$prec ${ours:-?}")
+  done
   theirs=$("${py[@]}" --d-model $PERF_D --n-layers $PERF_L --n-heads $PERF_H --d-ff $PERF_FF --seq-len $PERF_T --batch $PERF_B 2>&1 | tee -a /dev/stderr | grep '"tokens_per_s"' | tail -1)
   local flops_tok
   flops_tok=$(awk -v d=$PERF_D -v l=$PERF_L -v f=$PERF_FF -v t=$PERF_T 'BEGIN {printf "%.6g", 6 * (l * (4 * d * d + 2 * d * f) + d * 256) + 12 * l * t * d}')
@@ -421,10 +433,15 @@ c_perf() {
   their_mem=$(echo "$theirs" | grep -o '"peak_bytes": [0-9]*' | awk '{printf "%.2f", $2 / 2^30}')
   note "model d $PERF_D, L $PERF_L, d_ff $PERF_FF, T $PERF_T, batch $PERF_B, bf16/f32 master, FULL_SHARD np 1 nccl; $flops_tok FLOP/token"
   note "cuBLAS bf16 GEMM peak (torch.matmul 8192^3, same call): ${peak:-?} TFLOP/s"
-  note "ours: ${ours:-?} tokens/s, MFU $(awk -v a="${ours:-0}" -v f="$flops_tok" -v p="${peak:-0}" 'BEGIN {if (p > 0) printf "%.1f%%", 100 * a * f / (p * 1e12); else print "?"}'); $(grep -m1 '^done:' "$W/perf_ours.txt")"
+  local entry
+  for entry in "${ours_at[@]}"; do
+    set -- $entry
+    note "ours, matmul_precision $1: $2 tokens/s, MFU $(awk -v a="$2" -v f="$flops_tok" -v p="${peak:-0}" 'BEGIN {if (p > 0 && a + 0 > 0) printf "%.1f%%", 100 * a * f / (p * 1e12); else print "?"}'); $(grep -m1 '^done:' "$W/perf_ours_$1.txt")"
+    ours=$2
+  done
   note "PyTorch FSDP2: ${their_tps:-?} tokens/s, MFU $(awk -v a="${their_tps:-0}" -v f="$flops_tok" -v p="${peak:-0}" 'BEGIN {if (p > 0) printf "%.1f%%", 100 * a * f / (p * 1e12); else print "?"}'), peak ${their_mem:-?} GiB (max_memory_allocated)"
-  [ -n "$ours" ] && [ -n "$their_tps" ] && note "ours / FSDP2 tokens/s: $(awk -v a="$ours" -v b="$their_tps" 'BEGIN {printf "%.2f", a / b}')"
-  [ -n "$ours" ] || bad=1
+  [ "$ours" != "?" ] && [ -n "$their_tps" ] && note "ours (the last precision) / FSDP2 tokens/s: $(awk -v a="$ours" -v b="$their_tps" 'BEGIN {printf "%.2f", a / b}')"
+  [ "$ours" != "?" ] || bad=1
   return $bad
 }
 

@@ -279,7 +279,7 @@ class DeferredKernels final : public Kernels {
   }
   void nll_sum(const float* logp, const int32_t* targets, int64_t rows, int64_t C, double* sum,
                int64_t* correct) override {
-    now([&] { cpu_kernels().nll_sum(logp, targets, rows, C, sum, correct); });
+    now([&] { host_->nll_sum(logp, targets, rows, C, sum, correct); });
   }
   void nll_backward(float* d, const int32_t* targets, int64_t rows, int64_t C, float g) override {
     defer(&Kernels::nll_backward, d, targets, rows, C, g);
@@ -303,12 +303,12 @@ class DeferredKernels final : public Kernels {
   }
   double sum_squares(const float* x, int64_t n) override {
     double s = 0;
-    now([&] { s = cpu_kernels().sum_squares(x, n); });
+    now([&] { s = host_->sum_squares(x, n); });
     return s;
   }
   bool all_finite(const float* x, int64_t n) override {
     bool ok = false;
-    now([&] { ok = cpu_kernels().all_finite(x, n); });
+    now([&] { ok = host_->all_finite(x, n); });
     return ok;
   }
 
@@ -316,7 +316,11 @@ class DeferredKernels final : public Kernels {
   template <class Fn, class... Args>
   void defer(Fn fn, Args... args) {
     dev_.count_kernel();
-    dev_.enqueue(dev_.compute_stream(), [fn, args...] { (cpu_kernels().*fn)(args...); });
+    // The host kernel set of this fake, with the matmul precision of the call (the kernel runs later).
+    dev_.enqueue(dev_.compute_stream(), [h = host_.get(), p = precision_, fn, args...] {
+      h->set_matmul_precision(p);
+      (h->*fn)(args...);
+    });
   }
   void now(const std::function<void()>& fn) {
     dev_.count_kernel();
@@ -324,6 +328,7 @@ class DeferredKernels final : public Kernels {
     dev_.with_memory_open(fn);
   }
   FakeDevice& dev_;
+  std::unique_ptr<Kernels> host_ = make_cpu_kernels();  // runs the deferred kernels
 };
 
 }  // namespace

@@ -627,6 +627,14 @@ BOOST_AUTO_TEST_CASE(trace_keys) {
   BOOST_TEST(error_of("output: {trace: [a]}\n") == "in.yaml:1: output.trace: expected a string, got a list");
 }
 
+BOOST_AUTO_TEST_CASE(matmul_precision_key) {
+  BOOST_TEST(fsdp::matmul_precision_name(parse_config("", "in.yaml").train.matmul_precision) == "highest");
+  BOOST_TEST(fsdp::matmul_precision_name(
+                 parse_config("train: {matmul_precision: medium}\n", "in.yaml").train.matmul_precision) == "medium");
+  BOOST_TEST(error_of("train: {matmul_precision: low}\n") ==
+             "in.yaml:1: train.matmul_precision: expected one of [highest, high, medium], got 'low'");
+}
+
 BOOST_AUTO_TEST_CASE(device_keys) {
   BOOST_TEST(fsdp::device_name(parse_config("", "in.yaml").train.device) == "cpu");
   BOOST_TEST(error_of("train: {device: gpu}\n") ==

@@ -335,6 +335,66 @@ BOOST_AUTO_TEST_CASE(optimizers_and_casts_bitwise) {
   }
 }
 
+// train.matmul_precision high (TF32) and medium (bf16): cuBLAS rounds the f32 operands inside
+// the GEMM (CUBLAS_COMPUTE_32F_FAST_TF32 / _16BF), the CPU rounds copies to nearest even and runs
+// sgemm. If cuBLAS's conversion rounds to nearest even too, the two differ by f32 summation
+// order only (gemm_tol); if it truncated, they would differ by a TF32/bf16 ulp of the operands,
+// far outside. And the GPU result must differ from its own highest-precision one.
+BOOST_AUTO_TEST_CASE(matmul_precision_cases) {
+  Gpu g;
+  const int64_t M = 67, N = 45, K = 129, batch = 2;
+  for (MatmulPrecision p : {MatmulPrecision::high, MatmulPrecision::medium}) {
+    std::unique_ptr<Kernels> cpu = make_cpu_kernels();
+    cpu->set_matmul_precision(p);
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        BOOST_TEST_CONTEXT(matmul_precision_name(p) << " trans_a " << ta << " trans_b " << tb) {
+          const int64_t lda = (ta ? M : K) + 1, ldb = (tb ? K : N) + 2, ldc = N + 3;
+          const int64_t sa = (ta ? K : M) * lda, sb = (tb ? N : K) * ldb, sc = M * ldc;
+          const uint32_t seed = 300 + 8 * ta + 4 * tb + (p == MatmulPrecision::medium);
+          auto A = randn(batch * sa, seed), B = randn(batch * sb, seed + 1), C = randn(batch * sc, seed + 2);
+          const std::vector<float> C0 = C;
+          float* dA = g.upload(A);
+          float* dB = g.upload(B);
+          float* dC = g.upload(C);
+          float* dC_highest = g.upload(C0);
+          cpu->gemm_strided_batched(ta, tb, M, N, K, 0.5f, A.data(), lda, sa, B.data(), ldb, sb, 0.25f, C.data(), ldc,
+                                    sc, batch);
+          g.k().set_matmul_precision(p);
+          g.k().gemm_strided_batched(ta, tb, M, N, K, 0.5f, dA, lda, sa, dB, ldb, sb, 0.25f, dC, ldc, sc, batch);
+          g.k().set_matmul_precision(MatmulPrecision::highest);
+          g.k().gemm_strided_batched(ta, tb, M, N, K, 0.5f, dA, lda, sa, dB, ldb, sb, 0.25f, dC_highest, ldc, sc,
+                                     batch);
+          auto got = g.download(dC, C.size()), highest = g.download(dC_highest, C.size());
+          std::vector<float> mag = abs_of(C0);
+          cpu_kernels().gemm_strided_batched(ta, tb, M, N, K, 0.5f, abs_of(A).data(), lda, sa, abs_of(B).data(), ldb,
+                                             sb, 0.25f, mag.data(), ldc, sc, batch);
+          within(C, got, gemm_tol(mag, K), "gemm_strided_batched, rounded operands");
+          float most = 0;
+          for (size_t i = 0; i < got.size(); ++i) most = std::max(most, std::fabs(got[i] - highest[i]));
+          BOOST_TEST(most > 1e-4f, "the GPU's " << matmul_precision_name(p) << " result equals its highest one");
+        }
+      }
+    }
+    // One plain gemm and the linear kernels (which call it) through the same setting.
+    const int64_t rows = 33, in = 70, out = 21;
+    auto X = randn(rows * in, 400), W = randn(out * in, 401), b = randn(out, 402);
+    std::vector<float> Y(rows * out);
+    float* dX = g.upload(X);
+    float* dW = g.upload(W);
+    float* db = g.upload(b);
+    float* dY = g.upload(Y);
+    cpu->linear_forward(Y.data(), X.data(), W.data(), b.data(), rows, in, out);
+    g.k().set_matmul_precision(p);
+    g.k().linear_forward(dY, dX, dW, db, rows, in, out);
+    g.k().set_matmul_precision(MatmulPrecision::highest);
+    std::vector<float> mag(rows * out);
+    auto babs = abs_of(b);
+    cpu_kernels().linear_forward(mag.data(), abs_of(X).data(), abs_of(W).data(), babs.data(), rows, in, out);
+    within(Y, g.download(dY, Y.size()), gemm_tol(mag, in), "linear_forward, rounded operands");
+  }
+}
+
 // Both transposes, batch 3, leading dimensions and batch strides with gaps: the gap elements of C
 // must come back untouched (compared along with the rest). Small-integer operands are exact
 // (bitwise); random ones are within gemm_tol. cuBLAS runs without TF32 (CUBLAS_DEFAULT_MATH).

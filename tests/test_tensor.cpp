@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <utility>
@@ -1594,3 +1595,99 @@ BOOST_AUTO_TEST_CASE(losses_ignore_negative_targets) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// ---- train.matmul_precision: operands rounded to TF32 / bf16, f32 accumulation ----
+
+BOOST_AUTO_TEST_CASE(round_to_tf32_known_answers) {
+  const float one = 1.0f;
+  BOOST_TEST(ops::round_to_tf32(one + std::ldexp(1.0f, -11)) == one);                             // tie: to even
+  BOOST_TEST(ops::round_to_tf32(one + 3 * std::ldexp(1.0f, -11)) == one + std::ldexp(1.0f, -9));  // tie: up to even
+  BOOST_TEST(ops::round_to_tf32(one + std::ldexp(1.0f, -11) + std::ldexp(1.0f, -20)) == one + std::ldexp(1.0f, -10));
+  BOOST_TEST(ops::round_to_tf32(-1.5f) == -1.5f);
+  BOOST_TEST(ops::round_to_tf32(std::numeric_limits<float>::infinity()) == std::numeric_limits<float>::infinity());
+  BOOST_TEST(std::isnan(ops::round_to_tf32(std::numeric_limits<float>::quiet_NaN())));
+  // The largest float is above TF32's largest plus half its ulp: it rounds to infinity.
+  BOOST_TEST(ops::round_to_tf32(std::numeric_limits<float>::max()) == std::numeric_limits<float>::infinity());
+  BOOST_TEST(ops::round_to_bf16(one + std::ldexp(1.0f, -8)) == one);  // bf16: 7 bits, tie to even
+}
+
+BOOST_AUTO_TEST_CASE(round_to_tf32_matches_nearest_even_in_double) {
+  std::mt19937 gen(7);
+  std::uniform_int_distribution<uint32_t> bits(0, 0xffffffffu);
+  int checked = 0;
+  for (int i = 0; i < 200000; ++i) {
+    uint32_t u = bits(gen);
+    float x = 0;
+    std::memcpy(&x, &u, 4);
+    if (!std::isnormal(x) || std::fabs(x) > 1e38f) continue;
+    int e = 0;
+    std::frexp(static_cast<double>(x), &e);                                  // x = m * 2^e, m in [0.5, 1)
+    const double ulp = std::ldexp(1.0, e - 1 - 10);                          // 10 bits after the leading one
+    const double want = std::nearbyint(static_cast<double>(x) / ulp) * ulp;  // ties to even
+    BOOST_TEST_REQUIRE(static_cast<double>(ops::round_to_tf32(x)) == want, "x = " << x);
+    ++checked;
+  }
+  BOOST_TEST(checked > 100000);
+}
+
+namespace {
+
+// op(A) (M,K) and op(B) (K,N) stored with leading-dimension gaps; every combination of
+// transposes; the rounded GEMM against highest-precision GEMM of operands rounded in place.
+void check_rounded_gemm(MatmulPrecision p, float (*round)(float)) {
+  std::mt19937 gen(11);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  const int64_t M = 37, N = 29, K = 53, gap = 3;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, lda = a_cols + gap;
+      const int64_t b_rows = tb ? N : K, b_cols = tb ? K : N, ldb = b_cols + gap;
+      std::vector<float> A(a_rows * lda), B(b_rows * ldb), C0(M * (N + gap));
+      for (auto& v : A) v = d(gen);
+      for (auto& v : B) v = d(gen);
+      for (auto& v : C0) v = d(gen);
+      std::vector<float> Ar = A, Br = B;
+      for (auto& v : Ar) v = round(v);
+      for (auto& v : Br) v = round(v);
+      std::vector<float> got = C0, want = C0, full = C0;
+      ops::gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 0.25f, got.data(), N + gap, p);
+      ops::gemm(ta, tb, M, N, K, 0.5f, Ar.data(), lda, Br.data(), ldb, 0.25f, want.data(), N + gap);
+      ops::gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 0.25f, full.data(), N + gap);
+      // Exact products of rounded operands, summed as OpenBLAS sums: within f32 reordering.
+      for (size_t i = 0; i < got.size(); ++i)
+        BOOST_TEST_REQUIRE(std::fabs(got[i] - want[i]) <= 1e-5f * (1.0f + std::fabs(want[i])),
+                           "ta " << ta << " tb " << tb << " element " << i);
+      // The gaps of C are left alone; the rounding did something.
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t c = N; c < N + gap; ++c) BOOST_TEST_REQUIRE(got[r * (N + gap) + c] == C0[r * (N + gap) + c]);
+      float most = 0;
+      for (size_t i = 0; i < got.size(); ++i) most = std::max(most, std::fabs(got[i] - full[i]));
+      BOOST_TEST(most > 1e-4f, "rounding to " << matmul_precision_name(p) << " changed nothing");
+    }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(gemm_with_operands_rounded) {
+  check_rounded_gemm(MatmulPrecision::high, ops::round_to_tf32);
+  check_rounded_gemm(MatmulPrecision::medium, ops::round_to_bf16);
+}
+
+BOOST_AUTO_TEST_CASE(matmul_precision_is_per_kernel_set) {
+  // A runtime's kernel set rounds; the shared one (and another set) does not.
+  std::unique_ptr<Kernels> mine = make_cpu_kernels();
+  mine->set_matmul_precision(MatmulPrecision::medium);
+  BOOST_TEST(matmul_precision_name(cpu_kernels().matmul_precision()) == "highest");
+  const int64_t rows = 5, in = 7, out = 3;
+  std::vector<float> X(rows * in), W(out * in), b(out, 0.5f);
+  for (size_t i = 0; i < X.size(); ++i) X[i] = 1.0f + 0.001f * static_cast<float>(i);  // not bf16 values
+  for (size_t i = 0; i < W.size(); ++i) W[i] = 0.3f - 0.01f * static_cast<float>(i);
+  std::vector<float> y_medium(rows * out), y_ops(rows * out), y_shared(rows * out), y_highest(rows * out);
+  mine->linear_forward(y_medium.data(), X.data(), W.data(), b.data(), rows, in, out);
+  ops::linear_forward(y_ops.data(), X.data(), W.data(), b.data(), rows, in, out, MatmulPrecision::medium);
+  cpu_kernels().linear_forward(y_shared.data(), X.data(), W.data(), b.data(), rows, in, out);
+  ops::linear_forward(y_highest.data(), X.data(), W.data(), b.data(), rows, in, out);
+  BOOST_TEST(y_medium == y_ops, boost::test_tools::per_element());
+  BOOST_TEST(y_shared == y_highest, boost::test_tools::per_element());
+  BOOST_TEST(y_medium != y_highest);
+}

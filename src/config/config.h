@@ -12,6 +12,7 @@
 #include "config/optimizer_config.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
+#include "tensor/matmul_precision.h"
 #include "tensor/tensor.h"  // Device
 
 namespace fsdp {
@@ -100,6 +101,9 @@ struct TrainConfig {
   bool shuffle = true;
   int64_t threads = 0;          // 0 = leave OpenBLAS/OpenMP defaults
   Device device = Device::cpu;  // where tensors live and kernels run
+  // f32 GEMM operands as they are (highest), rounded to TF32 (high) or to bf16 (medium), f32
+  // accumulation: torch.set_float32_matmul_precision (tensor/matmul_precision.h).
+  MatmulPrecision matmul_precision = MatmulPrecision::highest;
 };
 
 struct MixedPrecisionConfig {

@@ -68,7 +68,7 @@ class CpuKernels final : public Kernels {
 
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
             const float* B, int64_t ldb, float beta, float* C, int64_t ldc) override {
-    ops::gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    ops::gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, precision_);
   }
 
   // One sgemm per operand: the same calls the per-head loops made, so the same results.
@@ -77,7 +77,7 @@ class CpuKernels final : public Kernels {
                             float* C, int64_t ldc, int64_t stride_c, int64_t batch) override {
     for (int64_t i = 0; i < batch; ++i)
       ops::gemm(trans_a, trans_b, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta, C + i * stride_c,
-                ldc);
+                ldc, precision_);
   }
 
   // 32 rows: the bench transformer's attention GEMMs (T 256, head dim 64, one thread, OpenBLAS on
@@ -94,11 +94,11 @@ class CpuKernels final : public Kernels {
 
   void linear_forward(float* Y, const float* X, const float* W, const float* b, int64_t rows, int64_t in,
                       int64_t out) override {
-    ops::linear_forward(Y, X, W, b, rows, in, out);
+    ops::linear_forward(Y, X, W, b, rows, in, out, precision_);
   }
   void linear_backward(float* dX, float* dW, float* db, const float* dY, const float* X, const float* W, int64_t rows,
                        int64_t in, int64_t out) override {
-    ops::linear_backward(dX, dW, db, dY, X, W, rows, in, out);
+    ops::linear_backward(dX, dW, db, dY, X, W, rows, in, out, precision_);
   }
 
   // ---- Conv2d ----
@@ -545,8 +545,10 @@ class CpuKernels final : public Kernels {
 
 }  // namespace
 
+std::unique_ptr<Kernels> make_cpu_kernels() { return std::make_unique<CpuKernels>(); }
+
 Kernels& cpu_kernels() {
-  static CpuKernels kernels;  // stateless: one instance serves every thread and runtime
+  static CpuKernels kernels;  // no state but the matmul precision, which nobody sets on this one
   return kernels;
 }
 

@@ -55,6 +55,6 @@ void HostRuntime::memset_async(void* dst, int value, size_t bytes, Stream) {
 
 std::unique_ptr<Event> HostRuntime::record(Stream) { return std::make_unique<DoneEvent>(); }
 
-Kernels& HostRuntime::kernels() { return cpu_kernels(); }
+Kernels& HostRuntime::kernels() { return *kernels_; }
 
 }  // namespace fsdp

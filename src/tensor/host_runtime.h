@@ -1,7 +1,10 @@
 #pragma once
 // The cpu DeviceRuntime: host memory charged to the tracker, the calling thread as the only
 // stream (every enqueue has finished when it returns, every event is complete), host kernels.
+#include <memory>
+
 #include "tensor/device.h"
+#include "tensor/kernels.h"
 
 namespace fsdp {
 
@@ -29,6 +32,7 @@ class HostRuntime final : public DeviceRuntime {
 
  private:
   MemoryTracker& tracker_;
+  std::unique_ptr<Kernels> kernels_ = make_cpu_kernels();  // its own: the matmul precision is per runtime
 };
 
 }  // namespace fsdp

@@ -12,8 +12,10 @@
 // compute stream: they are the step's only host waits, and each says so.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "tensor/dtype.h"
+#include "tensor/matmul_precision.h"
 #include "tensor/tensor.h"
 
 namespace fsdp {
@@ -172,9 +174,19 @@ class Kernels {
   virtual double sum_squares(const float* x, int64_t n) = 0;
   // True when every element is finite. Host value: waits.
   virtual bool all_finite(const float* x, int64_t n) = 0;
+
+  // How gemm, gemm_strided_batched and the linear kernels treat f32 operands from the next call
+  // on (train.matmul_precision; tensor/matmul_precision.h). A setting of this kernel set only.
+  virtual void set_matmul_precision(MatmulPrecision p) { precision_ = p; }
+  MatmulPrecision matmul_precision() const { return precision_; }
+
+ protected:
+  MatmulPrecision precision_ = MatmulPrecision::highest;
 };
 
-// The host implementation (tensor/cpu_kernels.cpp).
+// The host implementation (tensor/cpu_kernels.cpp): a set of one's own (a runtime's), and the
+// process-wide one that tests and helpers share (its matmul precision stays highest).
+std::unique_ptr<Kernels> make_cpu_kernels();
 Kernels& cpu_kernels();
 
 }  // namespace fsdp

@@ -6,30 +6,68 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "tensor/kernel_math.h"
 
 namespace fsdp::ops {
 
+float round_to_tf32(float x) {
+  uint32_t u = kmath::bits_of(x);
+  if ((u & 0x7f800000u) == 0x7f800000u) return x;  // inf, NaN
+  u += 0x0fffu + ((u >> 13) & 1u);                 // to nearest, ties to even, at bit 13
+  return kmath::float_of(u & 0xffffe000u);
+}
+
+float round_to_bf16(float x) { return kmath::bf16_to_f32(kmath::f32_to_bf16(x)); }
+
+namespace {
+
+// The stored matrix (rows, cols) at leading dimension ld, rounded to `precision`, packed dense.
+std::vector<float> rounded_copy(const float* X, int64_t rows, int64_t cols, int64_t ld, MatmulPrecision precision) {
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  const bool tf32 = precision == MatmulPrecision::high;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = X + r * ld;
+    float* dst = out.data() + r * cols;
+    for (int64_t c = 0; c < cols; ++c) dst[c] = tf32 ? round_to_tf32(src[c]) : round_to_bf16(src[c]);
+  }
+  return out;
+}
+
+}  // namespace
+
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc, MatmulPrecision precision) {
   if (M == 0 || N == 0) return;
+  if (precision != MatmulPrecision::highest) {
+    // Round copies (the stored layout, packed): then the same sgemm. Host memory outside the
+    // tracker, transient; the GPU needs none (cuBLAS rounds inside the GEMM).
+    const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+    const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+    const std::vector<float> a = rounded_copy(A, a_rows, a_cols, lda, precision);
+    const std::vector<float> b = rounded_copy(B, b_rows, b_cols, ldb, precision);
+    gemm(trans_a, trans_b, M, N, K, alpha, a.data(), std::max<int64_t>(a_cols, 1), b.data(),
+         std::max<int64_t>(b_cols, 1), beta, C, ldc);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
               static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
 }
 
-void linear_forward(float* Y, const float* X, const float* W, const float* b, int64_t rows, int64_t in, int64_t out) {
+void linear_forward(float* Y, const float* X, const float* W, const float* b, int64_t rows, int64_t in, int64_t out,
+                    MatmulPrecision precision) {
   if (b) {
     // Seeding Y with the bias lets one GEMM with beta = 1 do the add.
     for (int64_t r = 0; r < rows; ++r) std::memcpy(Y + r * out, b, out * sizeof(float));
   }
-  gemm(false, true, rows, out, in, 1.0f, X, in, W, in, b ? 1.0f : 0.0f, Y, out);
+  gemm(false, true, rows, out, in, 1.0f, X, in, W, in, b ? 1.0f : 0.0f, Y, out, precision);
 }
 
 void linear_backward(float* dX, float* dW, float* db, const float* dY, const float* X, const float* W, int64_t rows,
-                     int64_t in, int64_t out) {
-  gemm(true, false, out, in, rows, 1.0f, dY, out, X, in, 1.0f, dW, in);
+                     int64_t in, int64_t out, MatmulPrecision precision) {
+  gemm(true, false, out, in, rows, 1.0f, dY, out, X, in, 1.0f, dW, in, precision);
   if (db) {
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = dY + r * out;
@@ -37,7 +75,7 @@ void linear_backward(float* dX, float* dW, float* db, const float* dY, const flo
       for (int64_t o = 0; o < out; ++o) db[o] += row[o];
     }
   }
-  if (dX) gemm(false, false, rows, in, out, 1.0f, dY, out, W, in, 0.0f, dX, in);
+  if (dX) gemm(false, false, rows, in, out, 1.0f, dY, out, W, in, 0.0f, dX, in, precision);
 }
 
 void im2col(const float* image, float* col, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t pad,

@@ -5,20 +5,30 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "tensor/matmul_precision.h"
+
 namespace fsdp::ops {
 
 // Elementwise loops below this many elements stay on one thread: waking the team costs more.
 inline constexpr int64_t kParallelMin = 1 << 15;
 
 // C (M,N) = alpha * op(A) @ op(B) + beta * C, row-major; op(A) is (M,K), op(B) is (K,N).
+// precision high/medium: A and B are first copied, rounded to TF32/bf16 (matmul_precision.h).
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-          const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
+          MatmulPrecision precision = MatmulPrecision::highest);
+
+// x rounded to the nearest TF32 value (10 mantissa bits, ties to even; overflow to inf, NaN kept)
+// and to the nearest bf16 value, both returned as f32.
+float round_to_tf32(float x);
+float round_to_bf16(float x);
 
 // Y (rows, out) = X (rows, in) @ W^T (W: (out, in)) + b (out) — torch.nn.Linear.
-void linear_forward(float* Y, const float* X, const float* W, const float* b, int64_t rows, int64_t in, int64_t out);
+void linear_forward(float* Y, const float* X, const float* W, const float* b, int64_t rows, int64_t in, int64_t out,
+                    MatmulPrecision precision = MatmulPrecision::highest);
 // dW += dY^T X, db += colsum(dY), dX = dY W (dX may be null: first layer).
 void linear_backward(float* dX, float* dW, float* db, const float* dY, const float* X, const float* W, int64_t rows,
-                     int64_t in, int64_t out);
+                     int64_t in, int64_t out, MatmulPrecision precision = MatmulPrecision::highest);
 
 // Image (C,H,W) -> columns (C*KH*KW, OH*OW) with stride 1 and zero padding `pad`; `col_ld` is
 // the row stride of the column matrix so several images can sit side by side.

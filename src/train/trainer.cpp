@@ -56,6 +56,7 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
   const Device device = c.train.device;
   s.runtime =
       s.env.make_runtime ? s.env.make_runtime(s.mem, s.env.local_rank) : make_runtime(device, s.mem, s.env.local_rank);
+  s.runtime->kernels().set_matmul_precision(c.train.matmul_precision);
   s.comms = make_run_communicators(c, s.env.mpi_comm, *s.runtime, !s.env.world, s.env.decorate_world);
   if (!s.env.world) s.env.world = s.comms.world.get();
   // Data first: a missing dataset should fail before minutes of model set-up.

@@ -26,6 +26,12 @@ std::string shape(int64_t M, int64_t N, int64_t K) {
   return "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
 }
 
+// f32 operands and result; cuBLAS rounds the operands to TF32/bf16 inside the GEMM and
+// accumulates in f32 (matmul_precision.h). highest has no compute type here: it is cublasSgemm.
+cublasComputeType_t compute_type(MatmulPrecision p) {
+  return p == MatmulPrecision::medium ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F_FAST_TF32;
+}
+
 }  // namespace
 
 void check_cublas(cublasStatus_t rc, const char* call, const std::string& context) {
@@ -56,6 +62,13 @@ void CudaKernels::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
                        int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   // Row-major C (M,N) is column-major C^T (N,M) = op(B)^T op(A)^T: swap the operands.
+  if (precision_ != MatmulPrecision::highest) {
+    check_cublas(cublasGemmEx(cublas_.get(), op(trans_b), op(trans_a), to_int(N, "N"), to_int(M, "M"), to_int(K, "K"),
+                              &alpha, B, CUDA_R_32F, to_int(ldb, "ldb"), A, CUDA_R_32F, to_int(lda, "lda"), &beta, C,
+                              CUDA_R_32F, to_int(ldc, "ldc"), compute_type(precision_), CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx", std::string(matmul_precision_name(precision_)) + " " + shape(M, N, K));
+    return;
+  }
   check_cublas(cublasSgemm(cublas_.get(), op(trans_b), op(trans_a), to_int(N, "N"), to_int(M, "M"), to_int(K, "K"),
                            &alpha, B, to_int(ldb, "ldb"), A, to_int(lda, "lda"), &beta, C, to_int(ldc, "ldc")),
                "cublasSgemm", shape(M, N, K));
@@ -66,6 +79,16 @@ void CudaKernels::gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, in
                                        int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c,
                                        int64_t batch) {
   if (M == 0 || N == 0 || batch == 0) return;
+  if (precision_ != MatmulPrecision::highest) {
+    check_cublas(
+        cublasGemmStridedBatchedEx(cublas_.get(), op(trans_b), op(trans_a), to_int(N, "N"), to_int(M, "M"),
+                                   to_int(K, "K"), &alpha, B, CUDA_R_32F, to_int(ldb, "ldb"), stride_b, A, CUDA_R_32F,
+                                   to_int(lda, "lda"), stride_a, &beta, C, CUDA_R_32F, to_int(ldc, "ldc"), stride_c,
+                                   to_int(batch, "batch"), compute_type(precision_), CUBLAS_GEMM_DEFAULT),
+        "cublasGemmStridedBatchedEx",
+        std::string(matmul_precision_name(precision_)) + " " + shape(M, N, K) + " batch=" + std::to_string(batch));
+    return;
+  }
   check_cublas(cublasSgemmStridedBatched(cublas_.get(), op(trans_b), op(trans_a), to_int(N, "N"), to_int(M, "M"),
                                          to_int(K, "K"), &alpha, B, to_int(ldb, "ldb"), stride_b, A, to_int(lda, "lda"),
                                          stride_a, &beta, C, to_int(ldc, "ldc"), stride_c, to_int(batch, "batch")),
