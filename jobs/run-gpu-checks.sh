@@ -420,10 +420,13 @@ c_perf() {
   # on tensor cores); tokens/s is the median of the steps after the first two.
   local prec ours_at=()
   for prec in ${PERF_PRECISIONS:-highest medium}; do
-    app perf_ours_$prec 1 "${run[@]}" train.matmul_precision=$prec | tee "$W/perf_ours_$prec.txt" ||
+    # Step 7 traced (output.trace): its metrics line carries the phase breakdown.
+    app perf_ours_$prec 1 "${run[@]}" train.matmul_precision=$prec "output.trace=$L/perf_trace_$prec.json" \
+      "output.trace_steps=[7, 7]" | tee "$W/perf_ours_$prec.txt" ||
       { note "fsdp_app ($prec) failed: $(grep -a '^fsdp_app' "$W/perf_ours_$prec.txt" | tail -1 | cut -c1-240)"; bad=1; }
     ours=$(grep '"step"' "$W/perf_ours_$prec.jsonl" 2>/dev/null | awk 'NR > 2' | grep -o '"tokens_per_s":[^,}]*' | cut -d: -f2 | sort -g | awk '{a[NR] = $1} END {if (NR) print a[int((NR + 1) / 2)]}')
     ours_at+=("$prec ${ours:-?}")
+    note "  $prec, step 7 traced: $(grep '"step": 7' "$W/perf_ours_$prec.jsonl" 2>/dev/null | grep -o '"\(step_time_s\|compute_s\|exposed_comm_s\|optimizer_s\|comm_s\)": [^,}]*' | tr '\n' ' ')"
   done
   theirs=$("${py[@]}" --d-model $PERF_D --n-layers $PERF_L --n-heads $PERF_H --d-ff $PERF_FF --seq-len $PERF_T --batch $PERF_B 2>&1 | tee -a /dev/stderr | grep '"tokens_per_s"' | tail -1)
   local flops_tok
