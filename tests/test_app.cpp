@@ -221,6 +221,20 @@ BOOST_AUTO_TEST_CASE(trains_and_writes_metrics_under_mpirun_and_alone) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(a_reduced_matmul_precision_is_announced) {
+  TempDir d;
+  std::string cfg = d.file("c.yaml", kTinyCnn);
+  const std::string line = "fsdp_app: train.matmul_precision medium: GEMM operands rounded to bf16, f32 accumulation";
+  Run medium = run(cfg + " --set train.steps=1 --set train.matmul_precision=medium");
+  BOOST_TEST(medium.exit_code == 0, medium.err);
+  BOOST_TEST(medium.out.find(line) != std::string::npos, medium.out);
+  Run highest = run(cfg + " --set train.steps=1");
+  BOOST_TEST(highest.exit_code == 0, highest.err);
+  BOOST_TEST(highest.out.find("matmul_precision") == std::string::npos, highest.out);
+  expect_error(run(cfg + " --set train.matmul_precision=bf16"),
+               "train.matmul_precision: expected one of [highest, high, medium], got 'bf16'");
+}
+
 Run run_mpi(int np, const std::string& args) {
   return run_with("mpirun --oversubscribe --bind-to none -np " + std::to_string(np) + " ", args, 300);
 }

@@ -26,6 +26,11 @@ void Trainer::print_banner() const {
         c.comm.backend.c_str(), engine.units().size(), std::string(enum_name(c.data.kind)).c_str(),
         static_cast<long long>(s.data.train->size()), static_cast<long long>(s.data.eval->size()),
         static_cast<long long>(s.total_steps), static_cast<long long>(s.steps_per_epoch));
+  // A GEMM precision other than f32 changes every number of the run: say so where the run starts.
+  if (leader && c.train.matmul_precision != MatmulPrecision::highest)
+    std::printf("fsdp_app: train.matmul_precision %s: GEMM operands rounded to %s, f32 accumulation\n",
+                std::string(matmul_precision_name(c.train.matmul_precision)).c_str(),
+                c.train.matmul_precision == MatmulPrecision::medium ? "bf16" : "TF32");
   if (env.world_size > 1) {
     // The nodes MPI found (MPI_COMM_TYPE_SHARED: node_color), each named by its first rank's
     // host name, and the mesh made of them: HYBRID's shard groups are those nodes, and a log
