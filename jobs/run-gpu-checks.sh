@@ -409,6 +409,19 @@ c_bench() {
 # NCCL; the same model (torch_models.LM), batch and precision under PyTorch FSDP2; the cuBLAS bf16
 # GEMM peak measured in the same call. MFU = tokens/s * FLOPs per token / peak, FLOPs per token
 # = 6 * (matmul params) + 12 * L * T * d (attention scores and values, forward + backward).
+# smi_peak_start NAME / smi_peak_stop NAME: the device's memory.used (nvidia-smi, every 200 ms)
+# while a run is on, max in MiB: what the process really holds (CUDA context, cuBLAS workspace,
+# NCCL buffers), next to our tracker's peak and --plan, which count our tensors only.
+smi_peak_start() {
+  command -v nvidia-smi >/dev/null || return 0
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$W/smi_$1.txt" 2>/dev/null &
+  echo $! >"$W/smi_$1.pid"
+}
+smi_peak_stop() {
+  [ -e "$W/smi_$1.pid" ] || { echo "?"; return; }
+  kill "$(cat "$W/smi_$1.pid")" 2>/dev/null; wait "$(cat "$W/smi_$1.pid")" 2>/dev/null
+  sort -n "$W/smi_$1.txt" | tail -1 | awk '{printf "%d MiB", $1} END {if (NR == 0) printf "?"}'
+}
 PERF_D=${PERF_D:-2048} PERF_L=${PERF_L:-16} PERF_FF=${PERF_FF:-8192} PERF_T=${PERF_T:-1024} PERF_B=${PERF_B:-8} PERF_H=16
 c_perf() {
   local py=(env -u LD_LIBRARY_PATH python3 "$B/py/gpu_perf_fsdp2.py")
@@ -428,17 +441,21 @@ c_perf() {
   local prec ours_at=()
   for prec in ${PERF_PRECISIONS:-highest medium}; do
     # Step 7 traced (output.trace): its metrics line carries the phase breakdown.
+    smi_peak_start ours_$prec
     app perf_ours_$prec 1 "${run[@]}" train.matmul_precision=$prec "output.trace=$L/perf_trace_$prec.json" \
       "output.trace_steps=[7, 7]" | tee "$W/perf_ours_$prec.txt" ||
       { note "fsdp_app ($prec) failed: $(grep -a '^fsdp_app' "$W/perf_ours_$prec.txt" | tail -1 | cut -c1-240)"; bad=1; }
     ours=$(grep '"step"' "$W/perf_ours_$prec.jsonl" 2>/dev/null | awk 'NR > 2' | grep -o '"tokens_per_s":[^,}]*' | cut -d: -f2 | sort -g | awk '{a[NR] = $1} END {if (NR) print a[int((NR + 1) / 2)]}')
     ours_at+=("$prec ${ours:-?}")
+    note "  $prec: device memory.used peak (nvidia-smi) $(smi_peak_stop ours_$prec)"
     note "  $prec, step 7 traced: $(grep '"step": 7' "$W/perf_ours_$prec.jsonl" 2>/dev/null | grep -o '"\(step_time_s\|compute_s\|exposed_comm_s\|optimizer_s\|comm_s\)": [^,}]*' | tr '\n' ' ')"
   done
+  smi_peak_start fsdp2
   theirs=$("${py[@]}" --d-model $PERF_D --n-layers $PERF_L --n-heads $PERF_H --d-ff $PERF_FF --seq-len $PERF_T --batch $PERF_B 2>&1 | tee -a /dev/stderr | grep '"tokens_per_s"' | tail -1)
   local flops_tok
   flops_tok=$(awk -v d=$PERF_D -v l=$PERF_L -v f=$PERF_FF -v t=$PERF_T 'BEGIN {printf "%.6g", 6 * (l * (4 * d * d + 2 * d * f) + d * 256) + 12 * l * t * d}')
   local their_tps their_mem
+  note "PyTorch FSDP2: device memory.used peak (nvidia-smi) $(smi_peak_stop fsdp2)"
   their_tps=$(echo "$theirs" | grep -o '"tokens_per_s": [0-9.e+]*' | awk '{print $2}')
   their_mem=$(echo "$theirs" | grep -o '"peak_bytes": [0-9]*' | awk '{printf "%.2f", $2 / 2^30}')
   note "model d $PERF_D, L $PERF_L, d_ff $PERF_FF, T $PERF_T, batch $PERF_B, bf16/f32 master, FULL_SHARD np 1 nccl; $flops_tok FLOP/token"
