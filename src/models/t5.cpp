@@ -150,8 +150,13 @@ class T5Attention : public Layer {
     Tensor dS = dropout.backward(ctx, dP_);  // writable: dP_ itself, or the dropout's own dx
     kernels.softmax_backward(dS.f32(), probs_.f32(), B * H_ * Tq, Tk);
     if (!cross_ && B > 0) {  // the bias is shared by the samples and the blocks: its gradient sums both
+      // A sum over the batch written as a GEMM with ones: not a matmul of the model, so never
+      // rounded by train.matmul_precision (torch sums it in f32).
+      const MatmulPrecision precision = kernels.matmul_precision();
+      kernels.set_matmul_precision(MatmulPrecision::highest);
       kernels.gemm(false, false, 1, H_ * P, B, 1.0f, state_.ones.f32(), B, dS.f32(), H_ * P, 1.0f,
                    state_.d_position_bias.f32(), H_ * P);
+      kernels.set_matmul_precision(precision);
     }
     ctx.ensure(dQ_, Q_.shape(), DType::f32);
     ctx.ensure(dK_, K_.shape(), DType::f32);
