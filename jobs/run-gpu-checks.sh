@@ -436,10 +436,10 @@ c_perf() {
   local s sets=(); for s in "${run[@]}"; do sets+=(--set "$s"); done
   : >"$W/empty.yaml"
   mpirun_ -np 1 "$B/bin/fsdp_app" "$W/empty.yaml" "${sets[@]}" --plan | tee "$W/perf_plan.txt"
-  # Ours at each train.matmul_precision: highest (f32 GEMMs, as the CPU) and medium (bf16 operands
+  # Ours at each train.matmul_precision: highest (f32 GEMMs, as the CPU), high (TF32) and medium (bf16 operands
   # on tensor cores); tokens/s is the median of the steps after the first two.
   local prec ours_at=()
-  for prec in ${PERF_PRECISIONS:-highest medium}; do
+  for prec in ${PERF_PRECISIONS:-highest high medium}; do
     # Step 7 traced (output.trace): its metrics line carries the phase breakdown.
     smi_peak_start ours_$prec
     app perf_ours_$prec 1 "${run[@]}" train.matmul_precision=$prec "output.trace=$L/perf_trace_$prec.json" \
