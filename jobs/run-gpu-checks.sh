@@ -436,8 +436,8 @@ c_perf() {
   local s sets=(); for s in "${run[@]}"; do sets+=(--set "$s"); done
   : >"$W/empty.yaml"
   mpirun_ -np 1 "$B/bin/fsdp_app" "$W/empty.yaml" "${sets[@]}" --plan | tee "$W/perf_plan.txt"
-  # Ours at each train.matmul_precision: highest (f32 GEMMs, as the CPU), high (TF32) and medium (bf16 operands
-  # on tensor cores); tokens/s is the median of the steps after the first two.
+  # Ours at each train.matmul_precision: highest (f32 GEMMs, as the CPU), high (TF32) and medium
+  # (bf16 operands on tensor cores); tokens/s is the median of the steps after the first two.
   local prec ours_at=()
   for prec in ${PERF_PRECISIONS:-highest high medium}; do
     # Step 7 traced (output.trace): its metrics line carries the phase breakdown.
