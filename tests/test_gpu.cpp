@@ -288,6 +288,72 @@ void same_optimizer_bits(const std::vector<float>& cpu, const std::vector<float>
 #endif
 }
 
+// The device's column sums (linear db, layernorm dw and db, RMS norm dw: kernels.cu's "Column
+// sums") over more rows than its 32 row lanes, with partial 32-column tiles. Small-integer dy
+// makes linear db and layernorm db exact in any order: bitwise, so a row summed twice or skipped
+// cannot hide. The weight sums' terms are not integers: host (rows in order) and device (lanes,
+// then a tree) each lie within gamma_{rows+1} of the exact sum relative to |dw0| + sum |term|,
+// so they differ by at most (rows + 1) eps of it; a factor 2 covers a product that one side
+// fuses into its add and the other rounds first. Both sides see the host's mean and rstd.
+BOOST_AUTO_TEST_CASE(column_sums_many_rows) {
+  Gpu g;
+  Kernels& cpu = cpu_kernels();
+  const int64_t rows = 1000, in = 3;
+  for (int64_t C : {int64_t{70}, int64_t{2050}}) {
+    BOOST_TEST_CONTEXT("C " << C) {
+      const auto n = static_cast<size_t>(rows * C);
+      const auto dy = small_ints(n, 1500 + static_cast<uint32_t>(C), -20, 20);
+      const auto x = randn(n, 1600 + static_cast<uint32_t>(C), 2.0f), w = randn(C, 1700 + static_cast<uint32_t>(C));
+      float* gdy = g.upload(dy);
+      float* gx = g.upload(x);
+      float* gw = g.upload(w);
+
+      // linear db: the GEMMs' dW alongside (checked elsewhere); no dX.
+      const auto X = randn(rows * in, 1800), W = randn(C * in, 1801);
+      std::vector<float> dW(C * in, 0.0f);
+      auto db = small_ints(C, 1802, -9, 9);
+      float* gX = g.upload(X);
+      float* gW = g.upload(W);
+      float* gdW = g.upload(dW);
+      float* gdb = g.upload(db);
+      cpu.linear_backward(nullptr, dW.data(), db.data(), dy.data(), X.data(), W.data(), rows, in, C);
+      g.k().linear_backward(nullptr, gdW, gdb, gdy, gX, gW, rows, in, C);
+      same_bits(db, g.download(gdb, C), "linear db (small integers)");
+
+      std::vector<float> y(n), mean(rows), rstd(rows);
+      cpu.layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), w.data(), rows, C, 1e-5f);
+      float* gm = g.upload(mean);
+      float* gr = g.upload(rstd);
+      auto ldw = small_ints(C, 1803, -9, 9), ldb = small_ints(C, 1804, -9, 9);
+      std::vector<float> ldx(n), tol(C);
+      for (int64_t c = 0; c < C; ++c) {
+        double mag = std::fabs(ldw[c]);
+        for (int64_t r = 0; r < rows; ++r) mag += std::fabs((x[r * C + c] - mean[r]) * rstd[r] * dy[r * C + c]);
+        tol[c] = static_cast<float>(2.0 * static_cast<double>(rows + 1) * kEps * mag);
+      }
+      float* gldw = g.upload(ldw);
+      float* gldb = g.upload(ldb);
+      float* gldx = g.upload(ldx);
+      cpu.layernorm_backward(ldx.data(), ldw.data(), ldb.data(), dy.data(), x.data(), w.data(), mean.data(),
+                             rstd.data(), rows, C);
+      g.k().layernorm_backward(gldx, gldw, gldb, gdy, gx, gw, gm, gr, rows, C);
+      same_bits(ldb, g.download(gldb, C), "layernorm db (small integers)");
+      within(ldw, g.download(gldw, C), tol, "layernorm dw");
+
+      auto rdw = small_ints(C, 1805, -9, 9);
+      for (int64_t c = 0; c < C; ++c) {
+        double mag = std::fabs(rdw[c]);
+        for (int64_t r = 0; r < rows; ++r) mag += std::fabs(x[r * C + c] * rstd[r] * dy[r * C + c]);
+        tol[c] = static_cast<float>(2.0 * static_cast<double>(rows + 1) * kEps * mag);
+      }
+      float* grdw = g.upload(rdw);
+      cpu.rmsnorm_backward(nullptr, rdw.data(), dy.data(), x.data(), w.data(), rstd.data(), rows, C);
+      g.k().rmsnorm_backward(nullptr, grdw, gdy, gx, gw, gr, rows, C);
+      within(rdw, g.download(grdw, C), tol, "rmsnorm dw");
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(optimizers_and_casts_bitwise) {
   Gpu g;
   const int64_t n = 5000;
@@ -776,8 +842,10 @@ BOOST_AUTO_TEST_CASE(gelu_tanh) {
 
 // RMS norm: the f64 sums of squares differ only in order (each term x*x is exact in f64), so
 // rstd and y agree but for a rare f32 rounding boundary: 4 eps relative. Backward on the host's
-// rstd: dw is the same fmaf chain in the same row order, bitwise; dx's f64 dot as the forward,
-// then the same f32 operations: 4 eps of |dx| and of the x k term.
+// rstd: dw's terms are the same fmaf operands summed in different orders (host: rows in order;
+// device: row lanes, then a tree), within (rows + 1) eps of |dw0| + sum |term| (as in
+// column_sums_many_rows); dx's f64 dot as the forward, then the same f32 operations: 4 eps of
+// |dx| and of the x k term.
 BOOST_AUTO_TEST_CASE(rmsnorm) {
   Gpu g;
   Kernels& cpu = cpu_kernels();
@@ -805,9 +873,16 @@ BOOST_AUTO_TEST_CASE(rmsnorm) {
       float* gdy = g.upload(dy);
       float* gdx = g.upload(dx);
       float* gdw = g.upload(dw);
+      std::vector<float> dw_tol(C);
+      for (int64_t c = 0; c < C; ++c) {
+        double mag = std::fabs(dw[c]);
+        for (int64_t r = 0; r < rows; ++r) mag += std::fabs(x[r * C + c] * rstd[r] * dy[r * C + c]);
+        dw_tol[c] = static_cast<float>(2.0 * static_cast<double>(rows + 1) * kEps * mag);
+      }
       cpu.rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), rows, C);
       g.k().rmsnorm_backward(gdx, gdw, gdy, gx, gw, grh, rows, C);
-      same_bits(dw, g.download(gdw, C), "rmsnorm dw");
+      const auto gpu_dw = g.download(gdw, C);
+      within(dw, gpu_dw, dw_tol, "rmsnorm dw");
       for (int64_t r = 0; r < rows; ++r) {
         double d = 0.0;
         for (int64_t c = 0; c < C; ++c) d += double(dy[r * C + c] * w[c]) * x[r * C + c];
@@ -821,7 +896,7 @@ BOOST_AUTO_TEST_CASE(rmsnorm) {
       // dx null: dw only.
       float* gdw2 = g.upload(small_ints(C, 1400 + C, -5, 5));
       g.k().rmsnorm_backward(nullptr, gdw2, gdy, gx, gw, grh, rows, C);
-      same_bits(dw, g.download(gdw2, C), "rmsnorm dw (dx null)");
+      same_bits(gpu_dw, g.download(gdw2, C), "rmsnorm dw (dx null), against dw with dx");
     }
   }
 }

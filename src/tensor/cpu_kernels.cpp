@@ -269,8 +269,9 @@ class CpuKernels final : public Kernels {
   // dx_k = s (g_k - x_k s^2 sum_j(g_j x_j) / C), g = dy * w.
   void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd,
                         int64_t rows, int64_t C) override {
-    // dw is a reduction over rows: serial in row order (the device's order too), so the sum
-    // never depends on the thread count; fmaf spelled out so both sides round alike.
+    // dw is a reduction over rows: serial in row order, so the sum never depends on the thread
+    // count; fmaf spelled out so both sides round each term alike (the device sums the same terms
+    // in another fixed order: kernels.cu's column sums).
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = x + r * C;
       const float* dyr = dy + r * C;

@@ -1,8 +1,8 @@
 // The CUDA kernels of CudaKernels (launch.h). Elementwise work uses grid-stride loops; row-wise
 // work (layernorm, RMS norm, softmaxes) one block per row; column sums (bias and norm weight
-// grads) one thread per column looping over rows in order, so they are deterministic (no
-// atomics) and add in the CPU's order. Scatters with duplicates (embedding and relative-bias
-// grads) use atomics. Reductions to a host value are two deterministic passes (per-block
+// grads) a block per 32 columns whose row lanes split the rows ("Column sums" below), in a fixed
+// order: deterministic (no atomics), not the CPU's row order (within tolerance of it). Scatters with duplicates
+// (embedding and relative-bias grads) use atomics. Reductions to a host value are two deterministic passes (per-block
 // partials, then one block over the partials). The per-element math shared with the host
 // (GELU, dropout's Philox, bf16/f16 rounding, optimizer updates) is tensor/kernel_math.h.
 #include <cuda_runtime.h>
@@ -82,17 +82,57 @@ __device__ float block_max(float v) {
   return r;
 }
 
-// ---- Linear / conv helpers.
-__global__ void bias_rows_k(float* Y, const float* b, int64_t rows, int64_t out) {
-  for (int64_t i = gtid(); i < rows * out; i += gstride()) Y[i] = b[i % out];
+// ---- Column sums (bias, layernorm and RMS norm weight gradients).
+// A column sum over B*T rows is a long dependent chain per column: one thread per column (as
+// these kernels were first written) keeps a handful of loads in flight per SM, fills a few SMs
+// for d_model columns, and waited on memory latency rows times (milliseconds per call at 8192
+// rows, about a hundred calls per step of a 16-layer model). Here a block owns kColTile adjacent
+// columns (threadIdx.x: coalesced rows) and kRowLanes row lanes (threadIdx.y); lane y sums rows
+// y, y + kRowLanes, ... in order, and the lanes' partials meet in a fixed tree: the same bits in
+// every run.
+constexpr int kColTile = 32;
+constexpr int kRowLanes = 32;
+
+// This thread's column; past the last column in the last tile's spare threads.
+__device__ inline int64_t tile_column() { return static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x; }
+int column_tiles(int64_t cols) {
+  const int64_t tiles = (cols + kColTile - 1) / kColTile;
+  if (tiles > 0x7fffffff) throw Error("cuda: column sums: too many columns for one grid");
+  return static_cast<int>(tiles);
 }
-// db[c] += sum over r of dY[r, c], rows in order (the CPU's order).
-__global__ void col_sum_add_k(float* db, const float* dY, int64_t rows, int64_t out) {
-  for (int64_t c = gtid(); c < out; c += gstride()) {
-    float acc = db[c];
-    for (int64_t r = 0; r < rows; ++r) acc += dY[r * out + c];
-    db[c] = acc;
+// The sum over the row lanes of v, added in a fixed tree; valid in lane threadIdx.y == 0. Every
+// thread of the block must call it (it synchronises the block).
+__device__ float sum_row_lanes(float v) {
+  __shared__ float part[kRowLanes][kColTile + 1];  // +1: no bank conflicts down a column
+  part[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  for (int half = kRowLanes / 2; half > 0; half >>= 1) {
+    if (static_cast<int>(threadIdx.y) < half) part[threadIdx.y][threadIdx.x] += part[threadIdx.y + half][threadIdx.x];
+    __syncthreads();
   }
+  const float r = part[0][threadIdx.x];
+  __syncthreads();  // part may be reused by the next call
+  return r;
+}
+
+// ---- Linear / conv helpers.
+// Y[r, :] = b, a block row of columns per grid row (no per-element index division).
+__global__ void bias_rows_k(float* Y, const float* b, int64_t rows, int64_t out) {
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    float* yr = Y + r * out;
+    for (int64_t c = gtid(); c < out; c += gstride()) yr[c] = b[c];
+  }
+}
+// db[c] += sum over r of dY[r, c].
+__global__ void col_sum_add_k(float* db, const float* dY, int64_t rows, int64_t out) {
+  const int64_t c = tile_column();
+  float acc = 0.0f;
+  if (c < out) {
+#pragma unroll 4
+    for (int64_t r = threadIdx.y; r < rows; r += kRowLanes) acc += dY[r * out + c];
+  }
+  acc = sum_row_lanes(acc);
+  if (threadIdx.y == 0 && c < out) db[c] += acc;
 }
 __global__ void im2col_k(const float* x, float* col, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t pad,
                          int64_t OH, int64_t OW) {
@@ -218,17 +258,24 @@ __global__ void layernorm_dx_k(float* dx, const float* dy, const float* x, const
     dxr[c] = s * (dyr[c] * w[c] - inv_c * sum_g - xhat * inv_c * sum_gx);
   }
 }
-// dw[c] += sum_r (x - mean) * rstd * dy, db[c] += sum_r dy: one thread per column, rows in order.
+// dw[c] += sum_r (x - mean) * rstd * dy, db[c] += sum_r dy (column sums, as col_sum_add_k).
 __global__ void layernorm_dwdb_k(float* dw, float* db, const float* dy, const float* x, const float* mean,
                                  const float* rstd, int64_t rows, int64_t C) {
-  for (int64_t c = gtid(); c < C; c += gstride()) {
-    float aw = dw[c], ab = db[c];
-    for (int64_t r = 0; r < rows; ++r) {
-      aw += (x[r * C + c] - mean[r]) * rstd[r] * dy[r * C + c];
-      ab += dy[r * C + c];
+  const int64_t c = tile_column();
+  float aw = 0.0f, ab = 0.0f;
+  if (c < C) {
+#pragma unroll 4
+    for (int64_t r = threadIdx.y; r < rows; r += kRowLanes) {
+      const float g = dy[r * C + c];
+      aw += (x[r * C + c] - mean[r]) * rstd[r] * g;
+      ab += g;
     }
-    dw[c] = aw;
-    db[c] = ab;
+  }
+  aw = sum_row_lanes(aw);
+  ab = sum_row_lanes(ab);
+  if (threadIdx.y == 0 && c < C) {
+    dw[c] += aw;
+    db[c] += ab;
   }
 }
 __global__ void log_softmax_forward_k(float* y, const float* x, int64_t C) {
@@ -301,13 +348,16 @@ __global__ void rmsnorm_dx_k(float* dx, const float* dy, const float* x, const f
   const float k = static_cast<float>(block_reduce(d, Sum{}) / static_cast<double>(C)) * s * s;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dxr[c] = s * fmaf(-xr[c], k, dyr[c] * w[c]);
 }
-// dw[c] += sum_r x * rstd * dy: one thread per column, rows in order, the host's fmaf: bitwise.
+// dw[c] += sum_r x * rstd * dy: the host's fmaf terms, summed as col_sum_add_k.
 __global__ void rmsnorm_dw_k(float* dw, const float* dy, const float* x, const float* rstd, int64_t rows, int64_t C) {
-  for (int64_t c = gtid(); c < C; c += gstride()) {
-    float aw = dw[c];
-    for (int64_t r = 0; r < rows; ++r) aw = fmaf(x[r * C + c] * rstd[r], dy[r * C + c], aw);
-    dw[c] = aw;
+  const int64_t c = tile_column();
+  float aw = 0.0f;
+  if (c < C) {
+#pragma unroll 4
+    for (int64_t r = threadIdx.y; r < rows; r += kRowLanes) aw = fmaf(x[r * C + c] * rstd[r], dy[r * C + c], aw);
   }
+  aw = sum_row_lanes(aw);
+  if (threadIdx.y == 0 && c < C) dw[c] += aw;
 }
 // One block per (b, h, i) row of P (B, H, Tq, Tk); the host's order of operations (kernels.h).
 __global__ void attention_softmax_forward_k(float* P, const float* bias, const int32_t* key_valid, bool causal,
@@ -540,12 +590,15 @@ int rows_grid(int64_t rows, const char* what) {
 
 void bias_rows(float* Y, const float* b, int64_t rows, int64_t out, cudaStream_t s) {
   if (rows * out == 0) return;
-  bias_rows_k<<<blocks_for(rows * out), kThreads, 0, s>>>(Y, b, rows, out);
+  const int64_t col_blocks = (out + kThreads - 1) / kThreads;
+  const dim3 grid(static_cast<unsigned>(col_blocks < 8 ? col_blocks : 8),
+                  static_cast<unsigned>(rows < 65535 ? rows : 65535));
+  bias_rows_k<<<grid, kThreads, 0, s>>>(Y, b, rows, out);
   check_launch("bias_rows");
 }
 void col_sum_add(float* db, const float* dY, int64_t rows, int64_t out, cudaStream_t s) {
   if (out == 0) return;
-  col_sum_add_k<<<blocks_for(out), kThreads, 0, s>>>(db, dY, rows, out);
+  col_sum_add_k<<<column_tiles(out), dim3(kColTile, kRowLanes), 0, s>>>(db, dY, rows, out);
   check_launch("col_sum_add");
 }
 void im2col(const float* x, float* col, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t pad, int64_t OH,
@@ -609,7 +662,7 @@ void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const
 void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                         const float* mean, const float* rstd, int64_t rows, int64_t C, cudaStream_t s) {
   if (rows == 0) return;
-  layernorm_dwdb_k<<<blocks_for(C), kThreads, 0, s>>>(dw, db, dy, x, mean, rstd, rows, C);
+  layernorm_dwdb_k<<<column_tiles(C), dim3(kColTile, kRowLanes), 0, s>>>(dw, db, dy, x, mean, rstd, rows, C);
   check_launch("layernorm_backward (dw, db)");
   layernorm_dx_k<<<rows_grid(rows, "layernorm_backward"), kThreads, 0, s>>>(dx, dy, x, w, mean, rstd, C);
   check_launch("layernorm_backward (dx)");
@@ -643,7 +696,7 @@ void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int6
 void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd,
                       int64_t rows, int64_t C, cudaStream_t s) {
   if (rows == 0 || C == 0) return;
-  rmsnorm_dw_k<<<blocks_for(C), kThreads, 0, s>>>(dw, dy, x, rstd, rows, C);
+  rmsnorm_dw_k<<<column_tiles(C), dim3(kColTile, kRowLanes), 0, s>>>(dw, dy, x, rstd, rows, C);
   check_launch("rmsnorm_backward (dw)");
   if (!dx) return;
   rmsnorm_dx_k<<<rows_grid(rows, "rmsnorm_backward"), kThreads, 0, s>>>(dx, dy, x, w, rstd, C);
