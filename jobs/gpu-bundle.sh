@@ -16,7 +16,8 @@
 #   fsdp-gpu/pmix/               PMIx's plugins and help files (PMIX_INSTALL_PREFIX)
 #   fsdp-gpu/etc/                Debian's openmpi-mca-params.conf
 #   fsdp-gpu/py/                 the performance check's PyTorch FSDP2 side (gpu_perf_fsdp2.py,
-#                                torch_models.py), run with the GPU machine's own PyTorch
+#                                torch_models.py), run with the GPU machine's own PyTorch, and
+#                                ncu_kernel_table.py (its kernel breakdown)
 #   fsdp-gpu/input/              the repository's input/*.yaml
 #   fsdp-gpu/data/               a Fashion-MNIST slice (4000 train, 1000 test images, the IDX
 #                                format fsdp_app reads) and ~300 KB of Debian's fortunes
@@ -111,7 +112,7 @@ cp "$root/jobs/run-gpu-checks.sh" "$B/run-gpu-checks.sh"
 chmod +x "$B/run-gpu-checks.sh"
 # The performance check's PyTorch FSDP2 side: the torch twin of our transformer.
 mkdir -p "$B/py"
-cp "$root/jobs/gpu_perf_fsdp2.py" "$root/tests/reference/torch_models.py" "$B/py/"
+cp "$root/jobs/gpu_perf_fsdp2.py" "$root/jobs/ncu_kernel_table.py" "$root/tests/reference/torch_models.py" "$B/py/"
 
 # Data: the first 4000 training and 1000 test images of Debian's Fashion-MNIST, in the same
 # gzipped IDX files; ~300 KB of fortunes (whole files, in name order).
