@@ -211,6 +211,13 @@ TINY_transformer=(model.kind=transformer model.vocab=64 model.d_model=32 model.n
   model.seq_len=16 data.kind=synthetic data.synthetic_samples=480 train.optimizer.kind=adamw train.optimizer.lr=0.003
   train.clip_grad_norm=1.0 fsdp.auto_wrap.policy=transformer_layer)
 STRATEGIES=(NO_SHARD FULL_SHARD SHARD_GRAD_OP HYBRID_SHARD HYBRID_SHARD_ZERO2)
+# T5 (the tutorial's model) on synthetic byte pairs, as tests/fsdp/equivalence.py's, in both
+# layouts: v1.0 (relu, lm_head tied to the shared embedding) and v1.1 (gated-gelu, untied).
+T5_v10=(model.kind=t5 model.vocab_size=259 model.d_model=64 model.d_kv=16 model.num_heads=4 model.d_ff=128
+  model.num_layers=2 model.num_decoder_layers=2 model.dropout_rate=0.1 data.kind=synthetic data.synthetic_samples=480
+  data.source_len=24 data.target_len=12 train.optimizer.kind=adamw train.optimizer.lr=0.003 train.clip_grad_norm=1.0
+  fsdp.auto_wrap.policy=transformer_layer train.global_batch_size=16 train.eval_every=never train.seed=1)
+T5_v11=("${T5_v10[@]}" model.feed_forward_proj=gated-gelu model.tie_word_embeddings=false)
 
 # ---- the checks ---------------------------------------------------------------------------------
 c_machine() {
@@ -266,7 +273,7 @@ c_sanitizer() {
   sanitize test_gpu_racecheck "$t" racecheck "$B/bin/test_gpu" --report_level=short --color_output=no || bad=1
   sanitize test_gpu_synccheck "$t" synccheck "$B/bin/test_gpu" --report_level=short --color_output=no || bad=1
   local m arr
-  for m in MNIST TEXT; do
+  for m in MNIST TEXT T5_v11; do
     arr="$m[@]"
     APP_PREFIX="$CS --tool memcheck --error-exitcode 9" T=$((t + 20)) app "san_$m" 1 "${!arr}" train.steps=3 \
       train.device=$DEV >"$L/sanitizer_${m}_memcheck.txt" 2>&1
@@ -315,6 +322,49 @@ c_gpu_vs_cpu() {
   stepwise MNIST_f32 1e-5 || bad=1
   app MNIST_cpu 1 "${MNIST[@]}" train.steps=20 train.device=cpu && app MNIST_cuda 1 "${MNIST[@]}" train.steps=20 train.device=$DEV &&
     note "free run (chaotic, not held): $(same_losses MNIST_cpu MNIST_cuda 1e-5)"
+  return $bad
+}
+# T5 has kernels of its own (RMS norm, the relative position bias and its atomic backward, the
+# key-masked attention softmax, tanh GELU) that no other model runs end to end. For each layout:
+# 20 steps GPU vs CPU in f32 (dropout 0.1: Philox masks, the same bits on both sides) within
+# 1e-5, as the transformer; np 2 FULL_SHARD on the GPU within 1e-5 of np 1; and greedy decoding
+# (--generate) of 4 held-out pairs from the CPU run's final checkpoint on both sides. Decoding is
+# an argmax per token, so a near-tie may resolve differently on the two sides: the count of
+# identical outputs is reported, and only a failed or short decode fails the check.
+generate() {  # OUTFILE DEVICE CKPT SET...
+  local out=$1 dev=$2 ck=$3 s sets=(); shift 3
+  for s in "$@" train.device="$dev" "checkpoint.resume=$ck"; do sets+=(--set "$s"); done
+  echo "+ fsdp_app --generate 4 on $dev from $ck"
+  mpirun_ -np 1 "$B/bin/fsdp_app" "$W/empty.yaml" "${sets[@]}" --generate 4 >"$out" 2>&1
+}
+c_t5() {
+  local bad=0 v arr ck d same
+  for v in v10 v11; do
+    arr="T5_$v[@]"
+    ck=$W/t5ck_$v
+    app "t5_${v}_cpu" 1 "${!arr}" train.steps=20 train.device=cpu "checkpoint.dir=$ck" checkpoint.every_steps=20 ||
+      { note "T5 $v: cpu run failed"; bad=1; continue; }
+    app "t5_${v}_gpu" 1 "${!arr}" train.steps=20 train.device=$DEV || { note "T5 $v: device run failed"; bad=1; continue; }
+    same_losses "t5_${v}_cpu" "t5_${v}_gpu" 1e-5 | tee -a "$NOTE" || bad=1
+    if app "t5_${v}_gpu_np2" 2 "${!arr}" train.steps=20 train.device=$DEV fsdp.sharding_strategy=FULL_SHARD; then
+      same_losses "t5_${v}_gpu" "t5_${v}_gpu_np2" 1e-5 | tee -a "$NOTE" || bad=1
+    else
+      note "T5 $v: device np 2 FULL_SHARD failed"; bad=1
+    fi
+    for d in cpu $DEV; do
+      generate "$W/t5_${v}_gen_$d.txt" "$d" "$ck/ckpt_00000020.h5" "${!arr}" ||
+        { note "T5 $v: --generate on $d failed: $(grep -a -m1 '^fsdp_app' "$W/t5_${v}_gen_$d.txt" | cut -c1-200)"; bad=1; }
+      grep -a -o '"generated_ids":\[[^]]*\]' "$W/t5_${v}_gen_$d.txt" >"$W/t5_${v}_ids_$d.txt"
+      cat "$W/t5_${v}_gen_$d.txt"
+    done
+    if [ "$(wc -l <"$W/t5_${v}_ids_cpu.txt")" -ne 4 ] || [ "$(wc -l <"$W/t5_${v}_ids_$DEV.txt")" -ne 4 ]; then
+      note "T5 $v: --generate 4 gave $(wc -l <"$W/t5_${v}_ids_cpu.txt") outputs on the cpu, $(wc -l <"$W/t5_${v}_ids_$DEV.txt") on the device"
+      bad=1
+    else
+      same=$(paste -d'|' "$W/t5_${v}_ids_cpu.txt" "$W/t5_${v}_ids_$DEV.txt" | awk -F'|' '$1 == $2' | wc -l)
+      note "T5 $v: greedy decoding from the cpu's checkpoint, $same of 4 outputs identical on both sides"
+    fi
+  done
   return $bad
 }
 # bf16 params and reductions (f32 master, f32 accumulation in every GEMM on both sides). Both
@@ -537,6 +587,7 @@ else
   check gpu_vs_cpu_f32 c_gpu_vs_cpu
   check nccl c_nccl
   check performance c_perf
+  check t5 c_t5
   check gpu_vs_cpu_bf16 c_bf16
   check cpu_offload c_cpu_offload
   check checkpoint_device_cpu c_ckpt_device_cpu
