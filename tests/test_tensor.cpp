@@ -1034,7 +1034,51 @@ BOOST_AUTO_TEST_CASE(layernorm_and_log_softmax_vs_double) {
   BOOST_TEST(std::isfinite(hy[2]));
 }
 
+// row_max: every length around its 16 lanes, the maximum at every position, negative rows,
+// NaNs passed over (as std::max(mx, x) passes them), n = 0 gives -inf.
+BOOST_AUTO_TEST_CASE(row_max_lanes_tails_and_nans) {
+  const float inf = std::numeric_limits<float>::infinity();
+  BOOST_TEST(ops::row_max(nullptr, 0) == -inf);
+  for (int64_t n : {1, 2, 15, 16, 17, 31, 32, 33, 100}) {
+    for (int64_t at = 0; at < n; ++at) {
+      std::vector<float> x(n);
+      for (int64_t j = 0; j < n; ++j) x[j] = -1000.0f - static_cast<float>((j * 7) % 13);
+      x[at] = -3.5f;
+      BOOST_TEST_CONTEXT("n " << n << " max at " << at) {
+        BOOST_TEST(ops::row_max(x.data(), n) == -3.5f);
+        x[(at + 1) % n] = std::numeric_limits<float>::quiet_NaN();
+        if (n > 1) BOOST_TEST(ops::row_max(x.data(), n) == -3.5f);
+      }
+    }
+  }
+  const std::vector<float> all_neg_inf(20, -inf);
+  BOOST_TEST(ops::row_max(all_neg_inf.data(), 20) == -inf);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
+
+// The host's causal softmax against its definition in double (row i keeps j <= i, zeros above),
+// over T around the lane width; planes share nothing.
+BOOST_AUTO_TEST_CASE(causal_softmax_forward_vs_double) {
+  for (int64_t T : {1, 5, 16, 17, 40}) {
+    const int64_t planes = 3;
+    auto P = random_vec(planes * T * T, 40 + static_cast<uint32_t>(T), -4.0f, 4.0f);
+    const auto S = P;
+    cpu_kernels().causal_softmax_forward(P.data(), planes, T);
+    for (int64_t r = 0; r < planes * T; ++r) {
+      const int64_t i = r % T;
+      double mx = -1e300, sum = 0.0;
+      for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, static_cast<double>(S[r * T + j]));
+      for (int64_t j = 0; j <= i; ++j) sum += std::exp(S[r * T + j] - mx);
+      for (int64_t j = 0; j < T; ++j) {
+        const double want = j <= i ? std::exp(S[r * T + j] - mx) / sum : 0.0;
+        BOOST_TEST_CONTEXT("T " << T << " row " << r << " col " << j) {
+          BOOST_TEST(std::fabs(P[r * T + j] - want) <= 4e-7 * want + 1e-30);
+        }
+      }
+    }
+  }
+}
 
 BOOST_AUTO_TEST_CASE(gemm_bf16_equals_sgemm_on_widened_operands) {
   // Every bf16 value is an f32 value, so the bf16 GEMM must equal sgemm on the widened inputs.

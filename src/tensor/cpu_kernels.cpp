@@ -218,9 +218,7 @@ class CpuKernels final : public Kernels {
     for (int64_t r = 0; r < planes * T; ++r) {
       const int64_t i = r % T;
       float* row = P + r * T;
-      float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-      for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+      const float mx = ops::row_max(row, i + 1);
       // exp_f32 (kernel_math.h) vectorises where glibc's expf is a call per element. The sums
       // (here and in the backward) go in vector-lane partial sums: serially, each add waits
       // for the last.
