@@ -500,7 +500,7 @@ c_perf() {
     note "  $prec: device memory.used peak (nvidia-smi) $(smi_peak_stop ours_$prec)"
     note "  $prec, step 7 traced: $(grep '"step": 7' "$W/perf_ours_$prec.jsonl" 2>/dev/null | grep -o '"\(step_time_s\|compute_s\|exposed_comm_s\|optimizer_s\|comm_s\)": [^,}]*' | tr '\n' ' ')"
   done
-  # Where our device time goes: every kernel of a 2-layer cut of the same shape at medium, 3 steps,
+  # Where our device time goes: every kernel of a 2-layer cut of the same shape at medium, 2 steps,
   # timed by Nsight Compute (gpu__time_duration: one pass, no replay; kernels run one at a time, so
   # it is each kernel's own time, not the step's), summed by name (py/ncu_kernel_table.py).
   local ncu
@@ -509,10 +509,10 @@ c_perf() {
     note "kernel breakdown: no ncu on this machine"
   elif [ "${PERF_NCU:-1}" = 1 ]; then
     APP_PREFIX="$ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base --print-kernel-base function --log-file $L/perf_kernels.csv" \
-      T=240 app perf_ncu 1 "${run[@]}" model.n_layers=2 train.steps=3 train.matmul_precision=medium >"$W/perf_ncu.txt" 2>&1 ||
+      T=240 app perf_ncu 1 "${run[@]}" model.n_layers=2 train.steps=2 train.matmul_precision=medium >"$W/perf_ncu.txt" 2>&1 ||
       note "kernel breakdown: ncu run failed: $(grep -a -m1 -iE 'error|fsdp_app:' "$W/perf_ncu.txt" | cut -c1-200)"
     env -u LD_LIBRARY_PATH python3 "$B/py/ncu_kernel_table.py" "$L/perf_kernels.csv" --top 25 >"$L/perf_kernels.md" 2>&1 &&
-      note "kernel breakdown (L 2, 3 steps, medium; logs/perf_kernels.md): $(head -1 "$L/perf_kernels.md")" ||
+      note "kernel breakdown (L 2, 2 steps with start-up, medium; logs/perf_kernels.md): $(head -1 "$L/perf_kernels.md")" ||
       note "kernel breakdown: $(tail -1 "$L/perf_kernels.md" | cut -c1-200)"
     cat "$L/perf_kernels.md"
   fi
