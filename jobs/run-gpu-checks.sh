@@ -319,6 +319,14 @@ c_gpu_vs_cpu() {
   app TEXT_cpu 1 "${TEXT[@]}" train.steps=20 train.device=cpu || { note "TEXT cpu run failed"; bad=1; }
   app TEXT_cuda 1 "${TEXT[@]}" train.steps=20 train.device=$DEV || { note "TEXT cuda run failed"; bad=1; }
   [ $bad -eq 0 ] && { same_losses TEXT_cpu TEXT_cuda 1e-5 | tee -a "$NOTE" || bad=1; }
+  # model.attention recompute: the host's row blocks are 32 rows, the device's one of T, so dk and
+  # dv sum in other orders on the two sides; the same 1e-5.
+  if app TEXT_rc_cpu 1 "${TEXT[@]}" model.attention=recompute train.steps=20 train.device=cpu &&
+    app TEXT_rc_cuda 1 "${TEXT[@]}" model.attention=recompute train.steps=20 train.device=$DEV; then
+    same_losses TEXT_rc_cpu TEXT_rc_cuda 1e-5 | sed 's/^/attention recompute: /' | tee -a "$NOTE" || bad=1
+  else
+    note "TEXT with model.attention recompute failed"; bad=1
+  fi
   stepwise MNIST_f32 1e-5 || bad=1
   app MNIST_cpu 1 "${MNIST[@]}" train.steps=20 train.device=cpu && app MNIST_cuda 1 "${MNIST[@]}" train.steps=20 train.device=$DEV &&
     note "free run (chaotic, not held): $(same_losses MNIST_cpu MNIST_cuda 1e-5)"
@@ -487,18 +495,21 @@ c_perf() {
   : >"$W/empty.yaml"
   mpirun_ -np 1 "$B/bin/fsdp_app" "$W/empty.yaml" "${sets[@]}" --plan | tee "$W/perf_plan.txt"
   # Ours at each train.matmul_precision: highest (f32 GEMMs, as the CPU), high (TF32) and medium
-  # (bf16 operands on tensor cores); tokens/s is the median of the steps after the first two.
-  local prec ours_at=()
-  for prec in ${PERF_PRECISIONS:-highest high medium}; do
+  # (bf16 operands on tensor cores), and medium with model.attention recompute (no (B, H, T, T)
+  # probabilities kept); tokens/s is the median of the steps after the first two.
+  local v tag prec att ours_at=()
+  for v in ${PERF_VARIANTS:-highest high medium medium+recompute}; do
+    prec=${v%%+*} tag=${v/+/_}
+    att=materialized; [[ $v == *+recompute ]] && att=recompute
     # Step 7 traced (output.trace): its metrics line carries the phase breakdown.
-    smi_peak_start ours_$prec
-    app perf_ours_$prec 1 "${run[@]}" train.matmul_precision=$prec "output.trace=$L/perf_trace_$prec.json" \
-      "output.trace_steps=[7, 7]" | tee "$W/perf_ours_$prec.txt" ||
-      { note "fsdp_app ($prec) failed: $(grep -a '^fsdp_app' "$W/perf_ours_$prec.txt" | tail -1 | cut -c1-240)"; bad=1; }
-    ours=$(grep '"step"' "$W/perf_ours_$prec.jsonl" 2>/dev/null | awk 'NR > 2' | grep -o '"tokens_per_s":[^,}]*' | cut -d: -f2 | sort -g | awk '{a[NR] = $1} END {if (NR) print a[int((NR + 1) / 2)]}')
-    ours_at+=("$prec ${ours:-?}")
-    note "  $prec: device memory.used peak (nvidia-smi) $(smi_peak_stop ours_$prec)"
-    note "  $prec, step 7 traced: $(grep '"step": 7' "$W/perf_ours_$prec.jsonl" 2>/dev/null | grep -o '"\(step_time_s\|compute_s\|exposed_comm_s\|optimizer_s\|comm_s\)": [^,}]*' | tr '\n' ' ')"
+    smi_peak_start "ours_$tag"
+    app "perf_ours_$tag" 1 "${run[@]}" train.matmul_precision=$prec model.attention=$att "output.trace=$L/perf_trace_$tag.json" \
+      "output.trace_steps=[7, 7]" | tee "$W/perf_ours_$tag.txt" ||
+      { note "fsdp_app ($v) failed: $(grep -a '^fsdp_app' "$W/perf_ours_$tag.txt" | tail -1 | cut -c1-240)"; bad=1; }
+    ours=$(grep '"step"' "$W/perf_ours_$tag.jsonl" 2>/dev/null | awk 'NR > 2' | grep -o '"tokens_per_s":[^,}]*' | cut -d: -f2 | sort -g | awk '{a[NR] = $1} END {if (NR) print a[int((NR + 1) / 2)]}')
+    ours_at+=("$v ${ours:-?}")
+    note "  $v: device memory.used peak (nvidia-smi) $(smi_peak_stop "ours_$tag")"
+    note "  $v, step 7 traced: $(grep '"step": 7' "$W/perf_ours_$tag.jsonl" 2>/dev/null | grep -o '"\(step_time_s\|compute_s\|exposed_comm_s\|optimizer_s\|comm_s\)": [^,}]*' | tr '\n' ' ')"
   done
   # Where our device time goes: every kernel of a 2-layer cut of the same shape at medium, 2 steps,
   # timed by Nsight Compute (gpu__time_duration: one pass, no replay; kernels run one at a time, so
@@ -529,11 +540,11 @@ c_perf() {
   local entry
   for entry in "${ours_at[@]}"; do
     set -- $entry
-    note "ours, matmul_precision $1: $2 tokens/s, MFU $(awk -v a="$2" -v f="$flops_tok" -v p="${peak:-0}" 'BEGIN {if (p > 0 && a + 0 > 0) printf "%.1f%%", 100 * a * f / (p * 1e12); else print "?"}'); $(grep -m1 '^done:' "$W/perf_ours_$1.txt")"
+    note "ours, $1: $2 tokens/s, MFU $(awk -v a="$2" -v f="$flops_tok" -v p="${peak:-0}" 'BEGIN {if (p > 0 && a + 0 > 0) printf "%.1f%%", 100 * a * f / (p * 1e12); else print "?"}'); $(grep -m1 '^done:' "$W/perf_ours_${1/+/_}.txt")"
     ours=$2
   done
   note "PyTorch FSDP2: ${their_tps:-?} tokens/s, MFU $(awk -v a="${their_tps:-0}" -v f="$flops_tok" -v p="${peak:-0}" 'BEGIN {if (p > 0) printf "%.1f%%", 100 * a * f / (p * 1e12); else print "?"}'), peak ${their_mem:-?} GiB (max_memory_allocated)"
-  [ "$ours" != "?" ] && [ -n "$their_tps" ] && note "ours (the last precision) / FSDP2 tokens/s: $(awk -v a="$ours" -v b="$their_tps" 'BEGIN {printf "%.2f", a / b}')"
+  [ "$ours" != "?" ] && [ -n "$their_tps" ] && note "ours (the last variant) / FSDP2 tokens/s: $(awk -v a="$ours" -v b="$their_tps" 'BEGIN {printf "%.2f", a / b}')"
   [ "$ours" != "?" ] || bad=1
   return $bad
 }

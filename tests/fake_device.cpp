@@ -233,11 +233,14 @@ class DeferredKernels final : public Kernels {
   void log_softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t C) override {
     defer(&Kernels::log_softmax_backward, dx, dy, y, rows, C);
   }
-  void causal_softmax_forward(float* P, int64_t planes, int64_t T) override {
-    defer(&Kernels::causal_softmax_forward, P, planes, T);
+  void causal_softmax_forward(float* P, CausalRows g, float* row_max, float* row_inv) override {
+    defer(&Kernels::causal_softmax_forward, P, g, row_max, row_inv);
   }
-  void causal_softmax_backward(float* dP, const float* P, int64_t planes, int64_t T, float scale) override {
-    defer(&Kernels::causal_softmax_backward, dP, P, planes, T, scale);
+  void causal_softmax_recompute(float* P, CausalRows g, const float* row_max, const float* row_inv) override {
+    defer(&Kernels::causal_softmax_recompute, P, g, row_max, row_inv);
+  }
+  void causal_softmax_backward(float* dP, const float* P, CausalRows g, float scale) override {
+    defer(&Kernels::causal_softmax_backward, dP, P, g, scale);
   }
   void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C,
                        float eps) override {

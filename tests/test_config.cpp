@@ -403,7 +403,7 @@ BOOST_AUTO_TEST_CASE(t5_keys_and_presets) {
       "layer_norm_epsilon, initializer_factor)");
   BOOST_TEST(error_of("model: {kind: transformer, num_heads: 4}\ndata: {kind: text}\n") ==
              "in.yaml:1: model.num_heads: not a setting of model transformer (it takes vocab, d_model, n_layers, "
-             "n_heads, d_ff, seq_len)");
+             "n_heads, d_ff, seq_len, attention)");
   BOOST_TEST(error_of("model: {kind: t5}\n") ==
              "in.yaml:1: model.kind: model.kind t5 reads data.kind seq2seq (or synthetic); got model.kind t5 with "
              "data.kind fashion_mnist");
@@ -633,6 +633,22 @@ BOOST_AUTO_TEST_CASE(matmul_precision_key) {
                  parse_config("train: {matmul_precision: medium}\n", "in.yaml").train.matmul_precision) == "medium");
   BOOST_TEST(error_of("train: {matmul_precision: low}\n") ==
              "in.yaml:1: train.matmul_precision: expected one of [highest, high, medium], got 'low'");
+}
+
+BOOST_AUTO_TEST_CASE(attention_key) {
+  BOOST_TEST(fsdp::enum_name(parse_config("", "in.yaml").model.attention) == "materialized");
+  BOOST_TEST(
+      fsdp::enum_name(parse_config("model: {kind: transformer, attention: recompute}\n", "in.yaml").model.attention) ==
+      "recompute");
+  BOOST_TEST(error_of("model: {kind: transformer, attention: flash}\n") ==
+             "in.yaml:1: model.attention: expected one of [materialized, recompute], got 'flash'");
+  BOOST_TEST(error_of("model: {kind: mnist_cnn, attention: recompute}\n") ==
+             "in.yaml:1: model.attention: model.attention: recompute is for model.kind transformer (model.kind is "
+             "mnist_cnn)");
+  const std::string t5 =
+      error_of("model: {kind: t5}\ndata: {kind: seq2seq, path: x.jsonl}\n", {"model.attention=recompute"});
+  BOOST_TEST(t5.starts_with("--set model.attention: model.attention: not a setting of model t5 (it takes preset, "),
+             t5);
 }
 
 BOOST_AUTO_TEST_CASE(device_keys) {

@@ -235,6 +235,15 @@ BOOST_AUTO_TEST_CASE(bf16_params_and_reductions_with_checkpointing) {
               "fsdp.backward_prefetch=BACKWARD_POST", "fsdp.activation_checkpointing=true"});
 }
 
+// Attention's recompute mode frees its row-block scratch at the end of each call while the
+// device still has the kernels that read it queued: the allocator's stream order must hold.
+BOOST_AUTO_TEST_CASE(attention_recompute) {
+  check_same("attention recompute", kLm, {"model.attention=recompute"});
+  check_same("attention recompute, bf16, activation checkpointing", kLm,
+             {"model.attention=recompute", "fsdp.mixed_precision.param_dtype=bf16",
+              "fsdp.activation_checkpointing=true"});
+}
+
 BOOST_AUTO_TEST_CASE(every_strategy) {
   for (const char* s : {"SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD_ZERO2"})
     check_same(std::string(s), kLm, {std::string("fsdp.sharding_strategy=") + s, "fsdp.limit_all_gathers=false"},

@@ -731,8 +731,8 @@ BOOST_AUTO_TEST_CASE(causal_softmax) {
       auto S = randn(n, seed, 3.0f);
       std::vector<float> P = S;
       float* gP = g.upload(S);
-      cpu.causal_softmax_forward(P.data(), planes, T);
-      g.k().causal_softmax_forward(gP, planes, T);
+      cpu.causal_softmax_forward(P.data(), CausalRows::whole(planes, T), nullptr, nullptr);
+      g.k().causal_softmax_forward(gP, CausalRows::whole(planes, T), nullptr, nullptr);
       std::vector<float> tol(n);
       for (size_t k = 0; k < n; ++k) {
         const int64_t i = static_cast<int64_t>(k / T) % T;
@@ -748,8 +748,8 @@ BOOST_AUTO_TEST_CASE(causal_softmax) {
       std::vector<float> dS = dP;
       float* gPh = g.upload(P);
       float* gdP = g.upload(dP);
-      cpu.causal_softmax_backward(dS.data(), P.data(), planes, T, scale);
-      g.k().causal_softmax_backward(gdP, gPh, planes, T, scale);
+      cpu.causal_softmax_backward(dS.data(), P.data(), CausalRows::whole(planes, T), scale);
+      g.k().causal_softmax_backward(gdP, gPh, CausalRows::whole(planes, T), scale);
       for (int64_t r = 0; r < planes * T; ++r) {
         const int64_t i = r % T;
         double dot_mag = 0.0;
@@ -768,11 +768,75 @@ BOOST_AUTO_TEST_CASE(causal_softmax) {
       auto Pq = small_ints(n, seed + 2, 0, 16, 1.0f / 16), dPq = small_ints(n, seed + 3, -16, 16, 1.0f / 8);
       float* gPq = g.upload(Pq);
       float* gdPq = g.upload(dPq);
-      cpu.causal_softmax_backward(dPq.data(), Pq.data(), planes, T, scale);
-      g.k().causal_softmax_backward(gdPq, gPq, planes, T, scale);
+      cpu.causal_softmax_backward(dPq.data(), Pq.data(), CausalRows::whole(planes, T), scale);
+      g.k().causal_softmax_backward(gdPq, gPq, CausalRows::whole(planes, T), scale);
       same_bits(dPq, g.download(gdPq, n), "causal_softmax_backward (exact grid)");
     }
   }
+}
+
+// A block of rows (nn/attention.cpp's recompute mode): rows [row0, row0 + rows) of each plane,
+// the planes rows * T apart, the statistics at [plane * T + i]. The forward on the device against
+// the host within causal_softmax_forward's bound, its row maxima bitwise (a maximum rounds
+// nothing); the recompute from the same scores and the device's own statistics must give the
+// device's forward P bit for bit (the same expf, the same product), and the host's recompute the
+// host's forward P; the backward of the block on the host's P within causal_softmax_backward's
+// bound, on the exact grid bitwise.
+BOOST_AUTO_TEST_CASE(causal_softmax_row_blocks) {
+  Gpu g;
+  Kernels& cpu = cpu_kernels();
+  const int64_t planes = 3, T = 300, row0 = 96, rows = 70;  // rows 96..165; T past the 256-thread block
+  const CausalRows rb{planes, rows, row0, T};
+  const auto n = static_cast<size_t>(planes * rows * T);
+  const auto S = randn(n, 870, 3.0f);
+  std::vector<float> P = S, mx(planes * T, -7.0f), inv(planes * T, -7.0f);
+  float* gP = g.upload(S);
+  float* gmx = g.upload(mx);
+  float* ginv = g.upload(inv);
+  cpu.causal_softmax_forward(P.data(), rb, mx.data(), inv.data());
+  g.k().causal_softmax_forward(gP, rb, gmx, ginv);
+  std::vector<float> tol(n);
+  for (size_t k = 0; k < n; ++k) {
+    const int64_t i = row0 + static_cast<int64_t>(k / T) % rows;
+    tol[k] = static_cast<float>(2 * (i + 1) + 8) * kEps * std::fabs(P[k]);
+  }
+  const auto gpu_P = g.download(gP, n);
+  within(P, gpu_P, tol, "causal_softmax_forward (row block)");
+  const auto gpu_mx = g.download(gmx, planes * T), gpu_inv = g.download(ginv, planes * T);
+  same_bits(mx, gpu_mx, "row maxima (untouched outside the block: -7)");
+  for (int64_t p = 0; p < planes; ++p) {
+    for (int64_t i = 0; i < T; ++i) {
+      const bool in_block = i >= row0 && i < row0 + rows;
+      BOOST_TEST((gpu_inv[p * T + i] == -7.0f) == !in_block);
+    }
+  }
+
+  std::vector<float> P2 = S;
+  float* gP2 = g.upload(S);
+  cpu.causal_softmax_recompute(P2.data(), rb, mx.data(), inv.data());
+  g.k().causal_softmax_recompute(gP2, rb, gmx, ginv);
+  same_bits(P, P2, "host recompute == host forward");
+  same_bits(gpu_P, g.download(gP2, n), "device recompute == device forward");
+
+  const float scale = 0.125f;
+  auto dP = randn(n, 871);
+  std::vector<float> dS = dP;
+  float* gPh = g.upload(P);
+  float* gdP = g.upload(dP);
+  cpu.causal_softmax_backward(dS.data(), P.data(), rb, scale);
+  g.k().causal_softmax_backward(gdP, gPh, rb, scale);
+  for (int64_t r = 0; r < planes * rows; ++r) {
+    const int64_t i = row0 + r % rows;
+    double dot_mag = 0.0;
+    for (int64_t j = 0; j <= i; ++j) dot_mag += std::fabs(double(P[r * T + j]) * dP[r * T + j]);
+    for (int64_t j = 0; j < T; ++j) {
+      const size_t k = r * T + j;
+      tol[k] = j > i ? 0.0f
+                     : static_cast<float>(std::fabs(scale * P[k]) * double(i + 1) * kEps * dot_mag +
+                                          4.0 * kEps * std::fabs(dS[k]));
+    }
+  }
+  within(dS, g.download(gdP, n), tol, "causal_softmax_backward (row block)");
 }
 
 // dx = dy - exp(y) * sum(dy) on the host's log-softmax y (both sides read it). The row sums of dy

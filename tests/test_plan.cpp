@@ -143,6 +143,10 @@ BOOST_AUTO_TEST_CASE(plan_matches_measured_transformer) {
     check_plan_against_run(kLm, {std::string("fsdp.sharding_strategy=") + s});
   // Gradient accumulation keeps the full gradients of every unit between micro-batches.
   check_plan_against_run(kLm, {"train.grad_accum=2", "fsdp.mixed_precision.reduce_dtype=bf16"});
+  // Attention's recompute mode: row statistics kept, one row block's scratch during each call
+  // (seq_len 40: host blocks of 32 and 8 rows), also under activation checkpointing.
+  check_plan_against_run(kLm, {"model.attention=recompute", "model.seq_len=40"});
+  check_plan_against_run(kLm, {"model.attention=recompute", "fsdp.activation_checkpointing=true"});
 }
 
 BOOST_AUTO_TEST_CASE(plan_matches_measured_low_precision_on_one_rank) {

@@ -1057,6 +1057,46 @@ BOOST_AUTO_TEST_CASE(row_max_lanes_tails_and_nans) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
+// A block of rows (nn/attention.cpp's recompute mode) computes what the whole planes compute on
+// those rows, bit for bit (each row is computed alone); the recompute from the same scores and
+// the saved statistics gives the forward's P bit for bit; the block's backward equals the whole
+// planes' backward on those rows.
+BOOST_AUTO_TEST_CASE(causal_softmax_row_blocks_equal_whole_planes) {
+  const int64_t planes = 2, T = 45;
+  auto S = random_vec(planes * T * T, 77, -4.0f, 4.0f);
+  auto dP = random_vec(planes * T * T, 78);
+  std::vector<float> P = S, dS = dP;
+  Kernels& k = cpu_kernels();
+  k.causal_softmax_forward(P.data(), CausalRows::whole(planes, T), nullptr, nullptr);
+  k.causal_softmax_backward(dS.data(), P.data(), CausalRows::whole(planes, T), 0.25f);
+  for (auto [row0, rows] : {std::pair<int64_t, int64_t>{0, 16}, {16, 16}, {32, 13}, {0, 45}}) {
+    BOOST_TEST_CONTEXT("rows " << row0 << ".." << row0 + rows) {
+      const auto n = static_cast<size_t>(planes * rows * T);
+      std::vector<float> blk(n), dblk(n), mx(planes * T, 0.0f), inv(planes * T, 0.0f);
+      auto block_of = [&](const std::vector<float>& whole, std::vector<float>& out) {
+        for (int64_t p = 0; p < planes; ++p)
+          std::copy_n(whole.begin() + (p * T + row0) * T, rows * T, out.begin() + p * rows * T);
+      };
+      block_of(S, blk);
+      const CausalRows g{planes, rows, row0, T};
+      k.causal_softmax_forward(blk.data(), g, mx.data(), inv.data());
+      std::vector<float> want(n), again(n);
+      block_of(P, want);
+      BOOST_TEST(std::memcmp(blk.data(), want.data(), n * sizeof(float)) == 0);
+      block_of(S, again);
+      k.causal_softmax_recompute(again.data(), g, mx.data(), inv.data());
+      BOOST_TEST(std::memcmp(again.data(), want.data(), n * sizeof(float)) == 0);
+      block_of(dP, dblk);
+      k.causal_softmax_backward(dblk.data(), blk.data(), g, 0.25f);
+      block_of(dS, want);
+      BOOST_TEST(std::memcmp(dblk.data(), want.data(), n * sizeof(float)) == 0);
+      for (int64_t p = 0; p < planes; ++p)
+        for (int64_t i = 0; i < T; ++i)
+          BOOST_TEST((inv[p * T + i] != 0.0f) == (i >= row0 && i < row0 + rows));  // only the block's rows
+    }
+  }
+}
+
 // The host's causal softmax against its definition in double (row i keeps j <= i, zeros above),
 // over T around the lane width; planes share nothing. Bound, relative to each probability (eps =
 // 2^-23): rounding s - max costs eps/2 |s - max| in the exponent, exp_f32 about 1 ulp, the sum of
@@ -1066,7 +1106,7 @@ BOOST_AUTO_TEST_CASE(causal_softmax_forward_vs_double) {
     const int64_t planes = 3;
     auto P = random_vec(planes * T * T, 40 + static_cast<uint32_t>(T), -4.0f, 4.0f);
     const auto S = P;
-    cpu_kernels().causal_softmax_forward(P.data(), planes, T);
+    cpu_kernels().causal_softmax_forward(P.data(), CausalRows::whole(planes, T), nullptr, nullptr);
     for (int64_t r = 0; r < planes * T; ++r) {
       const int64_t i = r % T;
       double mx = -1e300, sum = 0.0;

@@ -128,6 +128,7 @@ constexpr T5Preset kT5Presets[] = {
 std::vector<std::string> model_keys(ModelKind kind) {
   std::vector<std::string> keys = hf_config_keys(kind);
   if (kind == ModelKind::t5) keys.insert(keys.begin(), "preset");
+  if (kind == ModelKind::transformer) keys.emplace_back("attention");
   return keys;
 }
 
@@ -157,6 +158,7 @@ std::vector<Field> schema(Config& c) {
       {"model.n_heads", &m.n_heads, at_least(1)},
       {"model.d_ff", &m.d_ff, at_least(1)},
       {"model.seq_len", &m.seq_len, at_least(1)},
+      {"model.attention", choice(&m.attention, kAttentionModes)},
       {"model.init_from", &m.init_from},
       {"model.preset", choice(&m.preset, preset_names)},
       {"model.vocab_size", &m.vocab_size, at_least(1)},
@@ -762,6 +764,10 @@ void Reader::check_rules(const Config& c) const {
     fail(blame("model.d_model", "model.n_heads"), "model.d_model (" + std::to_string(m.d_model) +
                                                       ") must be divisible by model.n_heads (" +
                                                       std::to_string(m.n_heads) + ")");
+  if (m.kind != ModelKind::transformer && m.attention != AttentionMode::materialized)
+    fail(blame("model.kind", "model.attention"), "model.attention: " + std::string(enum_name(m.attention)) +
+                                                     " is for model.kind transformer (model.kind is " +
+                                                     std::string(enum_name(m.kind)) + ")");
   const bool pairs = c.data.kind == DataKind::seq2seq || c.data.kind == DataKind::synthetic;
   if (m.kind != ModelKind::t5)
     for (const auto& [path, g] : given_)

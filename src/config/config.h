@@ -30,6 +30,7 @@ struct ModelConfig {
   int64_t n_heads = 8;  // d_model % n_heads == 0
   int64_t d_ff = 2048;
   int64_t seq_len = 256;
+  AttentionMode attention = AttentionMode::materialized;  // transformer only
   // "" = none; an HDF5 file with /model/<state_dict name> datasets, a .safetensors file, or a
   // Hugging Face model folder (config.json fills the model keys: config/hf_config.h)
   std::string init_from;

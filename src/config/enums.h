@@ -47,6 +47,12 @@ enum class FeedForwardProj { relu, gated_gelu };
 inline constexpr NameTable<FeedForwardProj, 2> kFeedForwardProjs{
     {{FeedForwardProj::relu, "relu"}, {FeedForwardProj::gated_gelu, "gated-gelu"}}};
 
+// The transformer's attention (nn/layers.h, MultiheadAttention): keep the (B, H, T, T)
+// probabilities for the backward, or only each row's max and 1/sum and recompute the scores.
+enum class AttentionMode { materialized, recompute };
+inline constexpr NameTable<AttentionMode, 2> kAttentionModes{
+    {{AttentionMode::materialized, "materialized"}, {AttentionMode::recompute, "recompute"}}};
+
 enum class DataKind { fashion_mnist, text, synthetic, seq2seq };
 inline constexpr NameTable<DataKind, 4> kDataKinds{{{DataKind::fashion_mnist, "fashion_mnist"},
                                                     {DataKind::text, "text"},
@@ -97,6 +103,7 @@ inline std::string_view enum_name(ModelKind e) { return name_of(kModelKinds, e);
 inline std::string_view enum_name(DataKind e) { return name_of(kDataKinds, e); }
 inline std::string_view enum_name(TextClean e) { return name_of(kTextCleans, e); }
 inline std::string_view enum_name(FeedForwardProj e) { return name_of(kFeedForwardProjs, e); }
+inline std::string_view enum_name(AttentionMode e) { return name_of(kAttentionModes, e); }
 inline std::string_view enum_name(OptimizerKind e) { return name_of(kOptimizerKinds, e); }
 inline std::string_view enum_name(SchedulerKind e) { return name_of(kSchedulerKinds, e); }
 inline std::string_view enum_name(Strategy e) { return name_of(kStrategies, e); }

@@ -19,7 +19,7 @@ void for_causal_blocks(int64_t T, int64_t block, Fn&& fn) {
 
 }  // namespace
 
-MultiheadAttention::MultiheadAttention(const std::string& name, int64_t C, int64_t heads)
+MultiheadAttention::MultiheadAttention(const std::string& name, int64_t C, int64_t heads, bool recompute)
     : Layer(name, "MultiheadAttention"),
       // xavier_uniform_ on (3C, C): bound sqrt(6 / (fan_in + fan_out)) = sqrt(6 / (C + 3C)).
       in_proj_weight(add_param("in_proj_weight", {3 * C, C},
@@ -28,7 +28,8 @@ MultiheadAttention::MultiheadAttention(const std::string& name, int64_t C, int64
       in_proj_bias(add_param("in_proj_bias", {3 * C}, {ParamInit::Kind::constant, 0.0f, 0.0f})),
       out_proj(add_child<Linear>(child_name("out_proj"), C, C)),
       C_(C),
-      H_(heads) {
+      H_(heads),
+      recompute_(recompute) {
   if (C % heads != 0)
     throw Error(name + ": d_model " + std::to_string(C) + " not divisible by heads " + std::to_string(heads));
   // torch.nn.MultiheadAttention._reset_parameters zeroes out_proj.bias.
@@ -39,10 +40,15 @@ const Tensor& MultiheadAttention::do_forward(RunCtx& ctx, const Tensor& x) {
   x_ = x;
   int64_t B = x.dim(0), T = x.dim(1), C = C_, hd = C_ / H_;
   ctx.ensure(qkv_, {B, T, 3 * C}, DType::f32);
-  ctx.ensure(att_, {B, H_, T, T}, DType::f32);
   ctx.ensure(y_, {B, T, C}, DType::f32);
   Kernels& kernels = ctx.kernels();
   kernels.linear_forward(qkv_.f32(), x.f32(), in_proj_weight.data, in_proj_bias.data, B * T, C, 3 * C);
+  if (recompute_) {
+    forward_recompute(ctx);
+    out_ = out_proj.forward(ctx, y_);
+    return out_;
+  }
+  ctx.ensure(att_, {B, H_, T, T}, DType::f32);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   float* qkv = qkv_.f32();
   float* att = att_.f32();
@@ -59,7 +65,7 @@ const Tensor& MultiheadAttention::do_forward(RunCtx& ctx, const Tensor& x) {
     });
   }
   // Reads j <= i only and writes P = 0 above the diagonal, over what the blocks left unwritten too.
-  kernels.causal_softmax_forward(att, B * H_, T);
+  kernels.causal_softmax_forward(att, CausalRows::whole(B * H_, T), nullptr, nullptr);
   for (int64_t b = 0; b < B; ++b) {
     const float* v = qkv + b * T * 3 * C + 2 * C;
     // y_h[r0:r1] (rows, hd) = P[r0:r1, :r1] @ v[:r1], written into y's head columns.
@@ -76,6 +82,13 @@ const Tensor& MultiheadAttention::do_backward(RunCtx& ctx, const Tensor& dy) {
   int64_t B = x_.dim(0), T = x_.dim(1), C = C_, hd = C_ / H_;
   const Tensor& dyh = out_proj.backward(ctx, dy);  // (B, T, C), heads side by side
   ctx.ensure(dqkv_, {B, T, 3 * C}, DType::f32);
+  if (recompute_) {
+    backward_recompute(ctx, dyh.f32());
+    if (need_input_grad) ctx.ensure(dx_, x_.shape(), DType::f32);
+    ctx.kernels().linear_backward(need_input_grad ? dx_.f32() : nullptr, in_proj_weight.grad, in_proj_bias.grad,
+                                  dqkv_.f32(), x_.f32(), in_proj_weight.data, B * T, C, 3 * C);
+    return dx_;
+  }
   // dP (H, T, T): one sample's score gradients, all heads at once.
   ctx.ensure(dp_, {H_, T, T}, DType::f32);
   Kernels& kernels = ctx.kernels();
@@ -108,7 +121,7 @@ const Tensor& MultiheadAttention::do_backward(RunCtx& ctx, const Tensor& dy) {
     });
     // Softmax backward, folded with the scale: dS = scale * P * (dP - sum_j P dP). It reads j <= i
     // only and writes dS = 0 above the diagonal.
-    kernels.causal_softmax_backward(dP, P, H_, T, scale);
+    kernels.causal_softmax_backward(dP, P, CausalRows::whole(H_, T), scale);
     // dq[r0:r1] = dS[r0:r1, :r1] @ k[:r1] ; dk[c0:c1] = dS[c0:, c0:c1]^T @ q[c0:]
     for_causal_blocks(T, block, [&](int64_t r0, int64_t r1) {
       kernels.gemm_strided_batched(false, false, r1 - r0, hd, r1, 1.0f, dP + r0 * T, T, TT, k, 3 * C, hd, 0.0f,
@@ -125,10 +138,82 @@ const Tensor& MultiheadAttention::do_backward(RunCtx& ctx, const Tensor& dy) {
   return dx_;
 }
 
-TransformerBlock::TransformerBlock(const std::string& name, int64_t C, int64_t heads, int64_t d_ff)
+// Per sample and row block [r0, r1), all heads at once: S = scale q[r0:r1] k[:r1]^T into the
+// scratch, the causal softmax of those rows (saving each row's max and 1/sum), y[r0:r1] = P v[:r1].
+// The same GEMMs and softmax rows as the materialised forward, so the same bits.
+void MultiheadAttention::forward_recompute(RunCtx& ctx) {
+  const int64_t B = x_.dim(0), T = x_.dim(1), C = C_, hd = C_ / H_;
+  Kernels& kernels = ctx.kernels();
+  const int64_t block = kernels.causal_row_block(T);
+  ctx.ensure(row_max_, {B, H_, T}, DType::f32);
+  ctx.ensure(row_inv_, {B, H_, T}, DType::f32);
+  ctx.ensure(scores_, {H_, block, T}, DType::f32);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float* qkv = qkv_.f32();
+  float* S = scores_.f32();
+  for (int64_t b = 0; b < B; ++b) {
+    const float* q = qkv + b * T * 3 * C;
+    const float* v = q + 2 * C;
+    for_causal_blocks(T, block, [&](int64_t r0, int64_t r1) {
+      const int64_t rows = r1 - r0;
+      kernels.gemm_strided_batched(false, true, rows, r1, hd, scale, q + r0 * 3 * C, 3 * C, hd, q + C, 3 * C, hd, 0.0f,
+                                   S, T, rows * T, H_);
+      kernels.causal_softmax_forward(S, {H_, rows, r0, T}, row_max_.f32() + b * H_ * T, row_inv_.f32() + b * H_ * T);
+      kernels.gemm_strided_batched(false, false, rows, hd, r1, 1.0f, S, T, rows * T, v, 3 * C, hd, 0.0f,
+                                   y_.f32() + b * T * C + r0 * C, C, hd, H_);
+    });
+  }
+  scores_ = Tensor();  // the next layer may use the memory
+}
+
+// Per sample and row block [r0, r1): S again, P from it and the saved statistics (the forward's
+// bits), dP = gy[r0:r1] v[:r1]^T, dS in place, then dq[r0:r1] = dS k[:r1] and the row block's
+// shares dk[:r1] += dS^T q[r0:r1], dv[:r1] += P^T gy[r0:r1] (dk and dv start at zero).
+void MultiheadAttention::backward_recompute(RunCtx& ctx, const float* gy_all) {
+  const int64_t B = x_.dim(0), T = x_.dim(1), C = C_, hd = C_ / H_;
+  Kernels& kernels = ctx.kernels();
+  const int64_t block = kernels.causal_row_block(T);
+  ctx.ensure(scores_, {H_, block, T}, DType::f32);
+  ctx.ensure(dp_, {H_, block, T}, DType::f32);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  float* P = scores_.f32();
+  float* dP = dp_.f32();
+  kernels.fill(dqkv_.f32(), 0.0f, B * T * 3 * C);
+  for (int64_t b = 0; b < B; ++b) {
+    const float* q = qkv_.f32() + b * T * 3 * C;
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* dq = dqkv_.f32() + b * T * 3 * C;
+    float* dk = dq + C;
+    float* dv = dq + 2 * C;
+    const float* gy = gy_all + b * T * C;
+    const float* mx = row_max_.f32() + b * H_ * T;
+    const float* inv = row_inv_.f32() + b * H_ * T;
+    for_causal_blocks(T, block, [&](int64_t r0, int64_t r1) {
+      const int64_t rows = r1 - r0;
+      const CausalRows g{H_, rows, r0, T};
+      kernels.gemm_strided_batched(false, true, rows, r1, hd, scale, q + r0 * 3 * C, 3 * C, hd, k, 3 * C, hd, 0.0f, P,
+                                   T, rows * T, H_);
+      kernels.causal_softmax_recompute(P, g, mx, inv);
+      kernels.gemm_strided_batched(false, true, rows, r1, hd, 1.0f, gy + r0 * C, C, hd, v, 3 * C, hd, 0.0f, dP, T,
+                                   rows * T, H_);
+      kernels.causal_softmax_backward(dP, P, g, scale);
+      kernels.gemm_strided_batched(false, false, rows, hd, r1, 1.0f, dP, T, rows * T, k, 3 * C, hd, 0.0f,
+                                   dq + r0 * 3 * C, 3 * C, hd, H_);
+      kernels.gemm_strided_batched(true, false, r1, hd, rows, 1.0f, dP, T, rows * T, q + r0 * 3 * C, 3 * C, hd, 1.0f,
+                                   dk, 3 * C, hd, H_);
+      kernels.gemm_strided_batched(true, false, r1, hd, rows, 1.0f, P, T, rows * T, gy + r0 * C, C, hd, 1.0f, dv, 3 * C,
+                                   hd, H_);
+    });
+  }
+  scores_ = dp_ = Tensor();
+}
+
+TransformerBlock::TransformerBlock(const std::string& name, int64_t C, int64_t heads, int64_t d_ff,
+                                   bool recompute_attention)
     : Layer(name, "TransformerBlock"),
       ln1(add_child<LayerNorm>(child_name("ln1"), C)),
-      attn(add_child<MultiheadAttention>(child_name("attn"), C, heads)),
+      attn(add_child<MultiheadAttention>(child_name("attn"), C, heads, recompute_attention)),
       ln2(add_child<LayerNorm>(child_name("ln2"), C)),
       fc1(add_child<Linear>(child_name("fc1"), C, d_ff)),
       act(add_child<GELU>(child_name("act"))),

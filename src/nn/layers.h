@@ -166,13 +166,19 @@ class Embeddings : public Layer {
 // torch.nn.MultiheadAttention(C, H, batch_first=True) called as attn(x, x, x, attn_mask=causal):
 // in_proj_weight (3C, C) xavier_uniform, in_proj_bias (3C) zeros, out_proj Linear with zero bias.
 // x (B, T, C) -> (B, T, C).
+// recompute (model.attention: recompute): the forward keeps no (B, H, T, T) probabilities for the
+// backward, only each row's max and 1/sum (B, H, T); the backward recomputes the scores one row
+// block at a time (one GEMM more: q k^T) and from them the forward's P bit for bit. Activations
+// per layer shrink by B*H*T*T floats; the scratch of one row block (H, rows, T) lives only during
+// the call. The forward is the same arithmetic as without (the same loss, bitwise); dk and dv sum
+// over row blocks in another order.
 class MultiheadAttention : public Layer {
  public:
-  MultiheadAttention(const std::string& name, int64_t C, int64_t heads);
+  MultiheadAttention(const std::string& name, int64_t C, int64_t heads, bool recompute = false);
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
   void release_activations() override {
-    x_ = qkv_ = att_ = y_ = dqkv_ = dx_ = dp_ = out_ = Tensor();
+    x_ = qkv_ = att_ = y_ = dqkv_ = dx_ = dp_ = out_ = row_max_ = row_inv_ = Tensor();
     out_proj.release_activations();
   }
   Param& in_proj_weight;
@@ -180,16 +186,21 @@ class MultiheadAttention : public Layer {
   Linear& out_proj;
 
  private:
+  void forward_recompute(RunCtx& ctx);
+  void backward_recompute(RunCtx& ctx, const float* gy);
   int64_t C_, H_;
+  bool recompute_;
   Tensor x_, qkv_, att_, y_, dqkv_, dx_, dp_;
-  Tensor out_;  // out_proj's output (a handle: out_proj may be a checkpointed unit of its own)
+  Tensor row_max_, row_inv_;  // recompute: (B, H, T) each row's softmax max and 1/sum
+  Tensor scores_;             // recompute: (H, rows, T) one row block's scores, during a call
+  Tensor out_;                // out_proj's output (a handle: out_proj may be a checkpointed unit of its own)
 };
 
 // Pre-norm decoder block: x + attn(ln1(x)), then + fc2(gelu(fc1(ln2(.)))). FSDP's
 // transformer_layer wrap policy targets this type.
 class TransformerBlock : public Layer {
  public:
-  TransformerBlock(const std::string& name, int64_t C, int64_t heads, int64_t d_ff);
+  TransformerBlock(const std::string& name, int64_t C, int64_t heads, int64_t d_ff, bool recompute_attention = false);
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
   void release_activations() override {

@@ -80,10 +80,7 @@ class CpuKernels final : public Kernels {
                 ldc, precision_);
   }
 
-  // 32 rows: the bench transformer's attention GEMMs (T 256, head dim 64, one thread, OpenBLAS on
-  // Zen 3) took 0.039-0.044 s per layer in blocks of 32 rows, 0.045-0.049 in blocks of 64,
-  // 0.042-0.048 in blocks of 16 and 0.056-0.061 over the full square.
-  int64_t causal_row_block(int64_t T) const override { return std::min<int64_t>(T, 32); }
+  int64_t causal_row_block(int64_t T) const override { return host_causal_row_block(T); }
 
   void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                  int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) override {
@@ -213,10 +210,11 @@ class CpuKernels final : public Kernels {
 
   // Rows of every plane are independent and each is computed serially, so splitting the
   // planes * T rows across threads (rather than one plane's T rows at a time) changes nothing.
-  void causal_softmax_forward(float* P, int64_t planes, int64_t T) override {
-#pragma omp parallel for if (planes * T * T > kSoftmaxParallelMin)
-    for (int64_t r = 0; r < planes * T; ++r) {
-      const int64_t i = r % T;
+  void causal_softmax_forward(float* P, CausalRows g, float* row_max, float* row_inv) override {
+    const int64_t T = g.T;
+#pragma omp parallel for if (g.planes * g.rows * T > kSoftmaxParallelMin)
+    for (int64_t r = 0; r < g.planes * g.rows; ++r) {
+      const int64_t i = g.row0 + r % g.rows;
       float* row = P + r * T;
       const float mx = ops::row_max(row, i + 1);
       // exp_f32 (kernel_math.h) vectorises where glibc's expf is a call per element. The sums
@@ -229,13 +227,33 @@ class CpuKernels final : public Kernels {
       const float inv = 1.0f / sum;
       for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
       for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
+      if (row_max) {
+        const int64_t at = (r / g.rows) * T + i;
+        row_max[at] = mx;
+        row_inv[at] = inv;
+      }
     }
   }
 
-  void causal_softmax_backward(float* dP, const float* P, int64_t planes, int64_t T, float scale) override {
-#pragma omp parallel for if (planes * T * T > kSoftmaxParallelMin)
-    for (int64_t r = 0; r < planes * T; ++r) {
-      const int64_t i = r % T;
+  void causal_softmax_recompute(float* P, CausalRows g, const float* row_max, const float* row_inv) override {
+    const int64_t T = g.T;
+#pragma omp parallel for if (g.planes * g.rows * T > kSoftmaxParallelMin)
+    for (int64_t r = 0; r < g.planes * g.rows; ++r) {
+      const int64_t i = g.row0 + r % g.rows;
+      const int64_t at = (r / g.rows) * T + i;
+      const float mx = row_max[at], inv = row_inv[at];
+      float* row = P + r * T;
+      // The forward stored exp_f32(s - mx), then multiplied by inv: the same two roundings.
+      for (int64_t j = 0; j <= i; ++j) row[j] = kmath::exp_f32(row[j] - mx) * inv;
+      for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
+    }
+  }
+
+  void causal_softmax_backward(float* dP, const float* P, CausalRows g, float scale) override {
+    const int64_t T = g.T;
+#pragma omp parallel for if (g.planes * g.rows * T > kSoftmaxParallelMin)
+    for (int64_t r = 0; r < g.planes * g.rows; ++r) {
+      const int64_t i = g.row0 + r % g.rows;
       const float* pr = P + r * T;
       float* dr = dP + r * T;
       float dot = 0.0f;

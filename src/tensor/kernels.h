@@ -36,6 +36,23 @@ struct AdadeltaArgs {
   bool has_weight_decay;
 };
 
+// CpuKernels::causal_row_block: 32 rows. The bench transformer's attention GEMMs (T 256, head dim
+// 64, one thread, OpenBLAS on Zen 3) took 0.039-0.044 s per layer in blocks of 32 rows,
+// 0.045-0.049 in blocks of 64, 0.042-0.048 in blocks of 16 and 0.056-0.061 over the full square.
+inline int64_t host_causal_row_block(int64_t T) { return T < 32 ? T : 32; }
+
+// Rows [row0, row0 + rows) of `planes` causal (T, T) score matrices, held as planes x rows x T
+// (row stride T, plane stride rows * T): row r of a plane is query row i = row0 + r and keeps the
+// key columns j <= i. Whole planes are {planes, T, 0, T}; nn/attention.cpp's recompute mode
+// passes one block of rows at a time.
+struct CausalRows {
+  int64_t planes = 0;
+  int64_t rows = 0;
+  int64_t row0 = 0;
+  int64_t T = 0;
+  static CausalRows whole(int64_t planes, int64_t T) { return {planes, T, 0, T}; }
+};
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -52,7 +69,9 @@ class Kernels {
   // Rows per GEMM block of causal self-attention (nn/attention.cpp). Rows [r0, r1) of a (T, T)
   // score plane need key columns < r1 only, so blocks smaller than T skip most of the masked upper
   // triangle at the price of more, smaller GEMMs. The default, T, is one GEMM over the full square:
-  // on a GPU each block would be a launch of its own.
+  // on a GPU each block would be a launch of its own. The host's is host_causal_row_block (the
+  // memory plan's kernels give the planned device's: attention's recompute mode sizes its scratch
+  // by it).
   virtual int64_t causal_row_block(int64_t T) const { return T; }
   // bf16 operands (raw bits), f32 accumulate and output (cuBLAS: CUBLAS_COMPUTE_32F).
   virtual void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
@@ -103,10 +122,15 @@ class Kernels {
                                   const float* mean, const float* rstd, int64_t rows, int64_t C) = 0;
   virtual void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C) = 0;
   virtual void log_softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t C) = 0;
-  // Causal softmax in place on `planes` (T,T) score matrices: row i keeps j <= i, zeros above.
-  virtual void causal_softmax_forward(float* P, int64_t planes, int64_t T) = 0;
+  // Causal softmax in place on the rows `g` of `planes` (T,T) score matrices (CausalRows): row i
+  // keeps j <= i, zeros above. row_max/row_inv (both or neither) receive each row's maximum and
+  // 1/sum at [plane * T + i], so causal_softmax_recompute gives the same P from the same scores.
+  virtual void causal_softmax_forward(float* P, CausalRows g, float* row_max, float* row_inv) = 0;
+  // In place: P = exp(S - row_max) * row_inv for j <= i, zeros above: the forward's P, bit for bit
+  // (the same exp, the same two roundings), from scores S and the forward's row statistics.
+  virtual void causal_softmax_recompute(float* P, CausalRows g, const float* row_max, const float* row_inv) = 0;
   // dS = scale * P * (dP - rowsum(P * dP)) in place of dP, zeros above the diagonal.
-  virtual void causal_softmax_backward(float* dP, const float* P, int64_t planes, int64_t T, float scale) = 0;
+  virtual void causal_softmax_backward(float* dP, const float* P, CausalRows g, float scale) = 0;
   // T5LayerNorm (RMS norm): rstd[r] = 1 / sqrt(mean_c x^2 + eps), y = w * (x * rstd); no mean,
   // no bias. The sum of squares is accumulated in f64 (then rounded to f32) on host and device:
   // their different summation orders give the same rstd unless the sum lies at an f32 rounding

@@ -17,6 +17,7 @@ class MetaKernels final : public Kernels {
  public:
   explicit MetaKernels(Device device) : device_(device) {}
   Device device() const override { return device_; }
+  int64_t causal_row_block(int64_t T) const override { return device_ == Device::cpu ? host_causal_row_block(T) : T; }
   void gemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t, float, float*,
             int64_t) override {}
   void gemm_strided_batched(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, int64_t, const float*,
@@ -48,8 +49,9 @@ class MetaKernels final : public Kernels {
                           int64_t, int64_t) override {}
   void log_softmax_forward(float*, const float*, int64_t, int64_t) override {}
   void log_softmax_backward(float*, const float*, const float*, int64_t, int64_t) override {}
-  void causal_softmax_forward(float*, int64_t, int64_t) override {}
-  void causal_softmax_backward(float*, const float*, int64_t, int64_t, float) override {}
+  void causal_softmax_forward(float*, CausalRows, float*, float*) override {}
+  void causal_softmax_recompute(float*, CausalRows, const float*, const float*) override {}
+  void causal_softmax_backward(float*, const float*, CausalRows, float) override {}
   void rmsnorm_forward(float*, float*, const float*, const float*, int64_t, int64_t, float) override {}
   void rmsnorm_backward(float*, float*, const float*, const float*, const float*, const float*, int64_t,
                         int64_t) override {}

@@ -181,11 +181,14 @@ void CudaKernels::log_softmax_forward(float* y, const float* x, int64_t rows, in
 void CudaKernels::log_softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t C) {
   launch::log_softmax_backward(dx, dy, y, rows, C, stream_);
 }
-void CudaKernels::causal_softmax_forward(float* P, int64_t planes, int64_t T) {
-  launch::causal_softmax_forward(P, planes, T, stream_);
+void CudaKernels::causal_softmax_forward(float* P, CausalRows g, float* row_max, float* row_inv) {
+  launch::causal_softmax_forward(P, g, row_max, row_inv, stream_);
 }
-void CudaKernels::causal_softmax_backward(float* dP, const float* P, int64_t planes, int64_t T, float scale) {
-  launch::causal_softmax_backward(dP, P, planes, T, scale, stream_);
+void CudaKernels::causal_softmax_recompute(float* P, CausalRows g, const float* row_max, const float* row_inv) {
+  launch::causal_softmax_recompute(P, g, row_max, row_inv, stream_);
+}
+void CudaKernels::causal_softmax_backward(float* dP, const float* P, CausalRows g, float scale) {
+  launch::causal_softmax_backward(dP, P, g, scale, stream_);
 }
 void CudaKernels::rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C,
                                   float eps) {

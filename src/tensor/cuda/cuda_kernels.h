@@ -71,8 +71,9 @@ class CudaKernels final : public Kernels {
                           const float* mean, const float* rstd, int64_t rows, int64_t C) override;
   void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C) override;
   void log_softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t C) override;
-  void causal_softmax_forward(float* P, int64_t planes, int64_t T) override;
-  void causal_softmax_backward(float* dP, const float* P, int64_t planes, int64_t T, float scale) override;
+  void causal_softmax_forward(float* P, CausalRows g, float* row_max, float* row_inv) override;
+  void causal_softmax_recompute(float* P, CausalRows g, const float* row_max, const float* row_inv) override;
+  void causal_softmax_backward(float* dP, const float* P, CausalRows g, float scale) override;
   void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C,
                        float eps) override;
   void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd,

@@ -296,9 +296,9 @@ __global__ void log_softmax_backward_k(float* dx, const float* dy, const float* 
   const float sum = block_reduce(s, Sum{});
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dx[off + c] = dy[off + c] - expf(y[off + c]) * sum;
 }
-// One block per (plane, row i): row i keeps j <= i.
-__global__ void causal_softmax_forward_k(float* P, int64_t T) {
-  const int64_t row = blockIdx.x, i = row % T;
+// One block per (plane, row r) of CausalRows g: query row i = row0 + r keeps j <= i.
+__global__ void causal_softmax_forward_k(float* P, CausalRows g, float* row_max, float* row_inv) {
+  const int64_t row = blockIdx.x, i = g.row0 + row % g.rows, T = g.T;
   float* pr = P + row * T;
   float mx = -INFINITY;
   for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) mx = fmaxf(mx, pr[j]);
@@ -311,9 +311,22 @@ __global__ void causal_softmax_forward_k(float* P, int64_t T) {
   }
   const float inv = 1.0f / block_reduce(s, Sum{});
   for (int64_t j = threadIdx.x; j < T; j += blockDim.x) pr[j] = j <= i ? pr[j] * inv : 0.0f;
+  if (row_max && threadIdx.x == 0) {
+    const int64_t at = (row / g.rows) * T + i;
+    row_max[at] = mx;
+    row_inv[at] = inv;
+  }
 }
-__global__ void causal_softmax_backward_k(float* dP, const float* P, int64_t T, float scale) {
-  const int64_t row = blockIdx.x, i = row % T;
+// The forward's P again: it stored expf(s - mx), then multiplied by inv; so does this.
+__global__ void causal_softmax_recompute_k(float* P, CausalRows g, const float* row_max, const float* row_inv) {
+  const int64_t row = blockIdx.x, i = g.row0 + row % g.rows, T = g.T;
+  const int64_t at = (row / g.rows) * T + i;
+  const float mx = row_max[at], inv = row_inv[at];
+  float* pr = P + row * T;
+  for (int64_t j = threadIdx.x; j < T; j += blockDim.x) pr[j] = j <= i ? __fmul_rn(expf(pr[j] - mx), inv) : 0.0f;
+}
+__global__ void causal_softmax_backward_k(float* dP, const float* P, CausalRows g, float scale) {
+  const int64_t row = blockIdx.x, i = g.row0 + row % g.rows, T = g.T;
   const float* pr = P + row * T;
   float* dr = dP + row * T;
   float d = 0.0f;
@@ -677,14 +690,22 @@ void log_softmax_backward(float* dx, const float* dy, const float* y, int64_t ro
   log_softmax_backward_k<<<rows_grid(rows, "log_softmax_backward"), kThreads, 0, s>>>(dx, dy, y, C);
   check_launch("log_softmax_backward");
 }
-void causal_softmax_forward(float* P, int64_t planes, int64_t T, cudaStream_t s) {
-  if (planes * T == 0) return;
-  causal_softmax_forward_k<<<rows_grid(planes * T, "causal_softmax_forward"), kThreads, 0, s>>>(P, T);
+void causal_softmax_forward(float* P, CausalRows g, float* row_max, float* row_inv, cudaStream_t s) {
+  if (g.planes * g.rows * g.T == 0) return;
+  causal_softmax_forward_k<<<rows_grid(g.planes * g.rows, "causal_softmax_forward"), kThreads, 0, s>>>(P, g, row_max,
+                                                                                                       row_inv);
   check_launch("causal_softmax_forward");
 }
-void causal_softmax_backward(float* dP, const float* P, int64_t planes, int64_t T, float scale, cudaStream_t s) {
-  if (planes * T == 0) return;
-  causal_softmax_backward_k<<<rows_grid(planes * T, "causal_softmax_backward"), kThreads, 0, s>>>(dP, P, T, scale);
+void causal_softmax_recompute(float* P, CausalRows g, const float* row_max, const float* row_inv, cudaStream_t s) {
+  if (g.planes * g.rows * g.T == 0) return;
+  causal_softmax_recompute_k<<<rows_grid(g.planes * g.rows, "causal_softmax_recompute"), kThreads, 0, s>>>(
+      P, g, row_max, row_inv);
+  check_launch("causal_softmax_recompute");
+}
+void causal_softmax_backward(float* dP, const float* P, CausalRows g, float scale, cudaStream_t s) {
+  if (g.planes * g.rows * g.T == 0) return;
+  causal_softmax_backward_k<<<rows_grid(g.planes * g.rows, "causal_softmax_backward"), kThreads, 0, s>>>(dP, P, g,
+                                                                                                         scale);
   check_launch("causal_softmax_backward");
 }
 void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C, float eps,

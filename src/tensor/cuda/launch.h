@@ -43,8 +43,9 @@ void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const 
                         const float* mean, const float* rstd, int64_t rows, int64_t C, cudaStream_t s);
 void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C, cudaStream_t s);
 void log_softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t C, cudaStream_t s);
-void causal_softmax_forward(float* P, int64_t planes, int64_t T, cudaStream_t s);
-void causal_softmax_backward(float* dP, const float* P, int64_t planes, int64_t T, float scale, cudaStream_t s);
+void causal_softmax_forward(float* P, CausalRows g, float* row_max, float* row_inv, cudaStream_t s);
+void causal_softmax_recompute(float* P, CausalRows g, const float* row_max, const float* row_inv, cudaStream_t s);
+void causal_softmax_backward(float* dP, const float* P, CausalRows g, float scale, cudaStream_t s);
 void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C, float eps,
                      cudaStream_t s);
 void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd,
