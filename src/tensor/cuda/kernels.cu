@@ -3,8 +3,9 @@
 // grads) a block per 32 columns whose row lanes split the rows ("Column sums" below), in a
 // fixed order: deterministic (no atomics), not the CPU's row order (within tolerance of it).
 // Scatters with duplicates (embedding and relative-bias grads) use atomics. Reductions to a host
-// value are two deterministic passes (per-block partials, then one block over the partials). The per-element math shared with the host
-// (GELU, dropout's Philox, bf16/f16 rounding, optimizer updates) is tensor/kernel_math.h.
+// value are two deterministic passes (per-block partials, then one block over the partials).
+// The per-element math shared with the host (GELU, dropout's Philox, bf16/f16 rounding,
+// optimizer updates) is tensor/kernel_math.h.
 #include <cuda_runtime.h>
 
 #include <cmath>
