@@ -288,6 +288,63 @@ void same_optimizer_bits(const std::vector<float>& cpu, const std::vector<float>
 #endif
 }
 
+// nll_sum's hits count the rows whose first maximum is the target, as the host's
+// std::max_element: ties go to the lower column, a NaN never wins unless it is column 0 (which
+// then stays), a row of equal values gives column 0; ignored rows (target < 0) count nothing.
+// C 1000 is not a multiple of the device's 32 lanes; rows outnumber nothing in particular. The
+// sums are of the targets' values (no NaN among them), in f64 on both sides: 1e-12 relative.
+BOOST_AUTO_TEST_CASE(nll_sum_first_maximum) {
+  Gpu g;
+  const int64_t rows = 50, C = 1000;
+  auto x = randn(rows * C, 1900);
+  std::vector<int32_t> t(rows);
+  int64_t expect = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x.data() + r * C;
+    const int64_t a = (r * 37) % C, b = (a + 1 + r * 11) % C;
+    switch (r % 6) {
+      case 0:  // a clear maximum at a, target a
+        row[a] = 9.0f;
+        t[r] = static_cast<int32_t>(a);
+        break;
+      case 1:  // a tie at a and b: the lower column wins; the target is the higher one: a miss
+        row[a] = row[b] = 9.0f;
+        t[r] = static_cast<int32_t>(std::max(a, b));
+        expect -= 1;
+        break;
+      case 2:  // NaN at column 0 stays the maximum: target 5 misses
+        row[0] = NAN;
+        row[a == 0 ? 1 : a] = 9.0f;
+        t[r] = 5;
+        expect -= 1;
+        break;
+      case 3:  // NaNs elsewhere are passed over: the maximum after them wins
+        for (int64_t c = 1; c < C; c += 7) row[c] = NAN;
+        row[999] = 9.0f;
+        t[r] = 999;
+        break;
+      case 4:  // every column equal: column 0 (ties across all the lanes)
+        std::fill_n(row, C, -50.0f);
+        t[r] = 0;
+        break;
+      default:  // ignored row
+        t[r] = -100;
+        expect -= 1;
+        break;
+    }
+    expect += 1;
+  }
+  double s_cpu = 0, s_gpu = 0;
+  int64_t c_cpu = 0, c_gpu = 0;
+  float* gx = g.upload(x);
+  int32_t* gt = g.upload(t);
+  cpu_kernels().nll_sum(x.data(), t.data(), rows, C, &s_cpu, &c_cpu);
+  g.k().nll_sum(gx, gt, rows, C, &s_gpu, &c_gpu);
+  BOOST_TEST(c_cpu == expect);
+  BOOST_TEST(c_gpu == expect);
+  BOOST_TEST(std::fabs(s_cpu - s_gpu) <= 1e-12 * std::fabs(s_cpu));
+}
+
 // The device's column sums (linear db, layernorm dw and db, RMS norm dw: kernels.cu's "Column
 // sums") over more rows than its 32 row lanes, with partial 32-column tiles. Small-integer dy
 // makes linear db and layernorm db exact in any order: bitwise, so a row summed twice or skipped
