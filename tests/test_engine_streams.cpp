@@ -239,9 +239,9 @@ BOOST_AUTO_TEST_CASE(bf16_params_and_reductions_with_checkpointing) {
 // device still has the kernels that read it queued: the allocator's stream order must hold.
 BOOST_AUTO_TEST_CASE(attention_recompute) {
   check_same("attention recompute", kLm, {"model.attention=recompute"}, world_size() > 1);
-  check_same("attention recompute, bf16, activation checkpointing", kLm,
-             {"model.attention=recompute", "fsdp.mixed_precision.param_dtype=bf16",
-              "fsdp.activation_checkpointing=true"});
+  check_same(
+      "attention recompute, bf16, activation checkpointing", kLm,
+      {"model.attention=recompute", "fsdp.mixed_precision.param_dtype=bf16", "fsdp.activation_checkpointing=true"});
 }
 
 BOOST_AUTO_TEST_CASE(every_strategy) {
