@@ -1069,7 +1069,8 @@ BOOST_AUTO_TEST_CASE(causal_softmax_row_blocks_equal_whole_planes) {
   Kernels& k = cpu_kernels();
   k.causal_softmax_forward(P.data(), CausalRows::whole(planes, T), nullptr, nullptr);
   k.causal_softmax_backward(dS.data(), P.data(), CausalRows::whole(planes, T), 0.25f);
-  for (auto [row0, rows] : {std::pair<int64_t, int64_t>{0, 16}, {16, 16}, {32, 13}, {0, 45}}) {
+  for (const auto& block : {std::pair<int64_t, int64_t>{0, 16}, {16, 16}, {32, 13}, {0, 45}}) {
+    const int64_t row0 = block.first, rows = block.second;  // not a structured binding: clang 14's lambdas
     BOOST_TEST_CONTEXT("rows " << row0 << ".." << row0 + rows) {
       const auto n = static_cast<size_t>(planes * rows * T);
       std::vector<float> blk(n), dblk(n), mx(planes * T, 0.0f), inv(planes * T, 0.0f);

@@ -168,7 +168,7 @@ void MultiheadAttention::forward_recompute(RunCtx& ctx) {
 
 // Per sample and row block [r0, r1): S again, P from it and the saved statistics (the forward's
 // bits), dP = gy[r0:r1] v[:r1]^T, dS in place, then dq[r0:r1] = dS k[:r1] and the row block's
-// shares dk[:r1] += dS^T q[r0:r1], dv[:r1] += P^T gy[r0:r1] (dk and dv start at zero).
+// shares dk[:r1] += dS^T q[r0:r1], dv[:r1] += P^T gy[r0:r1].
 void MultiheadAttention::backward_recompute(RunCtx& ctx, const float* gy_all) {
   const int64_t B = x_.dim(0), T = x_.dim(1), C = C_, hd = C_ / H_;
   Kernels& kernels = ctx.kernels();
@@ -178,7 +178,10 @@ void MultiheadAttention::backward_recompute(RunCtx& ctx, const float* gy_all) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   float* P = scores_.f32();
   float* dP = dp_.f32();
-  kernels.fill(dqkv_.f32(), 0.0f, B * T * 3 * C);
+  // Row blocks add their shares of dk and dv onto zeros; one block (a GPU's: T rows) writes them.
+  const bool one_block = block >= T;
+  const float dkv_beta = one_block ? 0.0f : 1.0f;
+  if (!one_block) kernels.fill(dqkv_.f32(), 0.0f, B * T * 3 * C);
   for (int64_t b = 0; b < B; ++b) {
     const float* q = qkv_.f32() + b * T * 3 * C;
     const float* k = q + C;
@@ -200,10 +203,10 @@ void MultiheadAttention::backward_recompute(RunCtx& ctx, const float* gy_all) {
       kernels.causal_softmax_backward(dP, P, g, scale);
       kernels.gemm_strided_batched(false, false, rows, hd, r1, 1.0f, dP, T, rows * T, k, 3 * C, hd, 0.0f,
                                    dq + r0 * 3 * C, 3 * C, hd, H_);
-      kernels.gemm_strided_batched(true, false, r1, hd, rows, 1.0f, dP, T, rows * T, q + r0 * 3 * C, 3 * C, hd, 1.0f,
-                                   dk, 3 * C, hd, H_);
-      kernels.gemm_strided_batched(true, false, r1, hd, rows, 1.0f, P, T, rows * T, gy + r0 * C, C, hd, 1.0f, dv, 3 * C,
-                                   hd, H_);
+      kernels.gemm_strided_batched(true, false, r1, hd, rows, 1.0f, dP, T, rows * T, q + r0 * 3 * C, 3 * C, hd,
+                                   dkv_beta, dk, 3 * C, hd, H_);
+      kernels.gemm_strided_batched(true, false, r1, hd, rows, 1.0f, P, T, rows * T, gy + r0 * C, C, hd, dkv_beta, dv,
+                                   3 * C, hd, H_);
     });
   }
   scores_ = dp_ = Tensor();
