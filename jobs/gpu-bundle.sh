@@ -46,8 +46,10 @@ t0=$(date +%s)
 # The host code for x86-64-v3 (AVX2 + FMA: every H100/H200 host), not -march=native (this
 # machine's CPU may have more) nor the baseline (no FMA: the CPU optimizer kernels would then round
 # differently from the CUDA ones, which use fmaf, see kernel_math.h; test_gpu checks them bitwise).
+# Fused attention (model.attention: fused) needs the cuDNN frontend's headers (PyPI, cached).
+fe_inc=$(bash "$root/jobs/cudnn-frontend.sh") || exit 1
 opts=(-Dbuildtype=release -Dgpu=enabled -Dgpu_arch="$arch" -Dnative_arch=false -Dcpp_args=-march=x86-64-v3
-  -Dstatic_cudart=true -Dtests=enabled -Dfuzz=disabled)
+  -Dstatic_cudart=true -Dtests=enabled -Dfuzz=disabled -Dcudnn_frontend_include="$fe_inc")
 if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" "$root" "${opts[@]}" >"$build.setup.log" 2>&1 || { tail -30 "$build.setup.log"; exit 1; }
 else

@@ -47,7 +47,8 @@ find_lib() {  # SONAME -> the folder that holds it, first of the candidates
   local d sp
   local cands=(${CUDA_LIBS:-} ${CUDA_HOME:+$CUDA_HOME/lib64} /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib)
   for sp in /opt/torch/.venv/lib/python3*/site-packages $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
-    cands+=("$sp/nvidia/cu13/lib" "$sp/nvidia/cublas/lib" "$sp/nvidia/nccl/lib")
+    cands+=("$sp/nvidia/cu13/lib" "$sp/nvidia/cublas/lib" "$sp/nvidia/nccl/lib" "$sp/nvidia/cudnn/lib"
+      "$sp/nvidia/cuda_runtime/lib")
   done
   for d in "${cands[@]}"; do
     [ -e "$d/$1" ] && { echo "$d"; return; }
@@ -75,6 +76,15 @@ for so in $(need needs); do
   case $so in libcuda.so*) continue ;; esac
   d=$(find_lib "$so")
   if [ -z "$d" ]; then gpu_libs_line+="$so missing; "; continue; fi
+  gpu_libs_used+="$so from $d; "
+  case ":$libpath:" in *":$d:"*) ;; *) libpath+=":$d" ;; esac
+done
+# cuDNN is for model.attention: fused only, dlopen()ed when it first runs (with the CUDA runtime
+# its frontend calls), so it is not among the "needs": put its folder on the path where this
+# machine has one, and say so; without it, fused attention says why and the rest runs.
+for so in libcudnn.so.9 libcudart.so.13; do
+  d=$(find_lib "$so")
+  if [ -z "$d" ]; then gpu_libs_used+="$so not found (model.attention: fused will say so); "; continue; fi
   gpu_libs_used+="$so from $d; "
   case ":$libpath:" in *":$d:"*) ;; *) libpath+=":$d" ;; esac
 done
@@ -393,6 +403,13 @@ c_bf16() {
   app bf16m_TEXT_cpu 1 "${TEXT[@]}" "${mp[@]}" train.matmul_precision=medium train.steps=20 train.device=cpu &&
     app bf16m_TEXT_cuda 1 "${TEXT[@]}" "${mp[@]}" train.matmul_precision=medium train.steps=20 train.device=$DEV &&
     { same_losses bf16m_TEXT_cpu bf16m_TEXT_cuda $BF16_RTOL | sed 's/^/matmul_precision medium: /' | tee -a "$NOTE"; } || bad=1
+  # model.attention fused (cuDNN, bf16 operands, o, dS and dqkv rounded to bf16) on the GPU
+  # against recompute on the CPU, both at medium (bf16 GEMM operands): single-element bf16
+  # roundings again, the same bound; the model's f32 params keep everything else f32 on both.
+  app fused_TEXT_cpu 1 "${TEXT[@]}" model.attention=recompute train.matmul_precision=medium train.steps=20 train.device=cpu &&
+    app fused_TEXT_cuda 1 "${TEXT[@]}" model.attention=fused train.matmul_precision=medium train.steps=20 train.device=$DEV &&
+    { same_losses fused_TEXT_cpu fused_TEXT_cuda $BF16_RTOL | sed 's/^/attention fused (GPU) vs recompute (CPU), medium: /' | tee -a "$NOTE"; } ||
+    { note "attention fused: a run failed or the losses differ (fsdp_app's line is in this check's log)"; bad=1; }
   # mnist_cnn: chaotic in a free run (see stepwise), so step by step here too.
   STEPWISE_STEPS=${STEPWISE_STEPS_BF16:-"9 19"} stepwise MNIST_bf16 $BF16_RTOL "${mp[@]}" || bad=1
   return $bad
@@ -494,13 +511,15 @@ c_perf() {
   local s sets=(); for s in "${run[@]}"; do sets+=(--set "$s"); done
   : >"$W/empty.yaml"
   mpirun_ -np 1 "$B/bin/fsdp_app" "$W/empty.yaml" "${sets[@]}" --plan | tee "$W/perf_plan.txt"
-  # Ours at each train.matmul_precision: highest (f32 GEMMs, as the CPU), high (TF32) and medium
-  # (bf16 operands on tensor cores), and medium with model.attention recompute (no (B, H, T, T)
-  # probabilities kept); tokens/s is the median of the steps after the first two.
+  # Ours at train.matmul_precision medium (bf16 operands on tensor cores), medium with
+  # model.attention fused (cuDNN's flash attention) and recompute (no (B, H, T, T) probabilities
+  # kept), and high (TF32). highest (f32 GEMMs, as the CPU) ran once: 7,361 tokens/s, MFU 4.8% on
+  # an H200 (2026-11-26); PERF_VARIANTS="highest ..." runs it again. tokens/s is the median of the
+  # steps after the first two.
   local v tag prec att ours_at=()
-  for v in ${PERF_VARIANTS:-highest high medium medium+recompute}; do
+  for v in ${PERF_VARIANTS:-medium medium+fused medium+recompute high}; do
     prec=${v%%+*} tag=${v/+/_}
-    att=materialized; [[ $v == *+recompute ]] && att=recompute
+    att=materialized; [[ $v == *+* ]] && att=${v#*+}
     # Step 7 traced (output.trace): its metrics line carries the phase breakdown.
     smi_peak_start "ours_$tag"
     app "perf_ours_$tag" 1 "${run[@]}" train.matmul_precision=$prec model.attention=$att "output.trace=$L/perf_trace_$tag.json" \

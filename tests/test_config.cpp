@@ -641,7 +641,7 @@ BOOST_AUTO_TEST_CASE(attention_key) {
       fsdp::enum_name(parse_config("model: {kind: transformer, attention: recompute}\n", "in.yaml").model.attention) ==
       "recompute");
   BOOST_TEST(error_of("model: {kind: transformer, attention: flash}\n") ==
-             "in.yaml:1: model.attention: expected one of [materialized, recompute], got 'flash'");
+             "in.yaml:1: model.attention: expected one of [materialized, recompute, fused], got 'flash'");
   BOOST_TEST(error_of("model: {kind: mnist_cnn, attention: recompute}\n") ==
              "in.yaml:1: model.attention: model.attention: recompute is for model.kind transformer (model.kind is "
              "mnist_cnn)");
@@ -649,6 +649,23 @@ BOOST_AUTO_TEST_CASE(attention_key) {
       error_of("model: {kind: t5}\ndata: {kind: seq2seq, path: x.jsonl}\n", {"model.attention=recompute"});
   BOOST_TEST(t5.starts_with("--set model.attention: model.attention: not a setting of model t5 (it takes preset, "),
              t5);
+}
+
+// fused is cuDNN's flash attention: a GPU's, bf16 operands (matmul_precision medium), head dims in
+// multiples of 8. The blame goes to the key given last of each pair.
+BOOST_AUTO_TEST_CASE(attention_fused_key) {
+  const std::string gpu = "model: {kind: transformer, d_model: 64, n_heads: 4}\ntrain: {device: cuda, matmul_precision: "
+                          "medium}\n";
+  BOOST_TEST(fsdp::enum_name(parse_config(gpu, "in.yaml", {"model.attention=fused"}).model.attention) == "fused");
+  BOOST_TEST(error_of("model: {kind: transformer, attention: fused}\n") ==
+             "in.yaml:1: model.attention: model.attention: fused needs train.device: cuda (cuDNN's flash attention); "
+             "on the CPU, recompute keeps the same memory");
+  BOOST_TEST(error_of("model: {kind: transformer, attention: fused}\ntrain: {device: cuda}\n") ==
+             "in.yaml:1: model.attention: model.attention: fused multiplies bf16 operands; it needs "
+             "train.matmul_precision: medium (is highest)");
+  BOOST_TEST(error_of(gpu, {"model.attention=fused", "model.n_heads=16"}) ==
+             "--set model.n_heads: model.n_heads: model.attention: fused needs a head dim (d_model / n_heads) that is a multiple of "
+             "8, got 4");
 }
 
 BOOST_AUTO_TEST_CASE(device_keys) {

@@ -445,7 +445,7 @@ BOOST_AUTO_TEST_CASE(multihead_attention_causal) {
 // 32, 32, 6): within 1e-5 relative of the largest gradient. Its own gradient check as well.
 BOOST_AUTO_TEST_CASE(multihead_attention_recompute) {
   RunCtx ctx;
-  MultiheadAttention mat("attn", 8, 2), rec("attn", 8, 2, /*recompute=*/true);
+  MultiheadAttention mat("attn", 8, 2), rec("attn", 8, 2, AttentionMode::recompute);
   Bound bm(mat, 6), br(rec, 6);
   bm.perturb_constants(7);
   br.perturb_constants(7);

@@ -272,10 +272,11 @@ struct LayerCharge {
   fsdp::Shape output;
 };
 
-LayerCharge charge(fsdp::Layer& layer, bool meta, const fsdp::Shape& in, fsdp::DType dtype, bool training) {
+LayerCharge charge(fsdp::Layer& layer, bool meta, const fsdp::Shape& in, fsdp::DType dtype, bool training,
+                   fsdp::Device meta_device = fsdp::Device::cpu) {
   fsdp::MemoryTracker tracker;
   std::unique_ptr<fsdp::DeviceRuntime> rt =
-      meta ? fsdp::make_meta_runtime(fsdp::Device::cpu, tracker) : std::make_unique<fsdp::HostRuntime>(tracker);
+      meta ? fsdp::make_meta_runtime(meta_device, tracker) : std::make_unique<fsdp::HostRuntime>(tracker);
   // Parameters in the runtime's memory, zero: values do not matter to what is allocated.
   std::vector<fsdp::Param*> params = layer.params();
   std::vector<fsdp::Tensor> storage;
@@ -333,6 +334,50 @@ BOOST_AUTO_TEST_CASE(meta_device_charges_as_the_host_runtime) {
       dtype = fsdp::DType::f32;
     }
   }
+}
+
+// model.attention: fused, planned for a GPU (the meta device as cuda): the forward keeps each row's
+// log-sum-exp (B, H, T) where recompute keeps its max and 1/sum and materialized the (B, H, T, T)
+// probabilities; everything else it holds is the same. Its bf16 copies live during the call only.
+// On the host (the CPU's kernels, or a plan for the CPU) it stops with the CPU's one line.
+BOOST_AUTO_TEST_CASE(fused_attention_on_a_planned_gpu) {
+  const int64_t B = 2, T = 10, C = 24, H = 3;
+  const fsdp::Shape x{B, T, C};
+  fsdp::MultiheadAttention mat("attn", C, H), rec("attn", C, H, fsdp::AttentionMode::recompute),
+      fused("attn", C, H, fsdp::AttentionMode::fused);
+  for (bool training : {false, true}) {
+    const LayerCharge m = charge(mat, true, x, fsdp::DType::f32, training, fsdp::Device::cuda);
+    const LayerCharge r = charge(rec, true, x, fsdp::DType::f32, training, fsdp::Device::cuda);
+    const LayerCharge f = charge(fused, true, x, fsdp::DType::f32, training, fsdp::Device::cuda);
+    const int64_t row_stat = B * H * T * 4;
+    BOOST_TEST(r.activations - f.activations == row_stat, "training " << training);
+    // After a backward the materialised layer also holds its (H, T, T) dP of one sample.
+    BOOST_TEST(m.activations - f.activations == B * H * T * T * 4 - row_stat + (training ? H * T * T * 4 : 0),
+               "training " << training);
+    // The scratch during the forward: qkv and o in bf16 on top of what the forward keeps.
+    BOOST_TEST(f.peak_total >= f.activations + (B * T * 3 * C + B * T * C) * 2);
+    BOOST_TEST(f.output == x);
+  }
+  fsdp::MemoryTracker tracker;
+  fsdp::HostRuntime host(tracker);
+  std::vector<fsdp::Tensor> storage;
+  for (fsdp::Param* p : fused.params()) {
+    storage.push_back(fsdp::Tensor::zeros(host, p->shape, fsdp::DType::f32, MemCategory::other));
+    p->data = p->grad = storage.back().f32();
+  }
+  fsdp::RunCtx ctx;
+  ctx.mem = &tracker;
+  ctx.runtime = &host;
+  ctx.training = true;
+  try {
+    fused.forward(ctx, fsdp::Tensor::zeros(host, x, fsdp::DType::f32, MemCategory::other));
+    BOOST_ERROR("fused attention ran on the host");
+  } catch (const fsdp::Error& e) {
+    BOOST_TEST(std::string(e.what()).find("attn: model.attention: fused: fused attention runs on a GPU (cuDNN)") == 0,
+               e.what());
+  }
+  fused.release_activations();  // before the runtime that holds them goes
+  for (fsdp::Param* p : fused.params()) p->data = p->grad = nullptr;
 }
 
 // The meta device computes nothing and reads back zeros; a plan of a model far larger than the

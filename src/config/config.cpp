@@ -804,6 +804,22 @@ void Reader::check_rules(const Config& c) const {
   if (c.comm.backend == "nccl" && c.train.device != Device::cuda)
     fail(blame("comm.backend", "train.device"),
          "comm.backend nccl needs train.device: cuda (NCCL moves device memory)");
+  // Fused attention is cuDNN's flash attention: a GPU's, with bf16 operands (what medium already
+  // does to every GEMM operand), head dims in multiples of 8.
+  if (m.attention == AttentionMode::fused && m.kind == ModelKind::transformer) {
+    if (c.train.device != Device::cuda)
+      fail(blame("model.attention", "train.device"),
+           "model.attention: fused needs train.device: cuda (cuDNN's flash attention); on the CPU, recompute keeps "
+           "the same memory");
+    else if (c.train.matmul_precision != MatmulPrecision::medium)
+      fail(blame("model.attention", "train.matmul_precision"),
+           "model.attention: fused multiplies bf16 operands; it needs train.matmul_precision: medium (is " +
+               std::string(matmul_precision_name(c.train.matmul_precision)) + ")");
+    else if (m.d_model % m.n_heads == 0 && (m.d_model / m.n_heads) % 8 != 0)
+      fail(blame("model.attention", "model.n_heads"),
+           "model.attention: fused needs a head dim (d_model / n_heads) that is a multiple of 8, got " +
+               std::to_string(m.d_model / m.n_heads));
+  }
   // Checkpoints and output.save_weights take any device: device shards, optimizer state and
   // gathered units are staged through host memory for HDF5 (train/checkpointing.h, trainer.cpp).
   if (c.fsdp.wrap_policy == WrapPolicy::manual && c.fsdp.wrap_modules.empty())

@@ -48,10 +48,12 @@ inline constexpr NameTable<FeedForwardProj, 2> kFeedForwardProjs{
     {{FeedForwardProj::relu, "relu"}, {FeedForwardProj::gated_gelu, "gated-gelu"}}};
 
 // The transformer's attention (nn/layers.h, MultiheadAttention): keep the (B, H, T, T)
-// probabilities for the backward, or only each row's max and 1/sum and recompute the scores.
-enum class AttentionMode { materialized, recompute };
-inline constexpr NameTable<AttentionMode, 2> kAttentionModes{
-    {{AttentionMode::materialized, "materialized"}, {AttentionMode::recompute, "recompute"}}};
+// probabilities for the backward, or only each row's max and 1/sum and recompute the scores, or
+// (a GPU's) cuDNN's fused flash attention in bf16, which keeps each row's log-sum-exp.
+enum class AttentionMode { materialized, recompute, fused };
+inline constexpr NameTable<AttentionMode, 3> kAttentionModes{{{AttentionMode::materialized, "materialized"},
+                                                              {AttentionMode::recompute, "recompute"},
+                                                              {AttentionMode::fused, "fused"}}};
 
 enum class DataKind { fashion_mnist, text, synthetic, seq2seq };
 inline constexpr NameTable<DataKind, 4> kDataKinds{{{DataKind::fashion_mnist, "fashion_mnist"},

@@ -60,11 +60,11 @@ class MnistCnn : public Model {
 class Transformer : public Model {
  public:
   Transformer(int64_t vocab, int64_t d_model, int64_t n_layers, int64_t n_heads, int64_t d_ff, int64_t seq_len,
-              bool recompute_attention)
+              AttentionMode attention)
       : Model("Transformer", std::make_unique<CrossEntropyLoss>()) {
     add_layer<Embeddings>(vocab, seq_len, d_model).need_input_grad = false;
     for (int64_t i = 0; i < n_layers; ++i)
-      add_layer<TransformerBlock>("blocks." + std::to_string(i), d_model, n_heads, d_ff, recompute_attention);
+      add_layer<TransformerBlock>("blocks." + std::to_string(i), d_model, n_heads, d_ff, attention);
     add_layer<LayerNorm>("ln_f", d_model);
     add_layer<Linear>("head", d_model, vocab);
   }
@@ -76,11 +76,11 @@ class Transformer : public Model {
 std::unique_ptr<Model> make_mnist_cnn() { return std::make_unique<MnistCnn>(); }
 
 std::unique_ptr<Model> make_transformer(int64_t vocab, int64_t d_model, int64_t n_layers, int64_t n_heads, int64_t d_ff,
-                                        int64_t seq_len, bool recompute_attention) {
+                                        int64_t seq_len, AttentionMode attention) {
   if (d_model % n_heads != 0)
     throw Error("model.d_model " + std::to_string(d_model) + " is not divisible by model.n_heads " +
                 std::to_string(n_heads));
-  return std::make_unique<Transformer>(vocab, d_model, n_layers, n_heads, d_ff, seq_len, recompute_attention);
+  return std::make_unique<Transformer>(vocab, d_model, n_layers, n_heads, d_ff, seq_len, attention);
 }
 
 }  // namespace fsdp

@@ -58,8 +58,8 @@ class Model : public Module {
 std::unique_ptr<Model> make_mnist_cnn();
 
 // Decoder-only LM: tok_emb + pos_emb, n_layers TransformerBlock ("blocks.i"), ln_f, head;
-// cross-entropy over every position. recompute_attention: MultiheadAttention's recompute mode.
+// cross-entropy over every position. attention: MultiheadAttention's mode (model.attention).
 std::unique_ptr<Model> make_transformer(int64_t vocab, int64_t d_model, int64_t n_layers, int64_t n_heads, int64_t d_ff,
-                                        int64_t seq_len, bool recompute_attention = false);
+                                        int64_t seq_len, AttentionMode attention = AttentionMode::materialized);
 
 }  // namespace fsdp

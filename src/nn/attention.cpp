@@ -19,7 +19,7 @@ void for_causal_blocks(int64_t T, int64_t block, Fn&& fn) {
 
 }  // namespace
 
-MultiheadAttention::MultiheadAttention(const std::string& name, int64_t C, int64_t heads, bool recompute)
+MultiheadAttention::MultiheadAttention(const std::string& name, int64_t C, int64_t heads, AttentionMode mode)
     : Layer(name, "MultiheadAttention"),
       // xavier_uniform_ on (3C, C): bound sqrt(6 / (fan_in + fan_out)) = sqrt(6 / (C + 3C)).
       in_proj_weight(add_param("in_proj_weight", {3 * C, C},
@@ -29,7 +29,7 @@ MultiheadAttention::MultiheadAttention(const std::string& name, int64_t C, int64
       out_proj(add_child<Linear>(child_name("out_proj"), C, C)),
       C_(C),
       H_(heads),
-      recompute_(recompute) {
+      mode_(mode) {
   if (C % heads != 0)
     throw Error(name + ": d_model " + std::to_string(C) + " not divisible by heads " + std::to_string(heads));
   // torch.nn.MultiheadAttention._reset_parameters zeroes out_proj.bias.
@@ -43,8 +43,11 @@ const Tensor& MultiheadAttention::do_forward(RunCtx& ctx, const Tensor& x) {
   ctx.ensure(y_, {B, T, C}, DType::f32);
   Kernels& kernels = ctx.kernels();
   kernels.linear_forward(qkv_.f32(), x.f32(), in_proj_weight.data, in_proj_bias.data, B * T, C, 3 * C);
-  if (recompute_) {
-    forward_recompute(ctx);
+  if (mode_ != AttentionMode::materialized) {
+    if (mode_ == AttentionMode::recompute)
+      forward_recompute(ctx);
+    else
+      forward_fused(ctx);
     out_ = out_proj.forward(ctx, y_);
     return out_;
   }
@@ -82,8 +85,11 @@ const Tensor& MultiheadAttention::do_backward(RunCtx& ctx, const Tensor& dy) {
   int64_t B = x_.dim(0), T = x_.dim(1), C = C_, hd = C_ / H_;
   const Tensor& dyh = out_proj.backward(ctx, dy);  // (B, T, C), heads side by side
   ctx.ensure(dqkv_, {B, T, 3 * C}, DType::f32);
-  if (recompute_) {
-    backward_recompute(ctx, dyh.f32());
+  if (mode_ != AttentionMode::materialized) {
+    if (mode_ == AttentionMode::recompute)
+      backward_recompute(ctx, dyh.f32());
+    else
+      backward_fused(ctx, dyh);
     if (need_input_grad) ctx.ensure(dx_, x_.shape(), DType::f32);
     ctx.kernels().linear_backward(need_input_grad ? dx_.f32() : nullptr, in_proj_weight.grad, in_proj_bias.grad,
                                   dqkv_.f32(), x_.f32(), in_proj_weight.data, B * T, C, 3 * C);
@@ -212,11 +218,58 @@ void MultiheadAttention::backward_recompute(RunCtx& ctx, const float* gy_all) {
   scores_ = dp_ = Tensor();
 }
 
+FusedAttentionShape MultiheadAttention::fused_shape() const {
+  return {x_.dim(0), x_.dim(1), H_, C_ / H_, 1.0f / std::sqrt(static_cast<float>(C_ / H_))};
+}
+
+// qkv rounded to bf16 (a scratch), cuDNN's forward into a bf16 o (a scratch) and the row
+// statistics (kept), then y = o in f32 (exact). What the forward needs is checked here, at its
+// first call, so a run without it stops with one line before any step.
+void MultiheadAttention::forward_fused(RunCtx& ctx) {
+  Kernels& kernels = ctx.kernels();
+  if (const std::string why = kernels.fused_attention_unavailable(); !why.empty())
+    throw Error(name() + ": model.attention: fused: " + why);
+  const FusedAttentionShape s = fused_shape();
+  const int64_t BT = s.B * s.T, C = C_;
+  Tensor qkv16, o16, workspace;
+  ctx.ensure(qkv16, {s.B, s.T, 3 * C}, DType::bf16);
+  kernels.cast(qkv16.raw(), DType::bf16, qkv_.f32(), DType::f32, BT * 3 * C);
+  ctx.ensure(o16, {s.B, s.T, C}, DType::bf16);
+  ctx.ensure(lse_, {s.B, H_, s.T}, DType::f32);
+  if (const int64_t bytes = kernels.fused_attention_workspace_bytes(s, false); bytes > 0)
+    ctx.ensure(workspace, {bytes}, DType::u8);
+  kernels.fused_attention_forward(s, static_cast<const uint16_t*>(qkv16.raw()), static_cast<uint16_t*>(o16.raw()),
+                                  lse_.f32(), workspace.defined() ? workspace.raw() : nullptr);
+  kernels.cast(y_.f32(), DType::f32, o16.raw(), DType::bf16, BT * C);
+}
+
+// The bf16 operands again (qkv and o round to the forward's bits: y holds o exactly), dO = gy
+// rounded, cuDNN's backward into a bf16 dqkv, then dqkv in f32 for the in_proj backward.
+void MultiheadAttention::backward_fused(RunCtx& ctx, const Tensor& gy) {
+  Kernels& kernels = ctx.kernels();
+  const FusedAttentionShape s = fused_shape();
+  const int64_t BT = s.B * s.T, C = C_;
+  Tensor qkv16, o16, do16, dqkv16, workspace;
+  ctx.ensure(qkv16, {s.B, s.T, 3 * C}, DType::bf16);
+  kernels.cast(qkv16.raw(), DType::bf16, qkv_.f32(), DType::f32, BT * 3 * C);
+  ctx.ensure(o16, {s.B, s.T, C}, DType::bf16);
+  kernels.cast(o16.raw(), DType::bf16, y_.f32(), DType::f32, BT * C);
+  ctx.ensure(do16, {s.B, s.T, C}, DType::bf16);
+  kernels.cast(do16.raw(), DType::bf16, gy.f32(), DType::f32, BT * C);
+  ctx.ensure(dqkv16, {s.B, s.T, 3 * C}, DType::bf16);
+  if (const int64_t bytes = kernels.fused_attention_workspace_bytes(s, true); bytes > 0)
+    ctx.ensure(workspace, {bytes}, DType::u8);
+  kernels.fused_attention_backward(s, static_cast<const uint16_t*>(qkv16.raw()), static_cast<const uint16_t*>(o16.raw()),
+                                   static_cast<const uint16_t*>(do16.raw()), lse_.f32(),
+                                   static_cast<uint16_t*>(dqkv16.raw()), workspace.defined() ? workspace.raw() : nullptr);
+  kernels.cast(dqkv_.f32(), DType::f32, dqkv16.raw(), DType::bf16, BT * 3 * C);
+}
+
 TransformerBlock::TransformerBlock(const std::string& name, int64_t C, int64_t heads, int64_t d_ff,
-                                   bool recompute_attention)
+                                   AttentionMode attention)
     : Layer(name, "TransformerBlock"),
       ln1(add_child<LayerNorm>(child_name("ln1"), C)),
-      attn(add_child<MultiheadAttention>(child_name("attn"), C, heads, recompute_attention)),
+      attn(add_child<MultiheadAttention>(child_name("attn"), C, heads, attention)),
       ln2(add_child<LayerNorm>(child_name("ln2"), C)),
       fc1(add_child<Linear>(child_name("fc1"), C, d_ff)),
       act(add_child<GELU>(child_name("act"))),

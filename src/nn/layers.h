@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "config/enums.h"
 #include "nn/module.h"
 
 namespace fsdp {
@@ -172,13 +173,18 @@ class Embeddings : public Layer {
 // per layer shrink by B*H*T*T floats; the scratch of one row block (H, rows, T) lives only during
 // the call. The forward is the same arithmetic as without (the same loss, bitwise); dk and dv sum
 // over row blocks in another order.
+// fused (model.attention: fused; a GPU's): cuDNN's flash attention on bf16 copies of q, k, v (the
+// f32 projections rounded to nearest even, which train.matmul_precision: medium does to every
+// GEMM operand anyway), f32 softmax and accumulation, o rounded to bf16. Keeps each row's
+// log-sum-exp (B, H, T); the bf16 copies and cuDNN's workspace live only during each call.
 class MultiheadAttention : public Layer {
  public:
-  MultiheadAttention(const std::string& name, int64_t C, int64_t heads, bool recompute = false);
+  MultiheadAttention(const std::string& name, int64_t C, int64_t heads,
+                     AttentionMode mode = AttentionMode::materialized);
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
   void release_activations() override {
-    x_ = qkv_ = att_ = y_ = dqkv_ = dx_ = dp_ = out_ = row_max_ = row_inv_ = Tensor();
+    x_ = qkv_ = att_ = y_ = dqkv_ = dx_ = dp_ = out_ = row_max_ = row_inv_ = lse_ = Tensor();
     out_proj.release_activations();
   }
   Param& in_proj_weight;
@@ -188,11 +194,15 @@ class MultiheadAttention : public Layer {
  private:
   void forward_recompute(RunCtx& ctx);
   void backward_recompute(RunCtx& ctx, const float* gy);
+  void forward_fused(RunCtx& ctx);
+  void backward_fused(RunCtx& ctx, const Tensor& gy);
+  FusedAttentionShape fused_shape() const;
   int64_t C_, H_;
-  bool recompute_;
+  AttentionMode mode_;
   Tensor x_, qkv_, att_, y_, dqkv_, dx_, dp_;
   Tensor row_max_, row_inv_;  // recompute: (B, H, T) each row's softmax max and 1/sum
   Tensor scores_;             // recompute: (H, rows, T) one row block's scores, during a call
+  Tensor lse_;                // fused: (B, H, T) each row's log-sum-exp of the scaled scores (cuDNN's stats)
   Tensor out_;                // out_proj's output (a handle: out_proj may be a checkpointed unit of its own)
 };
 
@@ -200,7 +210,8 @@ class MultiheadAttention : public Layer {
 // transformer_layer wrap policy targets this type.
 class TransformerBlock : public Layer {
  public:
-  TransformerBlock(const std::string& name, int64_t C, int64_t heads, int64_t d_ff, bool recompute_attention = false);
+  TransformerBlock(const std::string& name, int64_t C, int64_t heads, int64_t d_ff,
+                   AttentionMode attention = AttentionMode::materialized);
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
   void release_activations() override {

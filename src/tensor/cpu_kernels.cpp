@@ -8,6 +8,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "tensor/error.h"
 #include "tensor/kernel_math.h"
 #include "tensor/kernels.h"
 #include "tensor/ops.h"
@@ -561,6 +562,18 @@ class CpuKernels final : public Kernels {
 };
 
 }  // namespace
+
+// Kernels' fused attention where a kernel set has none (the CPU's): the one line that says why.
+int64_t Kernels::fused_attention_workspace_bytes(const FusedAttentionShape&, bool) {
+  throw Error(fused_attention_unavailable());
+}
+void Kernels::fused_attention_forward(const FusedAttentionShape&, const uint16_t*, uint16_t*, float*, void*) {
+  throw Error(fused_attention_unavailable());
+}
+void Kernels::fused_attention_backward(const FusedAttentionShape&, const uint16_t*, const uint16_t*, const uint16_t*,
+                                       const float*, uint16_t*, void*) {
+  throw Error(fused_attention_unavailable());
+}
 
 std::unique_ptr<Kernels> make_cpu_kernels() { return std::make_unique<CpuKernels>(); }
 

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "tensor/dtype.h"
 #include "tensor/matmul_precision.h"
@@ -51,6 +52,16 @@ struct CausalRows {
   int64_t row0 = 0;
   int64_t T = 0;
   static CausalRows whole(int64_t planes, int64_t T) { return {planes, T, 0, T}; }
+};
+
+// Causal self-attention of nn.MultiheadAttention's packed projections, fused (flash attention:
+// no (T, T) scores in memory), bf16 operands, f32 softmax and accumulation. qkv (B, T, 3C) holds
+// q | k | v side by side in each row, head h at columns h*hd of each third (C = H * hd); o
+// (B, T, C) heads side by side; stats (B, H, T) each row's log-sum-exp of the scaled scores,
+// which the backward needs. On a GPU: cuDNN's SDPA (tensor/cuda/cudnn_attention.cpp).
+struct FusedAttentionShape {
+  int64_t B = 0, T = 0, H = 0, hd = 0;
+  float scale = 1.0f;  // 1 / sqrt(hd)
 };
 
 class Kernels {
@@ -191,6 +202,20 @@ class Kernels {
   virtual void sgd_step(float* p, const float* g, float* momentum_buffer, int64_t n, const SgdArgs& a) = 0;
   virtual void adadelta_step(float* p, const float* g, float* square_avg, float* acc_delta, int64_t n,
                              const AdadeltaArgs& a) = 0;
+
+  // --- Fused attention (FusedAttentionShape). fused_attention_unavailable: "" where this kernel
+  // set has it, else one line saying why (the CPU's; a GPU build without the cuDNN frontend; no
+  // libcudnn on this machine). Workspace: device bytes the call needs (the caller allocates them).
+  // backward: dqkv (B, T, 3C) overwritten from dO (B, T, C) and the forward's o and stats.
+  virtual std::string fused_attention_unavailable() {
+    return "fused attention runs on a GPU (cuDNN); on the CPU, model.attention: recompute keeps the same "
+           "memory (no (T, T) probabilities between forward and backward)";
+  }
+  virtual int64_t fused_attention_workspace_bytes(const FusedAttentionShape& s, bool backward);
+  virtual void fused_attention_forward(const FusedAttentionShape& s, const uint16_t* qkv, uint16_t* o, float* stats,
+                                       void* workspace);
+  virtual void fused_attention_backward(const FusedAttentionShape& s, const uint16_t* qkv, const uint16_t* o,
+                                        const uint16_t* dO, const float* stats, uint16_t* dqkv, void* workspace);
 
   // --- FSDP: precision casts (round to nearest even, as torch's .to()) and reductions.
   virtual void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n) = 0;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <string>
 
 #include "tensor/kernels.h"
 
@@ -76,6 +77,20 @@ class MetaKernels final : public Kernels {
   void cast(void*, DType, const void*, DType, int64_t) override {}
   double sum_squares(const float*, int64_t) override { return 0.0; }
   bool all_finite(const float*, int64_t) override { return true; }
+  // Fused attention is the GPU's (cuDNN). Its workspace is cuDNN's to choose at run time; the plan
+  // takes the forward's as none and the backward's as an f32 dQ accumulator and a row sum,
+  // B*H*T*(hd + 1) floats (what its deterministic flash backward keeps; test_gpu prints the real
+  // sizes on a device).
+  std::string fused_attention_unavailable() override {
+    return device_ == Device::cpu ? Kernels::fused_attention_unavailable() : std::string();
+  }
+  int64_t fused_attention_workspace_bytes(const FusedAttentionShape& s, bool backward) override {
+    if (device_ == Device::cpu) return Kernels::fused_attention_workspace_bytes(s, backward);
+    return backward ? s.B * s.H * s.T * (s.hd + 1) * static_cast<int64_t>(sizeof(float)) : 0;
+  }
+  void fused_attention_forward(const FusedAttentionShape&, const uint16_t*, uint16_t*, float*, void*) override {}
+  void fused_attention_backward(const FusedAttentionShape&, const uint16_t*, const uint16_t*, const uint16_t*,
+                                const float*, uint16_t*, void*) override {}
 
  private:
   Device device_;

@@ -15,7 +15,7 @@ std::unique_ptr<Model> make_model(const ModelConfig& config) {
   if (config.kind == ModelKind::mnist_cnn) return make_mnist_cnn();
   if (config.kind == ModelKind::transformer)
     return make_transformer(config.vocab, config.d_model, config.n_layers, config.n_heads, config.d_ff, config.seq_len,
-                            config.attention == AttentionMode::recompute);
+                            config.attention);
   if (config.kind == ModelKind::t5) {
     T5Config t;
     t.vocab_size = config.vocab_size;

@@ -56,7 +56,7 @@ CublasHandle::~CublasHandle() {
 }
 
 CudaKernels::CudaKernels(cudaStream_t stream)
-    : stream_(stream), cublas_(stream), scratch_(kScratchBytes), host_(kResultBytes) {}
+    : stream_(stream), cublas_(stream), scratch_(kScratchBytes), host_(kResultBytes), fused_(stream) {}
 
 void CudaKernels::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                        int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {

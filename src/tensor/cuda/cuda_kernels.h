@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "tensor/cuda/cuda_runtime.h"
+#include "tensor/cuda/fused_attention.h"
 #include "tensor/kernels.h"
 
 namespace fsdp::cuda {
@@ -104,6 +105,18 @@ class CudaKernels final : public Kernels {
   void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n) override;
   double sum_squares(const float* x, int64_t n) override;
   bool all_finite(const float* x, int64_t n) override;
+  std::string fused_attention_unavailable() override { return fused_.unavailable(); }
+  int64_t fused_attention_workspace_bytes(const FusedAttentionShape& s, bool backward) override {
+    return fused_.workspace_bytes(s, backward);
+  }
+  void fused_attention_forward(const FusedAttentionShape& s, const uint16_t* qkv, uint16_t* o, float* stats,
+                               void* workspace) override {
+    fused_.forward(s, qkv, o, stats, workspace);
+  }
+  void fused_attention_backward(const FusedAttentionShape& s, const uint16_t* qkv, const uint16_t* o,
+                                const uint16_t* dO, const float* stats, uint16_t* dqkv, void* workspace) override {
+    fused_.backward(s, qkv, o, dO, stats, dqkv, workspace);
+  }
 
  private:
   // Copies the reduction results (scratch_ offsets 0..15 bytes) to pinned memory and waits.
@@ -112,6 +125,7 @@ class CudaKernels final : public Kernels {
   CublasHandle cublas_;
   DeviceBuffer scratch_;  // [0] double result, [8] int64 hits, then partial doubles and hits
   PinnedBuffer host_;     // the 16 result bytes
+  FusedAttention fused_;  // cuDNN's SDPA, or the stub of a build without it
 };
 
 }  // namespace fsdp::cuda
