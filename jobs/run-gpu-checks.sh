@@ -79,10 +79,11 @@ for so in $(need needs); do
   gpu_libs_used+="$so from $d; "
   case ":$libpath:" in *":$d:"*) ;; *) libpath+=":$d" ;; esac
 done
-# cuDNN is for model.attention: fused only, dlopen()ed when it first runs (with the CUDA runtime
-# its frontend calls), so it is not among the "needs": put its folder on the path where this
-# machine has one, and say so; without it, fused attention says why and the rest runs.
-for so in libcudnn.so.9 libcudart.so.13; do
+# cuDNN is for model.attention: fused only, dlopen()ed when it first runs, with the CUDA runtime
+# its frontend calls and NVRTC (cuDNN compiles some attention kernels at run time), so none is
+# among the "needs": put their folders on the path where this machine has them, and say so;
+# without them, fused attention says why and the rest runs.
+for so in libcudnn.so.9 libcudart.so.13 libnvrtc.so.13; do
   d=$(find_lib "$so")
   if [ -z "$d" ]; then gpu_libs_used+="$so not found (model.attention: fused will say so); "; continue; fi
   gpu_libs_used+="$so from $d; "
