@@ -654,8 +654,9 @@ BOOST_AUTO_TEST_CASE(attention_key) {
 // fused is cuDNN's flash attention: a GPU's, bf16 operands (matmul_precision medium), head dims in
 // multiples of 8. The blame goes to the key given last of each pair.
 BOOST_AUTO_TEST_CASE(attention_fused_key) {
-  const std::string gpu = "model: {kind: transformer, d_model: 64, n_heads: 4}\ntrain: {device: cuda, matmul_precision: "
-                          "medium}\n";
+  const std::string gpu =
+      "model: {kind: transformer, d_model: 64, n_heads: 4}\ntrain: {device: cuda, matmul_precision: "
+      "medium}\n";
   BOOST_TEST(fsdp::enum_name(parse_config(gpu, "in.yaml", {"model.attention=fused"}).model.attention) == "fused");
   BOOST_TEST(error_of("model: {kind: transformer, attention: fused}\n") ==
              "in.yaml:1: model.attention: model.attention: fused needs train.device: cuda (cuDNN's flash attention); "
@@ -664,7 +665,8 @@ BOOST_AUTO_TEST_CASE(attention_fused_key) {
              "in.yaml:1: model.attention: model.attention: fused multiplies bf16 operands; it needs "
              "train.matmul_precision: medium (is highest)");
   BOOST_TEST(error_of(gpu, {"model.attention=fused", "model.n_heads=16"}) ==
-             "--set model.n_heads: model.n_heads: model.attention: fused needs a head dim (d_model / n_heads) that is a multiple of "
+             "--set model.n_heads: model.n_heads: model.attention: fused needs a head dim (d_model / n_heads) that is "
+             "a multiple of "
              "8, got 4");
 }
 

@@ -1254,7 +1254,8 @@ BOOST_AUTO_TEST_CASE(fused_attention_against_f64) {
   const auto qkv16 = to_bf16(randn(B * T * 3 * C, 901));
   const auto dO16 = to_bf16(randn(B * T * C, 902));
   const auto qkv = from_bf16(qkv16), dO = from_bf16(dO16);
-  const int64_t ws_f = g.k().fused_attention_workspace_bytes(s, false), ws_b = g.k().fused_attention_workspace_bytes(s, true);
+  const int64_t ws_f = g.k().fused_attention_workspace_bytes(s, false),
+                ws_b = g.k().fused_attention_workspace_bytes(s, true);
   std::printf("fused_attention_against_f64: cuDNN workspace %lld bytes forward, %lld backward\n",
               static_cast<long long>(ws_f), static_cast<long long>(ws_b));
   uint16_t* gqkv = g.upload(qkv16);
@@ -1347,11 +1348,13 @@ BOOST_AUTO_TEST_CASE(fused_attention_against_f64) {
   uint16_t* gdO = g.upload(dO16);
   uint16_t* gdqkv = g.upload(std::vector<uint16_t>(B * T * 3 * C, 0x7FC0));
   g.k().fused_attention_backward(s, gqkv, go, gdO, glse, gdqkv, gws);
-  within(dqkv_ref, from_bf16(g.download(gdqkv, B * T * 3 * C)), dqkv_tol, "fused attention dq|dk|dv (cuDNN against f64)");
+  within(dqkv_ref, from_bf16(g.download(gdqkv, B * T * 3 * C)), dqkv_tol,
+         "fused attention dq|dk|dv (cuDNN against f64)");
 
   // Deterministic: the same call again gives the same bits (cuDNN's deterministic backward; where
   // it has none it says so on stderr, and this check says whether the bits moved).
   uint16_t* gdqkv2 = g.upload(std::vector<uint16_t>(B * T * 3 * C, 0));
   g.k().fused_attention_backward(s, gqkv, go, gdO, glse, gdqkv2, gws);
-  BOOST_TEST((g.download(gdqkv, B * T * 3 * C) == g.download(gdqkv2, B * T * 3 * C)), "fused attention backward bitwise run to run");
+  BOOST_TEST((g.download(gdqkv, B * T * 3 * C) == g.download(gdqkv2, B * T * 3 * C)),
+             "fused attention backward bitwise run to run");
 }

@@ -219,7 +219,8 @@ void MultiheadAttention::backward_recompute(RunCtx& ctx, const float* gy_all) {
 }
 
 FusedAttentionShape MultiheadAttention::fused_shape() const {
-  return {x_.dim(0), x_.dim(1), H_, C_ / H_, 1.0f / std::sqrt(static_cast<float>(C_ / H_))};
+  const int64_t hd = C_ / H_;  // the constructor checked C % heads == 0
+  return {x_.dim(0), x_.dim(1), H_, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
 }
 
 // qkv rounded to bf16 (a scratch), cuDNN's forward into a bf16 o (a scratch) and the row
@@ -259,9 +260,10 @@ void MultiheadAttention::backward_fused(RunCtx& ctx, const Tensor& gy) {
   ctx.ensure(dqkv16, {s.B, s.T, 3 * C}, DType::bf16);
   if (const int64_t bytes = kernels.fused_attention_workspace_bytes(s, true); bytes > 0)
     ctx.ensure(workspace, {bytes}, DType::u8);
-  kernels.fused_attention_backward(s, static_cast<const uint16_t*>(qkv16.raw()), static_cast<const uint16_t*>(o16.raw()),
-                                   static_cast<const uint16_t*>(do16.raw()), lse_.f32(),
-                                   static_cast<uint16_t*>(dqkv16.raw()), workspace.defined() ? workspace.raw() : nullptr);
+  kernels.fused_attention_backward(s, static_cast<const uint16_t*>(qkv16.raw()),
+                                   static_cast<const uint16_t*>(o16.raw()), static_cast<const uint16_t*>(do16.raw()),
+                                   lse_.f32(), static_cast<uint16_t*>(dqkv16.raw()),
+                                   workspace.defined() ? workspace.raw() : nullptr);
   kernels.cast(dqkv_.f32(), DType::f32, dqkv16.raw(), DType::bf16, BT * 3 * C);
 }
 
