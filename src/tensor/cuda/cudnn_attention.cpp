@@ -148,13 +148,14 @@ struct FusedAttention::Impl {
     if (it != plans.end()) return it->second;
     Plan p;
     try {
-      p.graph = backward ? build_backward(s, true) : build_forward(s);
+      std::string no_deterministic;
+      p.graph = backward ? build_backward(s, true, &no_deterministic) : build_forward(s);
       if (!p.graph) {  // no deterministic backward for this shape on this cuDNN: the default one
         std::fprintf(stderr,
-                     "fsdp: cuDNN %zu has no deterministic attention backward for %s here: dQ is summed in a "
-                     "run-dependent order (last bits may differ between runs)\n",
-                     fe::detail::get_backend_version(), shape_text(s).c_str());
-        p.graph = build_backward(s, false);
+                     "fsdp: cuDNN %zu has no deterministic attention backward for %s here (%s): dQ is summed in "
+                     "a run-dependent order (last bits may differ between runs)\n",
+                     fe::detail::get_backend_version(), shape_text(s).c_str(), no_deterministic.c_str());
+        p.graph = build_backward(s, false, nullptr);
       }
       check(p.graph->get_workspace_size(p.workspace_bytes), "workspace size", s);
     } catch (const Error&) {
@@ -185,8 +186,10 @@ struct FusedAttention::Impl {
     return g;
   }
 
-  // nullptr when `deterministic` is asked for and cuDNN has no such plan.
-  std::shared_ptr<fe::graph::Graph> build_backward(const FusedAttentionShape& s, bool deterministic) {
+  // nullptr when `deterministic` is asked for and cuDNN has no such plan (its reason in *why_not);
+  // any other failure throws.
+  std::shared_ptr<fe::graph::Graph> build_backward(const FusedAttentionShape& s, bool deterministic,
+                                                   std::string* why_not) {
     const int64_t C = s.H * s.hd;
     auto g = new_graph();
     auto q = bhtd(*g, "q", kQ, s, 3 * C), k = bhtd(*g, "k", kK, s, 3 * C), v = bhtd(*g, "v", kV, s, 3 * C);
@@ -207,7 +210,13 @@ struct FusedAttention::Impl {
     set_bhtd(*dk, kDK, s, 3 * C);
     set_bhtd(*dv, kDV, s, 3 * C);
     fe::error_object e = g->build(handle, {fe::HeurMode_t::A});
-    if (e.is_bad() && deterministic) return nullptr;
+    const bool unsupported = e.get_code() == fe::error_code_t::GRAPH_NOT_SUPPORTED ||
+                             e.get_code() == fe::error_code_t::HEURISTIC_QUERY_FAILED ||
+                             e.get_code() == fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED;
+    if (deterministic && unsupported && why_not) {
+      *why_not = e.get_message();
+      return nullptr;
+    }
     check(e, "backward graph", s);
     return g;
   }
