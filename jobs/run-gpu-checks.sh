@@ -98,7 +98,7 @@ if [ -z "$gpu_libs_line" ]; then
   cublas_v=$(got cublas); nccl_v=$(got nccl)
   [ -n "$cublas_v" ] || cublas_v=$(lib_version "$(find_lib libcublas.so.13)/libcublas.so.13")
   [ -n "$nccl_v" ] || nccl_v=$(lib_version "$(find_lib libnccl.so.2)/libnccl.so.2")
-  gpu_libs_used="cuBLAS $cublas_v, NCCL $nccl_v, driver CUDA $(got driver_cuda), cudart $(got cudart) static; $gpu_libs_used"
+  gpu_libs_used="cuBLAS $cublas_v, NCCL $nccl_v, cuDNN $(got cudnn) (fused attention only), driver CUDA $(got driver_cuda), cudart $(got cudart) static; $gpu_libs_used"
   built=$(need cublas | cut -d' ' -f1)
   if [ "$cublas_v" != unknown ] && ! ver_ge "$cublas_v" "$built"; then gpu_libs_line+="cuBLAS $cublas_v older than the $built built with; "; fi
   built=$(need nccl)
@@ -539,11 +539,16 @@ c_perf() {
   if [ -z "$ncu" ]; then
     note "kernel breakdown: no ncu on this machine"
   elif [ "${PERF_NCU:-1}" = 1 ]; then
-    APP_PREFIX="$ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base --print-kernel-base function --log-file $L/perf_kernels.csv" \
-      T=240 app perf_ncu 1 "${run[@]}" model.n_layers=2 train.steps=2 train.matmul_precision=medium >"$W/perf_ncu.txt" 2>&1 ||
-      note "kernel breakdown: ncu run failed: $(grep -a -m1 -iE 'error|fsdp_app:' "$W/perf_ncu.txt" | cut -c1-200)"
+    # With fused attention where it runs (what is left besides attention), else materialised.
+    local ncu_att
+    for ncu_att in fused materialized; do
+      APP_PREFIX="$ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base --print-kernel-base function --log-file $L/perf_kernels.csv" \
+        T=240 app perf_ncu 1 "${run[@]}" model.n_layers=2 train.steps=2 train.matmul_precision=medium \
+        model.attention=$ncu_att >"$W/perf_ncu.txt" 2>&1 && break
+      note "kernel breakdown: ncu run with attention $ncu_att failed: $(grep -a -m1 -iE 'error|fsdp_app:' "$W/perf_ncu.txt" | cut -c1-200)"
+    done
     env -u LD_LIBRARY_PATH python3 "$B/py/ncu_kernel_table.py" "$L/perf_kernels.csv" --top 25 >"$L/perf_kernels.md" 2>&1 &&
-      note "kernel breakdown (L 2, 2 steps with start-up, medium; logs/perf_kernels.md): $(head -1 "$L/perf_kernels.md")" ||
+      note "kernel breakdown (L 2, 2 steps with start-up, medium, attention $ncu_att; logs/perf_kernels.md): $(head -1 "$L/perf_kernels.md")" ||
       note "kernel breakdown: $(tail -1 "$L/perf_kernels.md" | cut -c1-200)"
     cat "$L/perf_kernels.md"
   fi
