@@ -3,8 +3,8 @@
 //   cudart R (linked: static in the bundle)   driver D (0: no driver)   cublas X.Y.Z   nccl X.Y.Z
 //   cudnn X.Y.Z (loaded as fused attention loads it: dlopen libcudnn.so.9; "none" where absent)
 #include <cublas_api.h>
-#include <dlfcn.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <nccl.h>
 
 #include <cstdio>
