@@ -224,8 +224,8 @@ FusedAttentionShape MultiheadAttention::fused_shape() const {
 }
 
 // qkv rounded to bf16 (a scratch), cuDNN's forward into a bf16 o (a scratch) and the row
-// statistics (kept), then y = o in f32 (exact). What the forward needs is checked here, at its
-// first call, so a run without it stops with one line before any step.
+// statistics (kept), then y = o in f32 (exact). Whether this kernel set has it is asked at every
+// call (cheap after the first), so a run without it stops with one line in its first forward.
 void MultiheadAttention::forward_fused(RunCtx& ctx) {
   Kernels& kernels = ctx.kernels();
   if (const std::string why = kernels.fused_attention_unavailable(); !why.empty())
