@@ -28,5 +28,6 @@ int main() {
   } else {
     std::printf("cudnn none\n");
   }
+  if (cudnn) dlclose(cudnn);
   return 0;
 }
