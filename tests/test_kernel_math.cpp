@@ -138,6 +138,14 @@ BOOST_AUTO_TEST_CASE(erf_f32_within_one_ulp) {
   require_same(1.0f, kmath::erf_f32(std::numeric_limits<float>::infinity()), "erf(inf)");
   require_same(-1.0f, kmath::erf_f32(-std::numeric_limits<float>::infinity()), "erf(-inf)");
   BOOST_TEST(std::isnan(kmath::erf_f32(std::numeric_limits<float>::quiet_NaN())));
+  // The small branch alone (GELU's blocks of small inputs) is erf_f32 wherever |x| < 1.
+  scan_floats(1e-30f, std::nextafter(1.0f, 0.0f), [&](float x) {
+    require_same(kmath::erf_f32(x), kmath::erf_small_f32(x), "erf_small_f32(" + std::to_string(x) + ")");
+    require_same(kmath::erf_f32(-x), kmath::erf_small_f32(-x), "erf_small_f32(" + std::to_string(-x) + ")");
+  });
+  BOOST_TEST(kmath::gelu_erf_is_small(std::nextafter(1.41421356f, 0.0f)));
+  BOOST_TEST(!kmath::gelu_erf_is_small(1.41421356f * 1.0000002f));
+  BOOST_TEST(!kmath::gelu_erf_is_small(std::numeric_limits<float>::quiet_NaN()));
 }
 
 BOOST_AUTO_TEST_CASE(exp_f32_within_one_ulp) {
@@ -164,6 +172,24 @@ BOOST_AUTO_TEST_CASE(gelu_equals_ops) {
   std::uniform_real_distribution<float> wide(-40.0f, 40.0f);
   for (int i = 0; i < 200000; ++i) x.push_back(i % 2 ? normal(gen) : wide(gen));
   for (int i = -2000; i <= 2000; ++i) x.push_back(static_cast<float>(i) / 256.0f);  // a dense grid
+  // ops' loops go in blocks of 16 and take erf's small branch alone for a block whose inputs all
+  // have |x / sqrt 2| < 1: blocks of a transformer's spread (about 0.45), blocks with one input
+  // at the branch's edge (sqrt 2 and the floats beside it) or past it at each of the 16
+  // positions, and a tail that is no whole block.
+  std::normal_distribution<float> narrow(0.0f, 0.45f);
+  const float edge = 1.41421356f;
+  const float edges[] = {std::nextafter(edge, 0.0f),
+                         edge,
+                         std::nextafter(edge, 2.0f),
+                         -edge,
+                         2.5f,
+                         std::numeric_limits<float>::quiet_NaN()};
+  x.resize((x.size() + 15) / 16 * 16, 0.5f);
+  for (int i = 0; i < 4000; ++i) x.push_back(narrow(gen));
+  for (const float e : edges)
+    for (int at = 0; at < 16; ++at)
+      for (int i = 0; i < 16; ++i) x.push_back(i == at ? e : narrow(gen));
+  for (int i = 0; i < 7; ++i) x.push_back(narrow(gen));
   auto n = static_cast<int64_t>(x.size());
   std::vector<float> dy(x.size());
   for (auto& d : dy) d = normal(gen);
