@@ -19,6 +19,7 @@
 #include "tensor/caching_allocator.h"
 #include "tensor/device.h"
 #include "tensor/error.h"
+#include "tensor/host_runtime.h"
 #include "tensor/memory.h"
 
 using namespace fsdp;
@@ -636,4 +637,67 @@ BOOST_AUTO_TEST_CASE(random_traffic_keeps_the_books) {
   BOOST_TEST(e.dev.live.empty());
   BOOST_TEST(e.alloc.stats().allocated_bytes == 0u);
   BOOST_TEST(e.dev.bad_frees == 0);
+}
+
+// --- The host runtime's block cache (tensor/host_runtime.h): blocks of 1 MiB and up are mappings
+// reused by page-rounded size, never more cached than was once live together.
+BOOST_AUTO_TEST_CASE(host_blocks_reused_by_size_under_the_high_water_mark) {
+  HostBlockCache cache;
+  void* a = cache.take(4 * MiB);
+  void* b = cache.take(4 * MiB + 100);  // rounds to 4 MiB + one page: another size
+  BOOST_TEST(cache.live_bytes() == 8 * MiB + 4096);
+  std::memset(a, 1, 4 * MiB);  // writable to the last byte
+  cache.give(a, 4 * MiB);
+  cache.give(b, 4 * MiB + 100);
+  BOOST_TEST(cache.cached_bytes() == 8 * MiB + 4096);
+  BOOST_TEST(cache.live_bytes() == 0u);
+  // A step that asks for the same sizes again gets the same blocks, in either order.
+  void* b2 = cache.take(4 * MiB + 50);
+  void* a2 = cache.take(4 * MiB);
+  BOOST_TEST(a2 == a);
+  BOOST_TEST(b2 == b);
+  BOOST_TEST(static_cast<unsigned char*>(a2)[4 * MiB - 1] == 1);  // a cached block keeps its pages
+  cache.give(a2, 4 * MiB);
+  cache.give(b2, 4 * MiB + 50);
+  // A size never seen: live (0) + cached (8 MiB + 1 page) + 2 MiB passes the high-water mark
+  // (8 MiB + 1 page), so the largest cached block goes first; then it fits.
+  void* c = cache.take(2 * MiB);
+  BOOST_TEST(cache.cached_bytes() == 4 * MiB);
+  BOOST_TEST(cache.live_bytes() == 2 * MiB);
+  void* a3 = cache.take(4 * MiB);
+  BOOST_TEST(a3 == a);
+  BOOST_TEST(cache.cached_bytes() == 0u);
+  cache.give(c, 2 * MiB);
+  cache.give(a3, 4 * MiB);
+  BOOST_TEST(cache.cached_bytes() == 6 * MiB);
+}
+
+BOOST_AUTO_TEST_CASE(host_runtime_keeps_step_buffers_apart_from_small_allocations) {
+  // The trace's case: every step allocates the same large buffers while small allocations that
+  // outlive the step accumulate. The large buffers must come back at the same addresses.
+  MemoryTracker tracker;
+  std::unique_ptr<DeviceRuntime> rt = make_runtime(Device::cpu, tracker, 0);
+  std::vector<void*> first;
+  std::vector<std::unique_ptr<std::string>> kept;
+  const size_t sizes[] = {12 * MiB, 3 * MiB + 8, 12 * MiB, 64 * KiB, 2 * MiB};
+  for (int step = 0; step < 4; ++step) {
+    std::vector<void*> blocks;
+    for (size_t s : sizes) {
+      blocks.push_back(rt->allocate(s, MemCategory::activations, rt->compute_stream()));
+      kept.push_back(std::make_unique<std::string>(200, 'x'));
+    }
+    BOOST_TEST(tracker.current_bytes(MemCategory::activations) == 29 * MiB + 8 + 64 * KiB);
+    for (size_t i = 0; i < blocks.size(); ++i) rt->deallocate(blocks[i], sizes[i], MemCategory::activations, {});
+    if (step == 0) {
+      first = blocks;
+      continue;
+    }
+    std::vector<void*> large, large_first;
+    for (size_t i = 0; i < blocks.size(); ++i)
+      if (sizes[i] >= HostBlockCache::kMinBytes) large.push_back(blocks[i]), large_first.push_back(first[i]);
+    std::sort(large.begin(), large.end());
+    std::sort(large_first.begin(), large_first.end());
+    BOOST_TEST(large == large_first, "step " << step << ": a large buffer came from a new mapping");
+  }
+  BOOST_TEST(tracker.current_bytes(MemCategory::activations) == 0u);
 }

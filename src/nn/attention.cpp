@@ -59,23 +59,30 @@ const Tensor& MultiheadAttention::do_forward(RunCtx& ctx, const Tensor& x) {
   // Per sample and row block, one batched GEMM over the H heads: head h's q, k, v are columns h*hd
   // of the sample's (T, 3C) rows (stride hd), its scores the plane h of att (stride T*T).
   const int64_t block = kernels.causal_row_block(T);
-  for (int64_t b = 0; b < B; ++b) {
-    const float* q = qkv + b * T * 3 * C;
-    // S[r0:r1, :r1] = scale * q[r0:r1] k[:r1]^T. The columns from r1 on are masked: never computed.
-    for_causal_blocks(T, block, [&](int64_t r0, int64_t r1) {
-      kernels.gemm_strided_batched(false, true, r1 - r0, r1, hd, scale, q + r0 * 3 * C, 3 * C, hd, q + C, 3 * C, hd,
-                                   0.0f, att + b * H_ * T * T + r0 * T, T, T * T, H_);
-    });
-  }
-  // Reads j <= i only and writes P = 0 above the diagonal, over what the blocks left unwritten too.
-  kernels.causal_softmax_forward(att, CausalRows::whole(B * H_, T), nullptr, nullptr);
-  for (int64_t b = 0; b < B; ++b) {
-    const float* v = qkv + b * T * 3 * C + 2 * C;
-    // y_h[r0:r1] (rows, hd) = P[r0:r1, :r1] @ v[:r1], written into y's head columns.
-    for_causal_blocks(T, block, [&](int64_t r0, int64_t r1) {
-      kernels.gemm_strided_batched(false, false, r1 - r0, hd, r1, 1.0f, att + b * H_ * T * T + r0 * T, T, T * T, v,
-                                   3 * C, hd, 0.0f, y + b * T * C + r0 * C, C, hd, H_);
-    });
+  // Samples in groups: on the host (row blocks) one sample at a time, so its scores (H, T, T)
+  // are still in cache for the softmax and the product with v (the same bits as all at once);
+  // on a GPU (one block of T) all B at once, one softmax launch.
+  const int64_t group = block < T ? 1 : B;
+  for (int64_t b0 = 0; b0 < B; b0 += group) {
+    const int64_t b1 = std::min(B, b0 + group);
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* q = qkv + b * T * 3 * C;
+      // S[r0:r1, :r1] = scale * q[r0:r1] k[:r1]^T. The columns from r1 on are masked: never computed.
+      for_causal_blocks(T, block, [&](int64_t r0, int64_t r1) {
+        kernels.gemm_strided_batched(false, true, r1 - r0, r1, hd, scale, q + r0 * 3 * C, 3 * C, hd, q + C, 3 * C, hd,
+                                     0.0f, att + b * H_ * T * T + r0 * T, T, T * T, H_);
+      });
+    }
+    // Reads j <= i only and writes P = 0 above the diagonal, over what the blocks left unwritten too.
+    kernels.causal_softmax_forward(att + b0 * H_ * T * T, CausalRows::whole((b1 - b0) * H_, T), nullptr, nullptr);
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* v = qkv + b * T * 3 * C + 2 * C;
+      // y_h[r0:r1] (rows, hd) = P[r0:r1, :r1] @ v[:r1], written into y's head columns.
+      for_causal_blocks(T, block, [&](int64_t r0, int64_t r1) {
+        kernels.gemm_strided_batched(false, false, r1 - r0, hd, r1, 1.0f, att + b * H_ * T * T + r0 * T, T, T * T, v,
+                                     3 * C, hd, 0.0f, y + b * T * C + r0 * C, C, hd, H_);
+      });
+    }
   }
   out_ = out_proj.forward(ctx, y_);
   return out_;

@@ -1,9 +1,13 @@
 #include "tensor/host_runtime.h"
 
 #include <malloc.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include "tensor/kernels.h"
 
@@ -28,17 +32,71 @@ void keep_freed_host_memory() {
 
 }  // namespace
 
+size_t HostBlockCache::rounded(size_t bytes) {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return (bytes + page - 1) / page * page;
+}
+
+HostBlockCache::~HostBlockCache() {
+  for (auto& [size, ptr] : free_) munmap(ptr, size);
+}
+
+void* HostBlockCache::take(size_t bytes) {
+  const size_t size = rounded(bytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (auto it = free_.find(size); it != free_.end()) {
+    void* p = it->second;
+    free_.erase(it);
+    cached_ -= size;
+    live_ += size;
+    return p;
+  }
+  // No block of this size: make room under the high-water mark from the cache first.
+  while (!free_.empty() && live_ + cached_ + size > high_water_) {
+    auto largest = std::prev(free_.end());
+    munmap(largest->second, largest->first);
+    cached_ -= largest->first;
+    free_.erase(largest);
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  live_ += size;
+  high_water_ = std::max(high_water_, live_);
+  return p;
+}
+
+void HostBlockCache::give(void* ptr, size_t bytes) {
+  const size_t size = rounded(bytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  live_ -= size;
+  free_.emplace(size, ptr);
+  cached_ += size;
+}
+
+size_t HostBlockCache::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cached_;
+}
+
+size_t HostBlockCache::live_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return live_;
+}
+
 HostRuntime::HostRuntime(MemoryTracker& tracker) : tracker_(tracker) { keep_freed_host_memory(); }
 
 void* HostRuntime::allocate(size_t bytes, MemCategory category, Stream) {
-  void* p = aligned_host_alloc(bytes);
+  void* p = bytes >= HostBlockCache::kMinBytes ? blocks_.take(bytes) : aligned_host_alloc(bytes);
   tracker_.on_alloc(category, bytes);
   return p;
 }
 
 void HostRuntime::deallocate(void* ptr, size_t bytes, MemCategory category, Stream) {
   tracker_.on_free(category, bytes);
-  std::free(ptr);
+  if (bytes >= HostBlockCache::kMinBytes)
+    blocks_.give(ptr, bytes);
+  else
+    std::free(ptr);
 }
 
 void* HostRuntime::allocate_pinned(size_t bytes) { return aligned_host_alloc(bytes); }
