@@ -23,7 +23,9 @@ namespace {
 // them: no mapping per block and no trim below 1 GiB (after the first two steps: no new faults
 // on rank 0, ~1,600 a step on rank 1).
 // Process-wide and idempotent; blocks above 1 GiB (a large model's flat shards) still get
-// their own mapping and go back to the kernel when freed.
+// their own mapping and go back to the kernel when freed. Tensors of HostBlockCache::kMinBytes
+// and up no longer come from malloc (host_runtime.h says why); this still serves the large
+// vectors the kernels and the collectives allocate per call.
 void keep_freed_host_memory() {
   constexpr int kKeepBytes = 1 << 30;
   mallopt(M_MMAP_THRESHOLD, kKeepBytes);

@@ -163,6 +163,7 @@ void gelu_forward(float* y, const float* x, int64_t n) {
   for (int64_t b = 0; b < blocks; ++b) {
     const float* xb = x + b * kGeluBlock;
     float* yb = y + b * kGeluBlock;
+    // NOLINTNEXTLINE(bugprone-branch-clone): the branches differ in erf's template argument
     if (gelu_block_small(xb)) {
 #pragma omp simd
       for (int64_t i = 0; i < kGeluBlock; ++i) yb[i] = kmath::gelu_forward<true>(xb[i]);
@@ -181,6 +182,7 @@ void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
     const float* xb = x + b * kGeluBlock;
     const float* dyb = dy + b * kGeluBlock;
     float* dxb = dx + b * kGeluBlock;
+    // NOLINTNEXTLINE(bugprone-branch-clone): the branches differ in erf's template argument
     if (gelu_block_small(xb)) {
 #pragma omp simd
       for (int64_t i = 0; i < kGeluBlock; ++i) dxb[i] = kmath::gelu_backward<true>(dyb[i], xb[i]);
