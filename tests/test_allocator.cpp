@@ -640,27 +640,39 @@ BOOST_AUTO_TEST_CASE(random_traffic_keeps_the_books) {
 }
 
 // --- The host runtime's block cache (tensor/host_runtime.h): blocks of 1 MiB and up are mappings
-// reused by page-rounded size, never more cached than was once live together.
+// reused by size class (eight per power of two), never more cached than was once live together.
+BOOST_AUTO_TEST_CASE(host_block_size_classes) {
+  BOOST_TEST(HostBlockCache::rounded(1 * MiB) == 1 * MiB);
+  BOOST_TEST(HostBlockCache::rounded(1 * MiB + 1) == 1 * MiB + 128 * KiB);
+  BOOST_TEST(HostBlockCache::rounded(4 * MiB + 100) == 4 * MiB + 512 * KiB);
+  BOOST_TEST(HostBlockCache::rounded(12 * MiB) == 12 * MiB);  // a class of its own: no slack
+  for (size_t bytes = 1 * MiB; bytes < 64 * MiB; bytes = bytes * 9 / 8 + 4093) {
+    const size_t c = HostBlockCache::rounded(bytes);
+    BOOST_TEST((c >= bytes && c - bytes <= bytes / 8 && c % 4096 == 0), bytes << " -> " << c);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(host_blocks_reused_by_size_under_the_high_water_mark) {
   HostBlockCache cache;
   void* a = cache.take(4 * MiB);
-  void* b = cache.take(4 * MiB + 100);  // rounds to 4 MiB + one page: another size
-  BOOST_TEST(cache.live_bytes() == 8 * MiB + 4096);
+  void* b = cache.take(4 * MiB + 100);  // the 4.5 MiB class
+  BOOST_TEST(cache.live_bytes() == 8 * MiB + 512 * KiB);
   std::memset(a, 1, 4 * MiB);  // writable to the last byte
   cache.give(a, 4 * MiB);
   cache.give(b, 4 * MiB + 100);
-  BOOST_TEST(cache.cached_bytes() == 8 * MiB + 4096);
+  BOOST_TEST(cache.cached_bytes() == 8 * MiB + 512 * KiB);
   BOOST_TEST(cache.live_bytes() == 0u);
-  // A step that asks for the same sizes again gets the same blocks, in either order.
-  void* b2 = cache.take(4 * MiB + 50);
+  // A step that asks for the same sizes again gets the same blocks, in either order; a request
+  // a little larger, in the same class, too.
+  void* b2 = cache.take(4 * MiB + 4096 * 10);
   void* a2 = cache.take(4 * MiB);
   BOOST_TEST(a2 == a);
   BOOST_TEST(b2 == b);
   BOOST_TEST(static_cast<unsigned char*>(a2)[4 * MiB - 1] == 1);  // a cached block keeps its pages
   cache.give(a2, 4 * MiB);
-  cache.give(b2, 4 * MiB + 50);
-  // A size never seen: live (0) + cached (8 MiB + 1 page) + 2 MiB passes the high-water mark
-  // (8 MiB + 1 page), so the largest cached block goes first; then it fits.
+  cache.give(b2, 4 * MiB + 4096 * 10);
+  // A class never seen: live (0) + cached (8.5 MiB) + 2 MiB passes the high-water mark
+  // (8.5 MiB), so the largest cached block goes first; then it fits.
   void* c = cache.take(2 * MiB);
   BOOST_TEST(cache.cached_bytes() == 4 * MiB);
   BOOST_TEST(cache.live_bytes() == 2 * MiB);

@@ -2,9 +2,9 @@
 
 #include <malloc.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -35,8 +35,10 @@ void keep_freed_host_memory() {
 }  // namespace
 
 size_t HostBlockCache::rounded(size_t bytes) {
-  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  return (bytes + page - 1) / page * page;
+  // Eight classes per power of two: at most 1/8 over the request, and a size that grows a little
+  // each call (a decoder's logits during generation) stays in its class for a while.
+  const size_t step = std::bit_floor(bytes) / 8;  // >= 128 KiB for bytes >= kMinBytes: whole pages
+  return (bytes + step - 1) / step * step;
 }
 
 HostBlockCache::~HostBlockCache() {

@@ -12,14 +12,15 @@
 namespace fsdp {
 
 // Tensor blocks of kMinBytes and up, each its own anonymous mapping, kept when freed and handed
-// out again for a request of the same page-rounded size. A training step frees and allocates the
-// same sizes every step, so after the first step no block is faulted in (and zeroed by the
-// kernel) again. Kept apart from malloc's heap because there any small allocation that outlives a
-// step (a trace's events, a metrics line) can land in a freed block's hole, and the next block of
-// that size then comes from fresh pages at the top: with output.trace at np 2 the heap grew by
-// ~300 MB a step and clear_page took 22% of the step. The cache holds at most what was once live
-// at the same time: a request that finds no block of its size first unmaps cached blocks until
-// live + cached + the request fit under the most bytes ever live (the high-water mark).
+// out again for a request of the same size class (eight per power of two: at most 1/8 over). A
+// training step frees and allocates the same sizes every step, so after the first step no block
+// is faulted in (and zeroed by the kernel) again. Kept apart from malloc's heap because there any
+// small allocation that outlives a step (a trace's events, a metrics line) can land in a freed
+// block's hole, and the next block of that size then comes from fresh pages at the top: with
+// output.trace at np 2 the heap grew by ~300 MB a step and clear_page took 22% of the step. The
+// cache holds at most what was once live at the same time: a request that finds no block of its
+// class first unmaps cached blocks until live + cached + the request fit under the most bytes
+// ever live (the high-water mark).
 class HostBlockCache {
  public:
   static constexpr size_t kMinBytes = size_t{1} << 20;
@@ -27,15 +28,15 @@ class HostBlockCache {
   ~HostBlockCache();
   HostBlockCache(const HostBlockCache&) = delete;
   HostBlockCache& operator=(const HostBlockCache&) = delete;
-  void* take(size_t bytes);            // throws std::bad_alloc when the kernel has no room
-  void give(void* ptr, size_t bytes);  // bytes: as passed to take
+  void* take(size_t bytes);             // throws std::bad_alloc when the kernel has no room
+  void give(void* ptr, size_t bytes);   // bytes: as passed to take
+  static size_t rounded(size_t bytes);  // the size class of a request of kMinBytes and up
   size_t cached_bytes() const;
   size_t live_bytes() const;
 
  private:
-  static size_t rounded(size_t bytes);
   mutable std::mutex mutex_;           // the checkpoint writer and the watchdog free on their own threads
-  std::multimap<size_t, void*> free_;  // page-rounded size -> mapping
+  std::multimap<size_t, void*> free_;  // size class -> mapping
   size_t cached_ = 0, live_ = 0, high_water_ = 0;
 };
 
