@@ -87,17 +87,29 @@ size_t HostBlockCache::live_bytes() const {
   return live_;
 }
 
+// The one place the sanitizer build differs (tests/sanitize.sh): GCC defines
+// __SANITIZE_ADDRESS__, clang answers __has_feature(address_sanitizer).
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+constexpr bool kAddressSanitizer = __has_feature(address_sanitizer);
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
+bool HostRuntime::uses_block_cache() { return !kAddressSanitizer; }
+
 HostRuntime::HostRuntime(MemoryTracker& tracker) : tracker_(tracker) { keep_freed_host_memory(); }
 
 void* HostRuntime::allocate(size_t bytes, MemCategory category, Stream) {
-  void* p = bytes >= HostBlockCache::kMinBytes ? blocks_.take(bytes) : aligned_host_alloc(bytes);
+  void* p = cached(bytes) ? blocks_.take(bytes) : aligned_host_alloc(bytes);
   tracker_.on_alloc(category, bytes);
   return p;
 }
 
 void HostRuntime::deallocate(void* ptr, size_t bytes, MemCategory category, Stream) {
   tracker_.on_free(category, bytes);
-  if (bytes >= HostBlockCache::kMinBytes)
+  if (cached(bytes))
     blocks_.give(ptr, bytes);
   else
     std::free(ptr);

@@ -42,6 +42,9 @@ class HostBlockCache {
 
 class HostRuntime final : public DeviceRuntime {
  public:
+  // Whether tensors of HostBlockCache::kMinBytes and up come from the block cache: not in an
+  // AddressSanitizer build, whose checks (overflows, use after free) cover malloc's blocks only.
+  static bool uses_block_cache();
   // Sets the process's malloc to keep the memory a step frees (see host_runtime.cpp).
   explicit HostRuntime(MemoryTracker& tracker);
   Device device() const override { return Device::cpu; }
@@ -63,6 +66,7 @@ class HostRuntime final : public DeviceRuntime {
   Kernels& kernels() override;
 
  private:
+  static bool cached(size_t bytes) { return bytes >= HostBlockCache::kMinBytes && uses_block_cache(); }
   MemoryTracker& tracker_;
   HostBlockCache blocks_;
   std::unique_ptr<Kernels> kernels_ = make_cpu_kernels();  // its own: the matmul precision is per runtime
