@@ -37,7 +37,8 @@ void keep_freed_host_memory() {
 size_t HostBlockCache::rounded(size_t bytes) {
   // Eight classes per power of two: at most 1/8 over the request, and a size that grows a little
   // each call (a decoder's logits during generation) stays in its class for a while.
-  const size_t step = std::bit_floor(bytes) / 8;  // >= 128 KiB for bytes >= kMinBytes: whole pages
+  // >= 128 KiB for bytes >= kMinBytes; whole pages (and never 0) for any size.
+  const size_t step = std::max<size_t>(std::bit_floor(bytes) / 8, 4096);
   return (bytes + step - 1) / step * step;
 }
 
