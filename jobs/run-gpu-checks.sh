@@ -12,7 +12,7 @@
 # Exit status: 0 when no check failed (skipped and not-implemented ones do not count), else 1.
 # RUN_GPU_CHECKS_DEVICE=cpu runs the GPU checks with train.device cpu where they say cuda: a dry
 # run of this script's own logic on a machine without a GPU (what was tested without one).
-# RUN_GPU_CHECKS_ONLY=name,name runs only those checks (names as in the report).
+# RUN_GPU_CHECKS_ONLY=name,name runs only those checks, in that order (names as in the report).
 # RUN_GPU_CHECKS_DEADLINE_S=N: a check that would start N s or more after the script began is
 # recorded as skipped (out of time) instead, so a device call with a hard limit still ends with its
 # report; report.md and report.json are rewritten after every check for the same reason. Each fsdp_app or
@@ -281,8 +281,15 @@ c_sanitizer() {
   [ -n "$CS" ] || { note "no compute-sanitizer on this machine"; return 77; }
   local bad=0 t=${SANITIZER_S:-100}
   sanitize test_gpu_memcheck "$t" memcheck "$B/bin/test_gpu" --report_level=short --color_output=no || bad=1
-  sanitize test_gpu_racecheck "$t" racecheck "$B/bin/test_gpu" --report_level=short --color_output=no || bad=1
-  sanitize test_gpu_synccheck "$t" synccheck "$B/bin/test_gpu" --report_level=short --color_output=no || bad=1
+  # racecheck and synccheck leave cuDNN's flash-attention kernels out: on an H200 (2026-11-27)
+  # they reported 26 shared-memory races and 100 "divergent thread(s)" barrier errors inside
+  # cudnn_generated_fort_native_sdpa_sm90_flash_{fprop,bprop}_wgmma_* (warp-specialised TMA/mbarrier
+  # kernels, which these tools do not model), synccheck's instrumentation then made the kernel
+  # fail, and no other kernel had a finding. memcheck still covers them; fused_attention_against_f64
+  # holds their results to f64 bounds and the backward to bitwise on a rerun.
+  local no_cudnn=(--kernel-name-exclude kns=cudnn_generated)
+  sanitize test_gpu_racecheck "$t" racecheck "${no_cudnn[@]}" "$B/bin/test_gpu" --report_level=short --color_output=no || bad=1
+  sanitize test_gpu_synccheck "$t" synccheck "${no_cudnn[@]}" "$B/bin/test_gpu" --report_level=short --color_output=no || bad=1
   local m arr
   for m in MNIST TEXT T5_v11; do
     arr="$m[@]"
@@ -618,19 +625,21 @@ if [ $cpu -eq 1 ]; then
   check cpu_mpirun_np4 c_cpu_np4
   check gpu c_cpu_gpu_missing
 else
-  check machine c_machine
-  check test_gpu c_test_gpu
-  check gpu_vs_cpu_f32 c_gpu_vs_cpu
-  check nccl c_nccl
-  check performance c_perf
-  check t5 c_t5
-  check gpu_vs_cpu_bf16 c_bf16
-  check cpu_offload c_cpu_offload
-  check checkpoint_device_cpu c_ckpt_device_cpu
-  check world_sizes_mpi c_world_sizes_mpi
-  check fsdp_bench_cuda c_bench
-  check world_sizes_ucx c_world_sizes_ucx
-  check compute_sanitizer c_sanitizer
+  # name:function, in the default order; RUN_GPU_CHECKS_ONLY=a,b runs a then b (a short device
+  # lease puts what it needs most first, so the deadline skips the rest).
+  gpu_checks=(machine:c_machine test_gpu:c_test_gpu gpu_vs_cpu_f32:c_gpu_vs_cpu nccl:c_nccl
+    performance:c_perf t5:c_t5 gpu_vs_cpu_bf16:c_bf16 cpu_offload:c_cpu_offload
+    checkpoint_device_cpu:c_ckpt_device_cpu world_sizes_mpi:c_world_sizes_mpi fsdp_bench_cuda:c_bench
+    world_sizes_ucx:c_world_sizes_ucx compute_sanitizer:c_sanitizer)
+  order=("${gpu_checks[@]%%:*}")
+  [ "$only" != ",," ] && IFS=, read -r -a order <<<"${RUN_GPU_CHECKS_ONLY}"
+  for want in "${order[@]}"; do
+    found=0
+    for c in "${gpu_checks[@]}"; do
+      [ "${c%%:*}" = "$want" ] && { check "$want" "${c#*:}"; found=1; }
+    done
+    [ $found -eq 1 ] || { record "$want" fail 0 "no such check (RUN_GPU_CHECKS_ONLY)"; write_report; }
+  done
 fi
 
 write_report

@@ -380,6 +380,55 @@ BOOST_AUTO_TEST_CASE(fused_attention_on_a_planned_gpu) {
   for (fsdp::Param* p : fused.params()) p->data = p->grad = nullptr;
 }
 
+// A planned GPU's GEMMs at matmul_precision high and medium charge the rounded operand copies the
+// CUDA kernels hold while each runs (TF32 in f32: 4 bytes an element; bf16: 2), freed at once:
+// op(A) of M x K and op(B) of K x N per batch. highest and a planned CPU charge nothing (the CPU's
+// copies are transient host memory outside the tracker).
+BOOST_AUTO_TEST_CASE(planned_gpu_charges_rounded_gemm_operands) {
+  const int64_t M = 7, N = 5, K = 3, batch = 4, rows = 6, in = 9, out = 11;
+  for (fsdp::Device device : {fsdp::Device::cuda, fsdp::Device::cpu}) {
+    for (fsdp::MatmulPrecision p :
+         {fsdp::MatmulPrecision::highest, fsdp::MatmulPrecision::high, fsdp::MatmulPrecision::medium}) {
+      BOOST_TEST_CONTEXT(fsdp::device_name(device) << " " << fsdp::matmul_precision_name(p)) {
+        const int64_t e = device == fsdp::Device::cpu          ? 0
+                          : p == fsdp::MatmulPrecision::medium ? 2
+                          : p == fsdp::MatmulPrecision::high   ? 4
+                                                               : 0;
+        // 4 x (7 x 3 + 3 x 5) = 144 elements.
+        BOOST_TEST(fsdp::rounded_operand_bytes(p, M, N, K, batch) == (p == fsdp::MatmulPrecision::medium ? 288
+                                                                      : p == fsdp::MatmulPrecision::high ? 576
+                                                                                                         : 0));
+        auto peak_of = [&](auto&& call) {
+          fsdp::MemoryTracker tracker;
+          auto rt = fsdp::make_meta_runtime(device, tracker);
+          rt->kernels().set_matmul_precision(p);
+          call(rt->kernels());
+          BOOST_TEST(tracker.current_bytes(MemCategory::activations) == 0u);
+          return static_cast<int64_t>(tracker.peak_bytes(MemCategory::activations));
+        };
+        BOOST_TEST(peak_of([&](fsdp::Kernels& k) {
+                     k.gemm(true, false, M, N, K, 1.0f, nullptr, M, nullptr, N, 0.0f, nullptr, N);
+                   }) == e * (M * K + K * N));
+        BOOST_TEST(peak_of([&](fsdp::Kernels& k) {
+                     k.gemm_strided_batched(false, true, M, N, K, 1.0f, nullptr, K, M * K, nullptr, K, 0, 0.0f, nullptr,
+                                            N, M * N, batch);
+                   }) == e * batch * (M * K + K * N));
+        BOOST_TEST(peak_of([&](fsdp::Kernels& k) {
+                     k.linear_forward(nullptr, nullptr, nullptr, nullptr, rows, in, out);
+                   }) == e * (rows * in + out * in));
+        // The backward rounds dY once for both GEMMs: dY's copy with X's (dW), then with W's (dX).
+        BOOST_TEST(peak_of([&](fsdp::Kernels& k) {
+                     float dx = 0;
+                     k.linear_backward(&dx, nullptr, nullptr, nullptr, nullptr, nullptr, rows, in, out);
+                   }) == e * (rows * out + std::max(rows * in, out * in)));
+        BOOST_TEST(peak_of([&](fsdp::Kernels& k) {
+                     k.linear_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, rows, in, out);
+                   }) == e * (out * rows + rows * in));
+      }
+    }
+  }
+}
+
 // The meta device computes nothing and reads back zeros; a plan of a model far larger than the
 // machine allocates address space only.
 BOOST_AUTO_TEST_CASE(meta_device_holds_no_values) {

@@ -11,6 +11,11 @@
 // product of two bf16 or TF32 values is exact in f32, so the CPU and the GPU agree to summation
 // order at every level, and a run checks against the other. (PyTorch itself runs TF32 for both
 // 'high' and 'medium' on CUDA, and ignores the setting on most CPUs.)
+// On the GPU, high and medium round the operands themselves into packed copies (TF32 values in
+// f32, or bf16) and run cuBLAS on those: given raw f32 operands, cuBLAS 13.1 on an H200 chose TF32
+// kernels for CUBLAS_COMPUTE_32F_FAST_16BF (sm90_xmma_gemm_f32f32_tf32f32_*: TF32, at half bf16's
+// rate), and FAST_TF32's own conversion differed from rounding to nearest by 1.3e-3 relative in
+// test_gpu (2026-11-27). On rounded operands any conversion is exact.
 #include <cstdint>
 #include <string_view>
 
@@ -25,6 +30,16 @@ constexpr std::string_view matmul_precision_name(MatmulPrecision p) {
     case MatmulPrecision::medium: return "medium";
   }
   return "?";
+}
+
+// Bytes of one rounded operand element on the GPU: 2 (bf16) at medium, 4 (TF32 in f32) at high.
+constexpr int64_t rounded_operand_element_bytes(MatmulPrecision p) {
+  return p == MatmulPrecision::medium ? 2 : p == MatmulPrecision::high ? 4 : 0;
+}
+// Device bytes of the rounded operand copies a GEMM holds while it runs: batch x (op(A) of M x K +
+// op(B) of K x N). The CUDA kernels allocate them; a plan of a device run charges them.
+constexpr int64_t rounded_operand_bytes(MatmulPrecision p, int64_t M, int64_t N, int64_t K, int64_t batch = 1) {
+  return rounded_operand_element_bytes(p) * batch * (M * K + K * N);
 }
 
 }  // namespace fsdp

@@ -13,21 +13,39 @@ namespace fsdp {
 
 namespace {
 
-// Every kernel a no-op; host values are zeros (a finite, zero loss and gradient norm).
+// Every kernel a no-op; host values are zeros (a finite, zero loss and gradient norm). A planned
+// device's GEMMs at matmul_precision high or medium charge the rounded operand copies the CUDA
+// kernels hold while each runs (matmul_precision.h), so the plan's peak is the run's.
 class MetaKernels final : public Kernels {
  public:
-  explicit MetaKernels(Device device) : device_(device) {}
+  MetaKernels(Device device, MemoryTracker& tracker) : device_(device), tracker_(tracker) {}
   Device device() const override { return device_; }
   int64_t causal_row_block(int64_t T) const override { return device_ == Device::cpu ? host_causal_row_block(T) : T; }
-  void gemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t, float, float*,
-            int64_t) override {}
-  void gemm_strided_batched(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, int64_t, const float*,
-                            int64_t, int64_t, float, float*, int64_t, int64_t, int64_t) override {}
+  void gemm(bool, bool, int64_t M, int64_t N, int64_t K, float, const float*, int64_t, const float*, int64_t, float,
+            float*, int64_t) override {
+    charge_operands(M, N, K, 1);
+  }
+  void gemm_strided_batched(bool, bool, int64_t M, int64_t N, int64_t K, float, const float*, int64_t, int64_t,
+                            const float*, int64_t, int64_t, float, float*, int64_t, int64_t, int64_t batch) override {
+    charge_operands(M, N, K, batch);
+  }
   void gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*, int64_t,
                  float, float*, int64_t) override {}
-  void linear_forward(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t) override {}
-  void linear_backward(float*, float*, float*, const float*, const float*, const float*, int64_t, int64_t,
-                       int64_t) override {}
+  // The GEMMs of CudaKernels::linear_forward/backward, one after the other.
+  void linear_forward(float*, const float*, const float*, const float*, int64_t rows, int64_t in,
+                      int64_t out) override {
+    charge_operands(rows, out, in, 1);
+  }
+  // With dX, CudaKernels rounds dY once for both GEMMs: its copy, with X's and then with W's.
+  void linear_backward(float* dX, float*, float*, const float*, const float*, const float*, int64_t rows, int64_t in,
+                       int64_t out) override {
+    if (!dX || rows == 0 || in == 0 || out == 0) {
+      charge_operands(out, in, rows, 1);
+      if (dX) charge_operands(rows, in, out, 1);
+      return;
+    }
+    charge(rounded_operand_element_bytes(precision_) * (rows * out + std::max(rows * in, out * in)));
+  }
   void im2col(const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) override {}
   void col2im(const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) override {}
   void conv_bias_permute(float*, const float*, const float*, int64_t, int64_t, int64_t) override {}
@@ -93,7 +111,19 @@ class MetaKernels final : public Kernels {
                                 const float*, uint16_t*, void*) override {}
 
  private:
+  void charge_operands(int64_t M, int64_t N, int64_t K, int64_t batch) {
+    if (M == 0 || N == 0 || batch == 0) return;
+    charge(rounded_operand_bytes(precision_, M, N, K, batch));
+  }
+  // Bytes held for the length of one call (a planned GPU's rounded operands; none on a CPU).
+  void charge(int64_t bytes) {
+    if (device_ == Device::cpu || bytes == 0) return;
+    tracker_.on_alloc(MemCategory::activations, static_cast<size_t>(bytes), MemSpace::device);
+    tracker_.on_free(MemCategory::activations, static_cast<size_t>(bytes), MemSpace::device);
+  }
+
   Device device_;
+  MemoryTracker& tracker_;
 };
 
 size_t page_rounded(size_t bytes) {
@@ -113,7 +143,8 @@ void release(void* p, size_t bytes) { munmap(p, page_rounded(bytes)); }
 
 class MetaRuntime final : public DeviceRuntime {
  public:
-  MetaRuntime(Device planned, MemoryTracker& tracker) : device_(planned), tracker_(tracker), kernels_(planned) {}
+  MetaRuntime(Device planned, MemoryTracker& tracker)
+      : device_(planned), tracker_(tracker), kernels_(planned, tracker) {}
   Device device() const override { return device_; }
   std::string describe() const override { return "meta (" + std::string(device_name(device_)) + ", plan only)"; }
   MemoryTracker& tracker() override { return tracker_; }

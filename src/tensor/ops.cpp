@@ -12,12 +12,7 @@
 
 namespace fsdp::ops {
 
-float round_to_tf32(float x) {
-  uint32_t u = kmath::bits_of(x);
-  if ((u & 0x7f800000u) == 0x7f800000u) return x;  // inf, NaN
-  u += 0x0fffu + ((u >> 13) & 1u);                 // to nearest, ties to even, at bit 13
-  return kmath::float_of(u & 0xffffe000u);
-}
+float round_to_tf32(float x) { return kmath::round_to_tf32(x); }
 
 float round_to_bf16(float x) { return kmath::bf16_to_f32(kmath::f32_to_bf16(x)); }
 
@@ -42,7 +37,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   if (M == 0 || N == 0) return;
   if (precision != MatmulPrecision::highest) {
     // Round copies (the stored layout, packed): then the same sgemm. Host memory outside the
-    // tracker, transient; the GPU needs none (cuBLAS rounds inside the GEMM).
+    // tracker, transient (the GPU's copies are device memory, charged: matmul_precision.h).
     const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
     const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
     const std::vector<float> a = rounded_copy(A, a_rows, a_cols, lda, precision);

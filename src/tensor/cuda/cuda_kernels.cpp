@@ -1,5 +1,6 @@
 #include "tensor/cuda/cuda_kernels.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <string>
@@ -26,11 +27,39 @@ std::string shape(int64_t M, int64_t N, int64_t K) {
   return "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
 }
 
-// f32 operands and result; cuBLAS rounds the operands to TF32/bf16 inside the GEMM and
-// accumulates in f32 (matmul_precision.h). highest has no compute type here: it is cublasSgemm.
-cublasComputeType_t compute_type(MatmulPrecision p) {
-  return p == MatmulPrecision::medium ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F_FAST_TF32;
-}
+// high and medium round their operands themselves (gemm_rounded; matmul_precision.h says why);
+// highest is cublasSgemm.
+
+// A device block of the caching allocator, returned on the compute stream when it goes.
+class StreamBlock {
+ public:
+  StreamBlock(CachingAllocator& allocator, size_t bytes, Stream stream)
+      : allocator_(allocator), stream_(stream), ptr_(allocator.allocate(bytes, MemCategory::activations, stream)) {}
+  ~StreamBlock() { allocator_.deallocate(ptr_, stream_); }
+  StreamBlock(const StreamBlock&) = delete;
+  StreamBlock& operator=(const StreamBlock&) = delete;
+  void* get() const { return ptr_; }
+
+ private:
+  CachingAllocator& allocator_;
+  Stream stream_;
+  void* ptr_;
+};
+
+// An operand rounded to `precision` into a packed copy that lives as long as this.
+class RoundedOperand {
+ public:
+  RoundedOperand(CachingAllocator& allocator, cudaStream_t stream, MatmulPrecision precision, const GemmOperand& o,
+                 int64_t batch)
+      : block_(allocator, static_cast<size_t>(rounded_operand_element_bytes(precision) * batch * o.rows * o.cols),
+               Stream{stream}) {
+    launch::round_packed(block_.get(), precision, o.data, batch, o.rows, o.cols, o.ld, o.stride, stream);
+  }
+  const void* get() const { return block_.get(); }
+
+ private:
+  StreamBlock block_;
+};
 
 }  // namespace
 
@@ -55,18 +84,21 @@ CublasHandle::~CublasHandle() {
   if (handle_) cublasDestroy(handle_);
 }
 
-CudaKernels::CudaKernels(cudaStream_t stream)
-    : stream_(stream), cublas_(stream), scratch_(kScratchBytes), host_(kResultBytes), fused_(stream) {}
+CudaKernels::CudaKernels(cudaStream_t stream, CachingAllocator& allocator)
+    : stream_(stream),
+      allocator_(allocator),
+      cublas_(stream),
+      scratch_(kScratchBytes),
+      host_(kResultBytes),
+      fused_(stream) {}
 
 void CudaKernels::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                        int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   // Row-major C (M,N) is column-major C^T (N,M) = op(B)^T op(A)^T: swap the operands.
   if (precision_ != MatmulPrecision::highest) {
-    check_cublas(cublasGemmEx(cublas_.get(), op(trans_b), op(trans_a), to_int(N, "N"), to_int(M, "M"), to_int(K, "K"),
-                              &alpha, B, CUDA_R_32F, to_int(ldb, "ldb"), A, CUDA_R_32F, to_int(lda, "lda"), &beta, C,
-                              CUDA_R_32F, to_int(ldc, "ldc"), compute_type(precision_), CUBLAS_GEMM_DEFAULT),
-                 "cublasGemmEx", std::string(matmul_precision_name(precision_)) + " " + shape(M, N, K));
+    gemm_rounded(trans_a, trans_b, M, N, K, alpha, GemmOperand{A, trans_a ? K : M, trans_a ? M : K, lda, 0},
+                 GemmOperand{B, trans_b ? N : K, trans_b ? K : N, ldb, 0}, beta, C, ldc, 0, 1);
     return;
   }
   check_cublas(cublasSgemm(cublas_.get(), op(trans_b), op(trans_a), to_int(N, "N"), to_int(M, "M"), to_int(K, "K"),
@@ -80,19 +112,43 @@ void CudaKernels::gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, in
                                        int64_t batch) {
   if (M == 0 || N == 0 || batch == 0) return;
   if (precision_ != MatmulPrecision::highest) {
-    check_cublas(
-        cublasGemmStridedBatchedEx(cublas_.get(), op(trans_b), op(trans_a), to_int(N, "N"), to_int(M, "M"),
-                                   to_int(K, "K"), &alpha, B, CUDA_R_32F, to_int(ldb, "ldb"), stride_b, A, CUDA_R_32F,
-                                   to_int(lda, "lda"), stride_a, &beta, C, CUDA_R_32F, to_int(ldc, "ldc"), stride_c,
-                                   to_int(batch, "batch"), compute_type(precision_), CUBLAS_GEMM_DEFAULT),
-        "cublasGemmStridedBatchedEx",
-        std::string(matmul_precision_name(precision_)) + " " + shape(M, N, K) + " batch=" + std::to_string(batch));
+    gemm_rounded(trans_a, trans_b, M, N, K, alpha, GemmOperand{A, trans_a ? K : M, trans_a ? M : K, lda, stride_a},
+                 GemmOperand{B, trans_b ? N : K, trans_b ? K : N, ldb, stride_b}, beta, C, ldc, stride_c, batch);
     return;
   }
   check_cublas(cublasSgemmStridedBatched(cublas_.get(), op(trans_b), op(trans_a), to_int(N, "N"), to_int(M, "M"),
                                          to_int(K, "K"), &alpha, B, to_int(ldb, "ldb"), stride_b, A, to_int(lda, "lda"),
                                          stride_a, &beta, C, to_int(ldc, "ldc"), stride_c, to_int(batch, "batch")),
                "cublasSgemmStridedBatched", shape(M, N, K) + " batch=" + std::to_string(batch));
+}
+
+void CudaKernels::gemm_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                               const GemmOperand& a, const GemmOperand& b, float beta, float* C, int64_t ldc,
+                               int64_t stride_c, int64_t batch) {
+  const RoundedOperand a_rounded(allocator_, stream_, precision_, a, batch);
+  const RoundedOperand b_rounded(allocator_, stream_, precision_, b, batch);
+  gemm_on_rounded(trans_a, trans_b, M, N, K, alpha, a, a_rounded.get(), b, b_rounded.get(), beta, C, ldc, stride_c,
+                  batch);
+}
+
+void CudaKernels::gemm_on_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                                  const GemmOperand& a, const void* a_rounded, const GemmOperand& b,
+                                  const void* b_rounded, float beta, float* C, int64_t ldc, int64_t stride_c,
+                                  int64_t batch) {
+  const bool bf16 = precision_ == MatmulPrecision::medium;
+  // Packed copies: a row's leading dimension is its column count (at least 1 for cuBLAS).
+  const auto packed_ld = [](const GemmOperand& o) { return to_int(std::max<int64_t>(o.cols, 1), "packed ld"); };
+  const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  // A product of two bf16 or two TF32 values is exact in f32: with f32 accumulation this is the
+  // CPU's sgemm on its rounded copies, to summation order. FAST_TF32 on TF32 values is exact.
+  check_cublas(cublasGemmStridedBatchedEx(
+                   cublas_.get(), op(trans_b), op(trans_a), to_int(N, "N"), to_int(M, "M"), to_int(K, "K"), &alpha,
+                   b_rounded, type, packed_ld(b), b.rows * b.cols, a_rounded, type, packed_ld(a), a.rows * a.cols,
+                   &beta, C, CUDA_R_32F, to_int(ldc, "ldc"), stride_c, to_int(batch, "batch"),
+                   bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmStridedBatchedEx",
+               std::string(matmul_precision_name(precision_)) + " (rounded operands) " + shape(M, N, K) +
+                   " batch=" + std::to_string(batch));
 }
 
 void CudaKernels::gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
@@ -112,6 +168,19 @@ void CudaKernels::linear_forward(float* Y, const float* X, const float* W, const
 
 void CudaKernels::linear_backward(float* dX, float* dW, float* db, const float* dY, const float* X, const float* W,
                                   int64_t rows, int64_t in, int64_t out) {
+  if (precision_ != MatmulPrecision::highest && dX && rows > 0 && in > 0 && out > 0) {
+    // dY rounded once for both GEMMs (dW's, then dX's); X's copy goes before W's is made.
+    const GemmOperand dy{dY, rows, out, out, 0}, x{X, rows, in, in, 0}, w{W, out, in, in, 0};
+    const RoundedOperand dy_rounded(allocator_, stream_, precision_, dy, 1);
+    {
+      const RoundedOperand x_rounded(allocator_, stream_, precision_, x, 1);
+      gemm_on_rounded(true, false, out, in, rows, 1.0f, dy, dy_rounded.get(), x, x_rounded.get(), 1.0f, dW, in, 0, 1);
+    }
+    if (db) launch::col_sum_add(db, dY, rows, out, stream_);
+    const RoundedOperand w_rounded(allocator_, stream_, precision_, w, 1);
+    gemm_on_rounded(false, false, rows, in, out, 1.0f, dy, dy_rounded.get(), w, w_rounded.get(), 0.0f, dX, in, 0, 1);
+    return;
+  }
   gemm(true, false, out, in, rows, 1.0f, dY, out, X, in, 1.0f, dW, in);
   if (db) launch::col_sum_add(db, dY, rows, out, stream_);
   if (dX) gemm(false, false, rows, in, out, 1.0f, dY, out, W, in, 0.0f, dX, in);

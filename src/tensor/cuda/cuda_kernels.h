@@ -9,6 +9,7 @@
 
 #include <memory>
 
+#include "tensor/caching_allocator.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/cuda/fused_attention.h"
 #include "tensor/kernels.h"
@@ -27,12 +28,20 @@ class CublasHandle {
   cublasHandle_t handle_ = nullptr;
 };
 
+// One f32 operand of a (batched) GEMM as stored: rows x cols at row stride ld, batch stride.
+struct GemmOperand {
+  const float* data;
+  int64_t rows, cols, ld, stride;
+};
+
 // Throws Error("cuda: <call>: <cublasGetStatusString> (<context>)").
 void check_cublas(cublasStatus_t rc, const char* call, const std::string& context);
 
 class CudaKernels final : public Kernels {
  public:
-  explicit CudaKernels(cudaStream_t stream);
+  // allocator: where high's and medium's rounded operand copies come from (on `stream`, so freeing them right
+  // after the GEMM is safe: the stream orders their next use after it).
+  CudaKernels(cudaStream_t stream, CachingAllocator& allocator);
   Device device() const override { return Device::cuda; }
   cudaStream_t stream() const { return stream_; }
 
@@ -121,7 +130,16 @@ class CudaKernels final : public Kernels {
  private:
   // Copies the reduction results (scratch_ offsets 0..15 bytes) to pinned memory and waits.
   void fetch_results();
+  // matmul_precision high or medium: both operands rounded to packed copies (allocator_; TF32 in
+  // f32 or bf16), one cuBLAS GEMM on them with f32 accumulation and output, the copies freed.
+  void gemm_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& a,
+                    const GemmOperand& b, float beta, float* C, int64_t ldc, int64_t stride_c, int64_t batch);
+  // The GEMM of gemm_rounded on operands already rounded and packed (a: batch x a.rows x a.cols).
+  void gemm_on_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& a,
+                       const void* a_rounded, const GemmOperand& b, const void* b_rounded, float beta, float* C,
+                       int64_t ldc, int64_t stride_c, int64_t batch);
   cudaStream_t stream_;
+  CachingAllocator& allocator_;
   CublasHandle cublas_;
   DeviceBuffer scratch_;  // [0] double result, [8] int64 hits, then partial doubles and hits
   PinnedBuffer host_;     // the 16 result bytes

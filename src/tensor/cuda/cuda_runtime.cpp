@@ -122,7 +122,7 @@ CudaRuntime::CudaRuntime(MemoryTracker& tracker, int local_rank) : tracker_(trac
   compute_ = std::make_unique<StreamHandle>();
   comm_ = std::make_unique<StreamHandle>();
   allocator_ = std::make_unique<CachingAllocator>(raw_, tracker_);
-  kernels_ = std::make_unique<CudaKernels>(compute_->get());
+  kernels_ = std::make_unique<CudaKernels>(compute_->get(), *allocator_);
 }
 
 CudaRuntime::~CudaRuntime() {

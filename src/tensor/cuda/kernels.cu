@@ -624,6 +624,39 @@ __global__ void cast_k(void* dst, DType dt, const void* src, DType st, int64_t n
   }
 }
 
+// matmul_precision's rounding of one element: bf16 bits, or a TF32 value kept in an f32.
+__device__ inline void round_to(uint16_t* d, float x) { *d = kmath::f32_to_bf16(x); }
+__device__ inline void round_to(float* d, float x) { *d = kmath::round_to_tf32(x); }
+
+// Contiguous operands (most): one index. Otherwise a row per grid row (the division once a row).
+template <typename Out>
+__global__ void round_contiguous_k(Out* dst, const float* src, int64_t n) {
+  for (int64_t i = gtid(); i < n; i += gstride()) round_to(dst + i, src[i]);
+}
+template <typename Out>
+__global__ void round_rows_k(Out* dst, const float* src, int64_t matrix_rows, int64_t rows, int64_t cols, int64_t ld,
+                             int64_t stride) {
+  for (int64_t row = blockIdx.y; row < matrix_rows; row += gridDim.y) {
+    const float* s = src + (row / rows) * stride + (row % rows) * ld;
+    Out* d = dst + row * cols;
+    for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < cols;
+         c += static_cast<int64_t>(gridDim.x) * blockDim.x)
+      round_to(d + c, s[c]);
+  }
+}
+template <typename Out>
+void launch_round(Out* dst, const float* src, int64_t batch, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
+                  cudaStream_t s) {
+  if (ld == cols && (batch == 1 || stride == rows * cols)) {
+    round_contiguous_k<<<blocks_for(batch * rows * cols), kThreads, 0, s>>>(dst, src, batch * rows * cols);
+    return;
+  }
+  const int64_t col_blocks = (cols + kThreads - 1) / kThreads, matrix_rows = batch * rows;
+  const dim3 grid(static_cast<unsigned>(col_blocks < 8 ? col_blocks : 8),
+                  static_cast<unsigned>(matrix_rows < 65535 ? matrix_rows : 65535));
+  round_rows_k<<<grid, kThreads, 0, s>>>(dst, src, matrix_rows, rows, cols, ld, stride);
+}
+
 int rows_grid(int64_t rows, const char* what) {
   if (rows > 0x7fffffff) throw Error(std::string("cuda: ") + what + ": too many rows for one grid");
   return static_cast<int>(rows);
@@ -852,6 +885,17 @@ void adadelta_step(float* p, const float* g, float* square_avg, float* acc_delta
   if (n == 0) return;
   adadelta_k<<<blocks_for(n), kThreads, 0, s>>>(p, g, square_avg, acc_delta, n, a);
   check_launch("adadelta_step");
+}
+void round_packed(void* dst, MatmulPrecision p, const float* src, int64_t batch, int64_t rows, int64_t cols, int64_t ld,
+                  int64_t stride, cudaStream_t s) {
+  if (batch * rows * cols == 0) return;
+  if (p == MatmulPrecision::medium)
+    launch_round(static_cast<uint16_t*>(dst), src, batch, rows, cols, ld, stride, s);
+  else if (p == MatmulPrecision::high)
+    launch_round(static_cast<float*>(dst), src, batch, rows, cols, ld, stride, s);
+  else
+    throw Error("cuda: round_packed: matmul precision highest keeps its operands");
+  check_launch("round_packed");
 }
 void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n, cudaStream_t s) {
   if (n == 0) return;
