@@ -682,6 +682,16 @@ BOOST_AUTO_TEST_CASE(host_blocks_reused_by_size_under_the_high_water_mark) {
   cache.give(c, 2 * MiB);
   cache.give(a3, 4 * MiB);
   BOOST_TEST(cache.cached_bytes() == 6 * MiB);
+  // The bound has an eighth of slack: cached 6 + 3 MiB = 9 MiB fits under 8.5 + 8.5 / 8 MiB, so
+  // nothing is unmapped. Then cached 9 (4 + 2 + 3) + 4.5 MiB does not fit: the largest cached
+  // block (4 MiB) goes, and 5 + 4.5 fits.
+  void* d = cache.take(3 * MiB);
+  BOOST_TEST(cache.cached_bytes() == 6 * MiB);
+  BOOST_TEST(cache.live_bytes() == 3 * MiB);
+  cache.give(d, 3 * MiB);
+  void* e = cache.take(4 * MiB + 512 * KiB);
+  BOOST_TEST(cache.cached_bytes() == 5 * MiB);  // 2 + 3 MiB left
+  cache.give(e, 4 * MiB + 512 * KiB);
 }
 
 BOOST_AUTO_TEST_CASE(host_runtime_keeps_step_buffers_apart_from_small_allocations) {

@@ -54,7 +54,11 @@ Tensor Layer::backward(RunCtx& ctx, const Tensor& dy) {
     saved_input_ = Tensor();
   }
   Tensor dx = do_backward(ctx, dy);
-  if (recomputed) release_activations();  // dx keeps its own handle on the buffer
+  // The forward's buffers and the backward's own are spent once the backward returns (dx keeps
+  // its own handle): freed now, as autograd frees saved tensors, so a backward holds the forward's
+  // activations plus one layer's gradients, not every layer's of both. The next forward
+  // reallocates (the caching allocator and HostBlockCache reuse the blocks).
+  release_activations();
   ctx.post_backward(*this);
   return dx;
 }

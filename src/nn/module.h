@@ -162,8 +162,8 @@ class Layer : public Module {
   // dx is skipped (an undefined Tensor returned) when need_input_grad is false: the first
   // layer's input gradient is never used, and for conv1 it is the costliest part of backward.
   Tensor backward(RunCtx& ctx, const Tensor& dy);
-  // Drops every buffer the layer holds (activation checkpointing frees a layer between its
-  // forward and a recomputing forward in backward). The next forward reallocates.
+  // Drops every buffer the layer holds: after its backward, and between the forward and the
+  // recomputing forward of a checkpointed layer. The next forward reallocates.
   virtual void release_activations() = 0;
   bool need_input_grad = true;
 

@@ -56,8 +56,12 @@ void* HostBlockCache::take(size_t bytes) {
     live_ += size;
     return p;
   }
-  // No block of this size: make room under the high-water mark from the cache first.
-  while (!free_.empty() && live_ + cached_ + size > high_water_) {
+  // No block of this size: make room from the cache first, under the high-water mark of live
+  // bytes plus an eighth. Without the eighth, a step whose backward frees each layer's buffers
+  // as it goes (sizes the forward does not use) evicted and remapped ~6 blocks a step on the
+  // bench transformer: 14k page faults a step, none with it, for 22 MB more RSS (2026-11-27).
+  const size_t bound = high_water_ + high_water_ / 8;
+  while (!free_.empty() && live_ + cached_ + size > bound) {
     auto largest = std::prev(free_.end());
     munmap(largest->second, largest->first);
     cached_ -= largest->first;

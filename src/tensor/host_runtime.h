@@ -18,9 +18,9 @@ namespace fsdp {
 // small allocation that outlives a step (a trace's events, a metrics line) can land in a freed
 // block's hole, and the next block of that size then comes from fresh pages at the top: with
 // output.trace at np 2 the heap grew by ~300 MB a step and clear_page took 22% of the step. The
-// cache holds at most what was once live at the same time: a request that finds no block of its
-// class first unmaps cached blocks until live + cached + the request fit under the most bytes
-// ever live (the high-water mark).
+// cache holds little more than was once live at the same time: a request that finds no block of
+// its class first unmaps cached blocks, the largest first, until live + cached + the request fit
+// under the most bytes ever live (the high-water mark) plus an eighth.
 class HostBlockCache {
  public:
   static constexpr size_t kMinBytes = size_t{1} << 20;
