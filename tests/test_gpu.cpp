@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "tensor/caching_allocator.h"
+#include "tensor/cuda/cuda_kernels.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/kernels.h"
@@ -515,6 +516,43 @@ BOOST_AUTO_TEST_CASE(matmul_precision_cases) {
     auto babs = abs_of(b);
     cpu_kernels().linear_forward(mag.data(), abs_of(X).data(), abs_of(W).data(), babs.data(), rows, in, out);
     within(Y, g.download(dY, Y.size()), gemm_tol(mag, in), "linear_forward, rounded operands");
+  }
+}
+
+// Linear's forward with the bias in cuBLASLt's epilogue (tensor/cuda/lt_bias_gemm.h), at every
+// precision: operands of small integers times 1/16 are exact in bf16 and TF32 and their sums in
+// f32, so the GPU must give the CPU's bits. At medium, aligned buffers take the epilogue (the
+// runs counter moves); a bias 4 bytes off alignment goes the seeded way, with the same bits.
+BOOST_AUTO_TEST_CASE(linear_bias_epilogue) {
+  Gpu g;
+  auto& cuda = dynamic_cast<cuda::CudaKernels&>(g.k());
+  const int64_t rows = 96, in = 64, out = 48;
+  const auto X = small_ints(rows * in, 500, -8, 8, 1.0f / 16), W = small_ints(out * in, 501, -8, 8, 1.0f / 16);
+  const auto b = small_ints(out + 1, 502, -64, 64, 1.0f / 16);  // b[1..] is the misaligned bias
+  float* dX = g.upload(X);
+  float* dW = g.upload(W);
+  float* db = g.upload(b);
+  for (MatmulPrecision p : {MatmulPrecision::highest, MatmulPrecision::high, MatmulPrecision::medium}) {
+    for (int offset : {0, 1}) {
+      BOOST_TEST_CONTEXT(matmul_precision_name(p) << " bias offset " << offset) {
+        std::unique_ptr<Kernels> cpu = make_cpu_kernels();
+        cpu->set_matmul_precision(p);
+        std::vector<float> Y(rows * out);
+        cpu->linear_forward(Y.data(), X.data(), W.data(), b.data() + offset, rows, in, out);
+        float* dY = g.upload(std::vector<float>(rows * out, std::nanf("")));
+        const int64_t before = cuda.bias_epilogue_runs();
+        g.k().set_matmul_precision(p);
+        g.k().linear_forward(dY, dX, dW, db + offset, rows, in, out);
+        g.k().set_matmul_precision(MatmulPrecision::highest);
+        same_bits(Y, g.download(dY, Y.size()), "linear_forward");
+        const int64_t ran = cuda.bias_epilogue_runs() - before;
+        std::printf("linear_bias_epilogue: %s, bias offset %d: %s\n", std::string(matmul_precision_name(p)).c_str(),
+                    offset, ran ? "cuBLASLt bias epilogue" : "seeded bias + cuBLAS");
+        // The epilogue is what medium (the bf16 performance path) is for; at highest and high the
+        // line above says which way ran, and either is right.
+        if (offset == 1 || p == MatmulPrecision::medium) BOOST_TEST(ran == (offset == 0 ? 1 : 0));
+      }
+    }
   }
 }
 

@@ -90,7 +90,8 @@ CudaKernels::CudaKernels(cudaStream_t stream, CachingAllocator& allocator)
       cublas_(stream),
       scratch_(kScratchBytes),
       host_(kResultBytes),
-      fused_(stream) {}
+      fused_(stream),
+      lt_bias_(stream) {}
 
 void CudaKernels::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                        int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
@@ -162,6 +163,25 @@ void CudaKernels::gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, in
 
 void CudaKernels::linear_forward(float* Y, const float* X, const float* W, const float* b, int64_t rows, int64_t in,
                                  int64_t out) {
+  if (b && rows > 0 && in > 0 && out > 0) {
+    // The bias in cuBLASLt's epilogue (lt_bias_gemm.h); where it has no algorithm, Y seeded with
+    // the bias and a GEMM with beta = 1 (as the CPU). The rounded copies (high, medium) are made
+    // once, X's before W's, whichever path runs: the plan charges them so.
+    if (precision_ == MatmulPrecision::highest) {
+      if (lt_bias_.run(CUDA_R_32F, CUBLAS_COMPUTE_32F, X, W, b, Y, rows, in, out)) return;
+    } else {
+      const GemmOperand x{X, rows, in, in, 0}, w{W, out, in, in, 0};
+      const RoundedOperand x_rounded(allocator_, stream_, precision_, x, 1);
+      const RoundedOperand w_rounded(allocator_, stream_, precision_, w, 1);
+      const bool bf16 = precision_ == MatmulPrecision::medium;
+      if (lt_bias_.run(bf16 ? CUDA_R_16BF : CUDA_R_32F, bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32,
+                       x_rounded.get(), w_rounded.get(), b, Y, rows, in, out))
+        return;
+      launch::bias_rows(Y, b, rows, out, stream_);
+      gemm_on_rounded(false, true, rows, out, in, 1.0f, x, x_rounded.get(), w, w_rounded.get(), 1.0f, Y, out, 0, 1);
+      return;
+    }
+  }
   if (b) launch::bias_rows(Y, b, rows, out, stream_);  // seed Y with the bias, then beta = 1 (as the CPU)
   gemm(false, true, rows, out, in, 1.0f, X, in, W, in, b ? 1.0f : 0.0f, Y, out);
 }

@@ -12,6 +12,7 @@
 #include "tensor/caching_allocator.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/cuda/fused_attention.h"
+#include "tensor/cuda/lt_bias_gemm.h"
 #include "tensor/kernels.h"
 
 namespace fsdp::cuda {
@@ -114,6 +115,8 @@ class CudaKernels final : public Kernels {
   void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n) override;
   double sum_squares(const float* x, int64_t n) override;
   bool all_finite(const float* x, int64_t n) override;
+  // linear_forward calls whose bias went through cuBLASLt's epilogue (lt_bias_gemm.h; test_gpu).
+  int64_t bias_epilogue_runs() const { return lt_bias_.runs(); }
   std::string fused_attention_unavailable() override { return fused_.unavailable(); }
   int64_t fused_attention_workspace_bytes(const FusedAttentionShape& s, bool backward) override {
     return fused_.workspace_bytes(s, backward);
@@ -144,6 +147,7 @@ class CudaKernels final : public Kernels {
   DeviceBuffer scratch_;  // [0] double result, [8] int64 hits, then partial doubles and hits
   PinnedBuffer host_;     // the 16 result bytes
   FusedAttention fused_;  // cuDNN's SDPA, or the stub of a build without it
+  LtBiasGemm lt_bias_;    // linear_forward with a bias: one GEMM with the bias in its epilogue
 };
 
 }  // namespace fsdp::cuda
