@@ -459,6 +459,39 @@ BOOST_AUTO_TEST_CASE(optimizers_and_casts_bitwise) {
   }
 }
 
+// Every cast pair, on buffers at every offset of a 4-element quad and a length that leaves a
+// tail: the vector kernel (4 elements a thread, where both ends are aligned to a quad) and the
+// element kernel must give the CPU's bytes. Inputs span the f16 range with ties and subnormals.
+BOOST_AUTO_TEST_CASE(casts_every_pair_and_alignment_bitwise) {
+  Gpu g;
+  const int64_t n = 1027;
+  auto f = randn(n + 3, 610, 300.0f);
+  for (int64_t i = 0; i < n + 3; i += 7) f[i] = std::ldexp(1.0f + static_cast<float>(i % 3) / 256.0f, -20);
+  const std::pair<DType, DType> pairs[] = {{DType::f32, DType::bf16}, {DType::f32, DType::f16},
+                                           {DType::bf16, DType::f32}, {DType::f16, DType::f32},
+                                           {DType::bf16, DType::f16}, {DType::f16, DType::bf16}};
+  for (auto [dst_t, src_t] : pairs) {
+    // The source in its own type, as bytes.
+    std::vector<uint8_t> src((n + 3) * dtype_bytes(src_t));
+    cpu_kernels().cast(src.data(), src_t, f.data(), DType::f32, n + 3);
+    const uint8_t* gsrc = g.upload(src);
+    for (int64_t off : {0, 1, 2, 3}) {
+      BOOST_TEST_CONTEXT(dtype_name(dst_t) << " <- " << dtype_name(src_t) << " offset " << off) {
+        std::vector<uint8_t> want(n * dtype_bytes(dst_t)), zeros((n + 3) * dtype_bytes(dst_t), 0);
+        cpu_kernels().cast(want.data(), dst_t, src.data() + off * dtype_bytes(src_t), src_t, n);
+        uint8_t* gdst = g.upload(zeros);
+        g.k().cast(gdst + off * dtype_bytes(dst_t), dst_t, gsrc + off * dtype_bytes(src_t), src_t, n);
+        const auto got = g.download(gdst, zeros.size());
+        BOOST_TEST(std::memcmp(want.data(), got.data() + off * dtype_bytes(dst_t), want.size()) == 0);
+        // Nothing written outside [off, off + n).
+        BOOST_TEST(std::all_of(got.begin(), got.begin() + off * dtype_bytes(dst_t), [](uint8_t b) { return b == 0; }));
+        BOOST_TEST(
+            std::all_of(got.begin() + (off + n) * dtype_bytes(dst_t), got.end(), [](uint8_t b) { return b == 0; }));
+      }
+    }
+  }
+}
+
 // train.matmul_precision high (TF32) and medium (bf16): cuBLAS rounds the f32 operands inside
 // the GEMM (CUBLAS_COMPUTE_32F_FAST_TF32 / _16BF), the CPU rounds copies to nearest even and runs
 // sgemm. If cuBLAS's conversion rounds to nearest even too, the two differ by f32 summation

@@ -624,6 +624,34 @@ __global__ void cast_k(void* dst, DType dt, const void* src, DType st, int64_t n
   }
 }
 
+// Four elements a thread (16-byte f32 or 8-byte half accesses), each converted as cast_k does:
+// cast_k's one element a thread (and its 2-byte accesses) was 10.9% of the H200 step.
+__device__ inline uint32_t pack_halves(uint16_t lo, uint16_t hi) {  // lo at the lower address
+  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+}
+__device__ inline float half_to_f32(uint16_t h, DType t) {
+  return t == DType::bf16 ? kmath::bf16_to_f32(h) : kmath::f16_to_f32(h);
+}
+__device__ inline uint16_t f32_to_half(float f, DType t) {
+  return t == DType::bf16 ? kmath::f32_to_bf16(f) : kmath::f32_to_f16(f);
+}
+__device__ inline float4 load_quad(const float* p, DType) { return *reinterpret_cast<const float4*>(p); }
+__device__ inline float4 load_quad(const uint16_t* p, DType t) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  return make_float4(
+      half_to_f32(static_cast<uint16_t>(u.x & 0xFFFFu), t), half_to_f32(static_cast<uint16_t>(u.x >> 16), t),
+      half_to_f32(static_cast<uint16_t>(u.y & 0xFFFFu), t), half_to_f32(static_cast<uint16_t>(u.y >> 16), t));
+}
+__device__ inline void store_quad(float* p, DType, float4 v) { *reinterpret_cast<float4*>(p) = v; }
+__device__ inline void store_quad(uint16_t* p, DType t, float4 v) {
+  *reinterpret_cast<uint2*>(p) = make_uint2(pack_halves(f32_to_half(v.x, t), f32_to_half(v.y, t)),
+                                            pack_halves(f32_to_half(v.z, t), f32_to_half(v.w, t)));
+}
+template <typename D, typename S>
+__global__ void cast_quads_k(D* dst, DType dt, const S* src, DType st, int64_t quads) {
+  for (int64_t q = gtid(); q < quads; q += gstride()) store_quad(dst + 4 * q, dt, load_quad(src + 4 * q, st));
+}
+
 // matmul_precision's rounding of one element: bf16 bits, or a TF32 value kept in an f32.
 __device__ inline void round_to(uint16_t* d, float x) { *d = kmath::f32_to_bf16(x); }
 __device__ inline void round_to(float* d, float x) { *d = kmath::round_to_tf32(x); }
@@ -633,6 +661,25 @@ template <typename Out>
 __global__ void round_contiguous_k(Out* dst, const float* src, int64_t n) {
   for (int64_t i = gtid(); i < n; i += gstride()) round_to(dst + i, src[i]);
 }
+
+// Four elements a thread: a 16-byte load, an 8-byte (bf16) or 16-byte (TF32) store, each element
+// rounded as round_to does. One element a thread moved 2.75 TB/s on the H200 (53 us a launch,
+// 16.6% of the performance model's step at medium): fewer, wider accesses for the same bits.
+__device__ inline void round_quad_to(uint16_t* d, float4 v) {
+  *reinterpret_cast<uint2*>(d) = make_uint2(pack_halves(kmath::f32_to_bf16(v.x), kmath::f32_to_bf16(v.y)),
+                                            pack_halves(kmath::f32_to_bf16(v.z), kmath::f32_to_bf16(v.w)));
+}
+__device__ inline void round_quad_to(float* d, float4 v) {
+  *reinterpret_cast<float4*>(d) = make_float4(kmath::round_to_tf32(v.x), kmath::round_to_tf32(v.y),
+                                              kmath::round_to_tf32(v.z), kmath::round_to_tf32(v.w));
+}
+template <typename Out>
+__global__ void round_quads_k(Out* dst, const float* src, int64_t quads) {
+  const auto* s = reinterpret_cast<const float4*>(src);
+  for (int64_t q = gtid(); q < quads; q += gstride()) round_quad_to(dst + 4 * q, s[q]);
+}
+
+bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 template <typename Out>
 __global__ void round_rows_k(Out* dst, const float* src, int64_t matrix_rows, int64_t rows, int64_t cols, int64_t ld,
                              int64_t stride) {
@@ -648,7 +695,14 @@ template <typename Out>
 void launch_round(Out* dst, const float* src, int64_t batch, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
                   cudaStream_t s) {
   if (ld == cols && (batch == 1 || stride == rows * cols)) {
-    round_contiguous_k<<<blocks_for(batch * rows * cols), kThreads, 0, s>>>(dst, src, batch * rows * cols);
+    const int64_t n = batch * rows * cols;
+    int64_t done = 0;
+    if (aligned_to(src, 4 * sizeof(float)) && aligned_to(dst, 4 * sizeof(Out)) && n >= 4) {
+      const int64_t quads = n / 4;
+      round_quads_k<<<blocks_for(quads), kThreads, 0, s>>>(dst, src, quads);
+      done = 4 * quads;
+    }
+    if (done < n) round_contiguous_k<<<blocks_for(n - done), kThreads, 0, s>>>(dst + done, src + done, n - done);
     return;
   }
   const int64_t col_blocks = (cols + kThreads - 1) / kThreads, matrix_rows = batch * rows;
@@ -909,7 +963,28 @@ void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t 
     if (rc != cudaSuccess) throw Error(std::string("cuda: cudaMemcpyAsync: ") + cudaGetErrorString(rc) + " (cast)");
     return;
   }
-  cast_k<<<blocks_for(n), kThreads, 0, s>>>(dst, dst_dtype, src, src_dtype, n);
+  int64_t done = 0;
+  const size_t dst_quad = 4 * dtype_bytes(dst_dtype), src_quad = 4 * dtype_bytes(src_dtype);
+  if (n >= 4 && aligned_to(dst, dst_quad) && aligned_to(src, src_quad)) {
+    const int64_t quads = n / 4;
+    const int blocks = blocks_for(quads);
+    if (dst_dtype == DType::f32)  // from a half type
+      cast_quads_k<<<blocks, kThreads, 0, s>>>(static_cast<float*>(dst), dst_dtype, static_cast<const uint16_t*>(src),
+                                               src_dtype, quads);
+    else if (src_dtype == DType::f32)
+      cast_quads_k<<<blocks, kThreads, 0, s>>>(static_cast<uint16_t*>(dst), dst_dtype, static_cast<const float*>(src),
+                                               src_dtype, quads);
+    else  // bf16 <-> f16
+      cast_quads_k<<<blocks, kThreads, 0, s>>>(static_cast<uint16_t*>(dst), dst_dtype,
+                                               static_cast<const uint16_t*>(src), src_dtype, quads);
+    done = 4 * quads;
+  }
+  if (done < n) {
+    const size_t skip_dst = static_cast<size_t>(done) * dtype_bytes(dst_dtype);
+    const size_t skip_src = static_cast<size_t>(done) * dtype_bytes(src_dtype);
+    cast_k<<<blocks_for(n - done), kThreads, 0, s>>>(static_cast<char*>(dst) + skip_dst, dst_dtype,
+                                                     static_cast<const char*>(src) + skip_src, src_dtype, n - done);
+  }
   check_launch("cast");
 }
 
