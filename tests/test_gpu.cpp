@@ -155,25 +155,36 @@ BOOST_AUTO_TEST_CASE(elementwise_bitwise) {
   float* db = g.upload(b);
   float* dy = g.upload(std::vector<float>(n));
   Kernels& cpu = cpu_kernels();
-  std::vector<float> y(n);
-  cpu.relu_forward(y.data(), a.data(), n);
-  g.k().relu_forward(dy, da, n);
-  same_bits(y, g.download(dy, n), "relu_forward");
-  cpu.relu_backward(y.data(), a.data(), b.data(), n);
-  g.k().relu_backward(dy, da, db, n);
-  same_bits(y, g.download(dy, n), "relu_backward");
-  cpu.add(y.data(), a.data(), b.data(), n);
-  g.k().add(dy, da, db, n);
-  same_bits(y, g.download(dy, n), "add");
-  cpu.mul(y.data(), a.data(), b.data(), n);
-  g.k().mul(dy, da, db, n);
-  same_bits(y, g.download(dy, n), "mul");
-  cpu.gelu_forward(y.data(), a.data(), n);
-  g.k().gelu_forward(dy, da, n);
-  close(y, g.download(dy, n), 1e-6f, 1e-7f, "gelu_forward");
-  cpu.gelu_backward(y.data(), b.data(), a.data(), n);
-  g.k().gelu_backward(dy, db, da, n);
-  close(y, g.download(dy, n), 1e-6f, 1e-7f, "gelu_backward");
+  // Offset 0: the 4-a-thread kernel and a 3-element tail; 1 and 3: unaligned, one a thread.
+  for (size_t off : {0, 1, 3}) {
+    BOOST_TEST_CONTEXT("offset " << off) {
+      const size_t m = n - off;
+      const float *pa = a.data() + off, *pb = b.data() + off, *ga = da + off, *gb = db + off;
+      float* gy = dy + off;
+      std::vector<float> y(m);
+      cpu.relu_forward(y.data(), pa, m);
+      g.k().relu_forward(gy, ga, m);
+      same_bits(y, g.download(gy, m), "relu_forward");
+      cpu.relu_backward(y.data(), pa, pb, m);
+      g.k().relu_backward(gy, ga, gb, m);
+      same_bits(y, g.download(gy, m), "relu_backward");
+      cpu.add(y.data(), pa, pb, m);
+      g.k().add(gy, ga, gb, m);
+      same_bits(y, g.download(gy, m), "add");
+      cpu.add_inplace(y.data(), pb, m);
+      g.k().add_inplace(gy, gb, m);
+      same_bits(y, g.download(gy, m), "add_inplace");
+      cpu.mul(y.data(), pa, pb, m);
+      g.k().mul(gy, ga, gb, m);
+      same_bits(y, g.download(gy, m), "mul");
+      cpu.gelu_forward(y.data(), pa, m);
+      g.k().gelu_forward(gy, ga, m);
+      close(y, g.download(gy, m), 1e-6f, 1e-7f, "gelu_forward");
+      cpu.gelu_backward(y.data(), pb, pa, m);
+      g.k().gelu_backward(gy, gb, ga, m);
+      close(y, g.download(gy, m), 1e-6f, 1e-7f, "gelu_backward");
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(dropout_bitwise) {
