@@ -158,31 +158,32 @@ BOOST_AUTO_TEST_CASE(elementwise_bitwise) {
   // Offset 0: the 4-a-thread kernel and a 3-element tail; 1 and 3: unaligned, one a thread.
   for (size_t off : {0, 1, 3}) {
     BOOST_TEST_CONTEXT("offset " << off) {
-      const size_t m = n - off;
+      const size_t um = n - off;
+      const auto m = static_cast<int64_t>(um);
       const float *pa = a.data() + off, *pb = b.data() + off, *ga = da + off, *gb = db + off;
       float* gy = dy + off;
-      std::vector<float> y(m);
+      std::vector<float> y(um);
       cpu.relu_forward(y.data(), pa, m);
       g.k().relu_forward(gy, ga, m);
-      same_bits(y, g.download(gy, m), "relu_forward");
+      same_bits(y, g.download(gy, um), "relu_forward");
       cpu.relu_backward(y.data(), pa, pb, m);
       g.k().relu_backward(gy, ga, gb, m);
-      same_bits(y, g.download(gy, m), "relu_backward");
+      same_bits(y, g.download(gy, um), "relu_backward");
       cpu.add(y.data(), pa, pb, m);
       g.k().add(gy, ga, gb, m);
-      same_bits(y, g.download(gy, m), "add");
+      same_bits(y, g.download(gy, um), "add");
       cpu.add_inplace(y.data(), pb, m);
       g.k().add_inplace(gy, gb, m);
-      same_bits(y, g.download(gy, m), "add_inplace");
+      same_bits(y, g.download(gy, um), "add_inplace");
       cpu.mul(y.data(), pa, pb, m);
       g.k().mul(gy, ga, gb, m);
-      same_bits(y, g.download(gy, m), "mul");
+      same_bits(y, g.download(gy, um), "mul");
       cpu.gelu_forward(y.data(), pa, m);
       g.k().gelu_forward(gy, ga, m);
-      close(y, g.download(gy, m), 1e-6f, 1e-7f, "gelu_forward");
+      close(y, g.download(gy, um), 1e-6f, 1e-7f, "gelu_forward");
       cpu.gelu_backward(y.data(), pb, pa, m);
       g.k().gelu_backward(gy, gb, ga, m);
-      close(y, g.download(gy, m), 1e-6f, 1e-7f, "gelu_backward");
+      close(y, g.download(gy, um), 1e-6f, 1e-7f, "gelu_backward");
     }
   }
 }
