@@ -4,22 +4,24 @@
 # FULL_SHARD and NO_SHARD, sgemm_peak at 1 thread again, then the same at 2 threads and np 2.
 # A run's rate is the median tokens/s of steps 2..N (the first pays for allocations); its % of
 # peak divides the model FLOPs (jobs/bench_flops.py, 164.36 MFLOP a token) by the mean of the two
-# peak readings around the pair. batch_size (8) is per rank: np 2 trains 16 samples a step.
-# One OpenBLAS thread per rank, --bind-to none, as jobs/bench-peer.sh runs them.
+# peak readings around the pair. batch_size (8) is per rank: np 2 trains 16 samples a step (weak
+# scaling); --strong splits a global batch of 8 over the ranks instead (4 samples a rank at np 2,
+# as jobs/bench-peer.sh runs it). One OpenBLAS thread per rank, --bind-to none, as bench-peer.
 #
-#   bash jobs/bench-cpu-speed.sh [--rounds R] [--steps N] [--build DIR]   (defaults 3, 8, build)
+#   bash jobs/bench-cpu-speed.sh [--rounds R] [--steps N] [--strong] [--build DIR]   (defaults 3, 8, build)
 #
 # Prints a markdown table, one row per round, and the medians. ~2 minutes a round on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rounds=3 steps=8 build=build
+rounds=3 steps=8 build=build batch=()
 while [ $# -gt 0 ]; do
   case $1 in
     --rounds) rounds=${2:-}; shift 2 ;;
     --steps) steps=${2:-}; shift 2 ;;
     --build) build=${2:-}; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --strong) batch=(--set train.global_batch_size=8); shift ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "bench-cpu-speed: unknown argument $1 (try --help)" >&2; exit 1 ;;
   esac
 done
@@ -39,7 +41,7 @@ peak() {  # median GFLOP/s of sgemm_peak at $1 threads
 }
 rate() {  # np strategy -> median tokens/s of steps 2..N
   timeout 600 mpirun -np "$1" --bind-to none "$build/apps/fsdp_app" input/transformer_bench.yaml \
-    --set train.steps="$steps" --set fsdp.sharding_strategy="$2" 2>&1 |
+    --set train.steps="$steps" --set fsdp.sharding_strategy="$2" "${batch[@]}" 2>&1 |
     awk '/^step [0-9]+\// && !/^step 1\// {for (i = 1; i < NF; ++i) if ($(i + 1) == "tokens/s") print $i}' |
     sort -n | awk '{v[NR] = $1} END {if (NR == 0) exit 1; print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
 }
@@ -52,6 +54,7 @@ for ((r = 1; r <= rounds; ++r)); do
   echo "$r $p1a $p1b $f1 $n1 $p2a $p2b $f2 $n2" >>"$results"
   echo "bench-cpu-speed: round $r of $rounds done" >&2
 done
+echo "scaling: ${batch[*]:-weak (batch_size 8 a rank)}"
 /usr/bin/python3 - "$results" <<'EOF'
 import statistics, sys
 sys.path.insert(0, "jobs")

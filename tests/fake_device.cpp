@@ -223,9 +223,9 @@ class DeferredKernels final : public Kernels {
                          int64_t rows, int64_t C, float eps) override {
     defer(&Kernels::layernorm_forward, y, mean, rstd, x, w, b, rows, C, eps);
   }
-  void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
-                          const float* mean, const float* rstd, int64_t rows, int64_t C) override {
-    defer(&Kernels::layernorm_backward, dx, dw, db, dy, x, w, mean, rstd, rows, C);
+  void layernorm_backward(float* dx, const float* residual, float* dw, float* db, const float* dy, const float* x,
+                          const float* w, const float* mean, const float* rstd, int64_t rows, int64_t C) override {
+    defer(&Kernels::layernorm_backward, dx, residual, dw, db, dy, x, w, mean, rstd, rows, C);
   }
   void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C) override {
     defer(&Kernels::log_softmax_forward, y, x, rows, C);

@@ -257,12 +257,25 @@ BOOST_AUTO_TEST_CASE(rows_and_losses) {
   float* gdx = g.upload(dx);
   float* gdw = g.upload(dw);
   float* gdb = g.upload(db);
-  cpu_kernels().layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
+  cpu_kernels().layernorm_backward(dx.data(), nullptr, dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
                                    rstd.data(), rows, C);
-  g.k().layernorm_backward(gdx, gdw, gdb, gdy, gx, gw, gm, gr, rows, C);
-  close(dx, g.download(gdx, rows * C), 1e-3f, 1e-4f, "layernorm dx");
+  g.k().layernorm_backward(gdx, nullptr, gdw, gdb, gdy, gx, gw, gm, gr, rows, C);
+  const std::vector<float> gpu_dx = g.download(gdx, rows * C);
+  close(dx, gpu_dx, 1e-3f, 1e-4f, "layernorm dx");
   close(dw, g.download(gdw, C), 1e-4f, 1e-4f, "layernorm dw");
   close(db, g.download(gdb, C), 1e-4f, 1e-4f, "layernorm db");
+  {
+    // With a residual: residual + the dx above, as add() rounds it, on the device too.
+    const auto res = randn(rows * C, 15);
+    std::vector<float> sum(rows * C), scratch(C, 0.0f);
+    cpu_kernels().add(sum.data(), res.data(), gpu_dx.data(), rows * C);
+    float* gres = g.upload(res);
+    float* gsum = g.upload(sum);
+    float* gscratch_w = g.upload(scratch);
+    float* gscratch_b = g.upload(scratch);
+    g.k().layernorm_backward(gsum, gres, gscratch_w, gscratch_b, gdy, gx, gw, gm, gr, rows, C);
+    same_bits(sum, g.download(gsum, rows * C), "layernorm dx + residual");
+  }
 
   cpu_kernels().log_softmax_forward(y.data(), x.data(), rows, C);
   g.k().log_softmax_forward(gy, gx, rows, C);
@@ -404,9 +417,9 @@ BOOST_AUTO_TEST_CASE(column_sums_many_rows) {
       float* gldw = g.upload(ldw);
       float* gldb = g.upload(ldb);
       float* gldx = g.upload(ldx);
-      cpu.layernorm_backward(ldx.data(), ldw.data(), ldb.data(), dy.data(), x.data(), w.data(), mean.data(),
+      cpu.layernorm_backward(ldx.data(), nullptr, ldw.data(), ldb.data(), dy.data(), x.data(), w.data(), mean.data(),
                              rstd.data(), rows, C);
-      g.k().layernorm_backward(gldx, gldw, gldb, gdy, gx, gw, gm, gr, rows, C);
+      g.k().layernorm_backward(gldx, nullptr, gldw, gldb, gdy, gx, gw, gm, gr, rows, C);
       same_bits(ldb, g.download(gldb, C), "layernorm db (small integers)");
       within(ldw, g.download(gldw, C), tol, "layernorm dw");
 

@@ -346,6 +346,39 @@ BOOST_AUTO_TEST_CASE(layernorm) {
   BOOST_CHECK_THROW(ln.forward(ctx, random_tensor({2, 5}, 1)), Error);
 }
 
+// backward_adding(dy, r) = r + backward(dy), bit for bit, with the same weight gradients; a
+// residual of another shape is refused by name and leaves nothing behind for the next backward.
+BOOST_AUTO_TEST_CASE(layernorm_backward_adding) {
+  RunCtx ctx;
+  ctx.training = true;
+  LayerNorm ln("blocks.0.ln2", 6);
+  Bound b(ln, 3);
+  b.perturb_constants(4);
+  const Tensor x = random_tensor({2, 3, 6}, 11, -2.0f, 2.0f), dy = random_tensor({2, 3, 6}, 12);
+  const Tensor r = random_tensor({2, 3, 6}, 13);
+  ln.forward(ctx, x);
+  const Tensor dx = ln.backward(ctx, dy);
+  const std::vector<float> dx_plain(dx.f32(), dx.f32() + dx.numel()), grad_plain = b.grad;
+  b.zero_grad();
+  ln.forward(ctx, x);
+  const Tensor sum = ln.backward_adding(ctx, dy, r);
+  BOOST_TEST(b.grad == grad_plain);
+  for (int64_t i = 0; i < sum.numel(); ++i) {
+    BOOST_TEST_INFO("element " << i);
+    BOOST_TEST(sum.f32()[i] == r.f32()[i] + dx_plain[static_cast<size_t>(i)]);
+  }
+  ln.forward(ctx, x);
+  try {
+    ln.backward_adding(ctx, dy, random_tensor({2, 6}, 14));
+    BOOST_FAIL("a residual of another shape was accepted");
+  } catch (const Error& e) {
+    BOOST_TEST(std::string(e.what()) == "blocks.0.ln2: residual gradient [2, 6] is not the input's [2, 3, 6]");
+  }
+  ln.forward(ctx, x);
+  const Tensor again = ln.backward(ctx, dy);
+  for (int64_t i = 0; i < again.numel(); ++i) BOOST_TEST(again.f32()[i] == dx_plain[static_cast<size_t>(i)]);
+}
+
 BOOST_AUTO_TEST_CASE(embeddings) {
   RunCtx ctx;
   Embeddings emb(7, 6, 4);

@@ -1,6 +1,7 @@
 #define BOOST_TEST_MODULE tensor
 #include <boost/test/unit_test.hpp>
 
+#include <omp.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -1032,6 +1033,39 @@ BOOST_AUTO_TEST_CASE(layernorm_and_log_softmax_vs_double) {
   BOOST_TEST(hy[0] == 0.0f);
   BOOST_TEST(hy[1] == -1000.0f);
   BOOST_TEST(std::isfinite(hy[2]));
+}
+
+// layernorm_backward with a residual: dx = residual + d(layernorm), the bits of the backward
+// without it followed by add(); dw and db the same bits on one thread (one pass) and on two (dx
+// rows in parallel), at a size below and above kParallelMin.
+BOOST_AUTO_TEST_CASE(layernorm_backward_residual_and_threads_bitwise) {
+  const int saved_threads = omp_get_max_threads();
+  for (int64_t rows : {int64_t{5}, 2 * ops::kParallelMin / 96 + 3}) {
+    const int64_t C = 96;
+    auto x = random_vec(rows * C, 21, -2.0f, 3.0f), dy = random_vec(rows * C, 22), res = random_vec(rows * C, 23);
+    auto w = random_vec(C, 24, 0.5f, 1.5f), b = random_vec(C, 25);
+    std::vector<float> y(rows * C), mean(rows), rstd(rows);
+    ops::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), rows, C, 1e-5f);
+    std::vector<float> dx_ref(rows * C), sum_ref(rows * C), dw_ref(C, 0.25f), db_ref(C, -0.5f);
+    omp_set_num_threads(1);
+    ops::layernorm_backward(dx_ref.data(), nullptr, dw_ref.data(), db_ref.data(), dy.data(), x.data(), w.data(),
+                            mean.data(), rstd.data(), rows, C);
+    ops::add(sum_ref.data(), res.data(), dx_ref.data(), rows * C);
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      std::vector<float> dx(rows * C), dx_sum(rows * C), dw(C, 0.25f), db(C, -0.5f), dw2(C, 0.25f), db2(C, -0.5f);
+      ops::layernorm_backward(dx.data(), nullptr, dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
+                              rstd.data(), rows, C);
+      ops::layernorm_backward(dx_sum.data(), res.data(), dw2.data(), db2.data(), dy.data(), x.data(), w.data(),
+                              mean.data(), rstd.data(), rows, C);
+      BOOST_TEST_INFO("rows " << rows << ", threads " << threads);
+      BOOST_TEST(std::memcmp(dx.data(), dx_ref.data(), dx.size() * sizeof(float)) == 0);
+      BOOST_TEST(std::memcmp(dx_sum.data(), sum_ref.data(), dx.size() * sizeof(float)) == 0);
+      for (const auto* v : {&dw, &dw2}) BOOST_TEST(std::memcmp(v->data(), dw_ref.data(), C * sizeof(float)) == 0);
+      for (const auto* v : {&db, &db2}) BOOST_TEST(std::memcmp(v->data(), db_ref.data(), C * sizeof(float)) == 0);
+    }
+  }
+  omp_set_num_threads(saved_threads);
 }
 
 // row_max: every length around its 16 lanes, the maximum at every position, negative rows,

@@ -119,9 +119,24 @@ const Tensor& LayerNorm::do_forward(RunCtx& ctx, const Tensor& x) {
 
 const Tensor& LayerNorm::do_backward(RunCtx& ctx, const Tensor& dy) {
   ctx.ensure(dx_, x_.shape(), DType::f32);
-  ctx.kernels().layernorm_backward(dx_.f32(), weight.grad, bias.grad, dy.f32(), x_.f32(), weight.data, mean_.f32(),
-                                   rstd_.f32(), x_.numel() / C_, C_);
+  if (residual_.defined() && residual_.shape() != x_.shape())
+    throw Error(name() + ": residual gradient " + shape_str(residual_.shape()) + " is not the input's " +
+                shape_str(x_.shape()));
+  ctx.kernels().layernorm_backward(dx_.f32(), residual_.defined() ? residual_.f32() : nullptr, weight.grad, bias.grad,
+                                   dy.f32(), x_.f32(), weight.data, mean_.f32(), rstd_.f32(), x_.numel() / C_, C_);
   return dx_;
+}
+
+Tensor LayerNorm::backward_adding(RunCtx& ctx, const Tensor& dy, const Tensor& residual) {
+  // Through Layer::backward: the FSDP hooks and a checkpointed recompute run as for backward.
+  // release_activations (at its end) drops the handle.
+  residual_ = residual;
+  try {
+    return backward(ctx, dy);
+  } catch (...) {
+    residual_ = Tensor();  // a later plain backward must add nothing
+    throw;
+  }
 }
 
 Embedding::Embedding(const std::string& name, int64_t n, int64_t C)

@@ -295,12 +295,9 @@ const Tensor& TransformerBlock::do_forward(RunCtx& ctx, const Tensor& x) {
 }
 
 const Tensor& TransformerBlock::do_backward(RunCtx& ctx, const Tensor& dy) {
-  ctx.ensure(da_, dy.shape(), DType::f32);
-  ctx.ensure(dx_, dy.shape(), DType::f32);
-  int64_t n = dy.numel();
-  ctx.kernels().add(da_.f32(), dy.f32(),
-                    ln2.backward(ctx, fc1.backward(ctx, act.backward(ctx, fc2.backward(ctx, dy)))).f32(), n);
-  ctx.kernels().add(dx_.f32(), da_.f32(), ln1.backward(ctx, attn.backward(ctx, da_)).f32(), n);
+  // The residual stream's gradient joins each norm's in the norm's own dx pass (backward_adding).
+  da_ = ln2.backward_adding(ctx, fc1.backward(ctx, act.backward(ctx, fc2.backward(ctx, dy))), dy);
+  dx_ = ln1.backward_adding(ctx, attn.backward(ctx, da_), da_);
   return dx_;
 }
 

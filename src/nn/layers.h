@@ -131,7 +131,10 @@ class LayerNorm : public Layer {
   LayerNorm(const std::string& name, int64_t C, float eps = 1e-5f);
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
-  void release_activations() override { x_ = y_ = mean_ = rstd_ = dx_ = Tensor(); }
+  void release_activations() override { x_ = y_ = mean_ = rstd_ = dx_ = residual_ = Tensor(); }
+  // backward, returning residual + dx: a pre-norm block's residual stream gradient added in the
+  // pass that writes dx (the bits of a separate add; one pass over (rows, C) less).
+  Tensor backward_adding(RunCtx& ctx, const Tensor& dy, const Tensor& residual);
   Param& weight;
   Param& bias;
 
@@ -139,6 +142,7 @@ class LayerNorm : public Layer {
   int64_t C_;
   float eps_;
   Tensor x_, y_, mean_, rstd_, dx_;
+  Tensor residual_;  // during backward_adding only
 };
 
 // torch.nn.Embedding(n, C): weight (n, C) ~ N(0, 1). A parameter holder for Embeddings.

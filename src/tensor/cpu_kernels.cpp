@@ -198,9 +198,9 @@ class CpuKernels final : public Kernels {
                          int64_t rows, int64_t C, float eps) override {
     ops::layernorm_forward(y, mean, rstd, x, w, b, rows, C, eps);
   }
-  void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
-                          const float* mean, const float* rstd, int64_t rows, int64_t C) override {
-    ops::layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, rows, C);
+  void layernorm_backward(float* dx, const float* residual, float* dw, float* db, const float* dy, const float* x,
+                          const float* w, const float* mean, const float* rstd, int64_t rows, int64_t C) override {
+    ops::layernorm_backward(dx, residual, dw, db, dy, x, w, mean, rstd, rows, C);
   }
   void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C) override {
     ops::log_softmax_forward(y, x, rows, C);

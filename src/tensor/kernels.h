@@ -129,8 +129,11 @@ class Kernels {
   // --- Normalisation and softmax.
   virtual void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
                                  int64_t rows, int64_t C, float eps) = 0;
-  virtual void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
-                                  const float* mean, const float* rstd, int64_t rows, int64_t C) = 0;
+  // dx = residual + d(layernorm) where residual is not null: a pre-norm block's residual stream
+  // gradient added in the pass that writes dx (the same bits as a separate add, one pass less).
+  virtual void layernorm_backward(float* dx, const float* residual, float* dw, float* db, const float* dy,
+                                  const float* x, const float* w, const float* mean, const float* rstd, int64_t rows,
+                                  int64_t C) = 0;
   virtual void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C) = 0;
   virtual void log_softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t C) = 0;
   // Causal softmax in place on the rows `g` of `planes` (T,T) score matrices (CausalRows): row i

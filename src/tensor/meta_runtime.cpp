@@ -64,8 +64,8 @@ class MetaKernels final : public Kernels {
   void dropout_forward(float*, float*, const float*, int64_t, int64_t, float, uint64_t, uint64_t, int64_t) override {}
   void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int64_t, int64_t,
                          float) override {}
-  void layernorm_backward(float*, float*, float*, const float*, const float*, const float*, const float*, const float*,
-                          int64_t, int64_t) override {}
+  void layernorm_backward(float*, const float*, float*, float*, const float*, const float*, const float*, const float*,
+                          const float*, int64_t, int64_t) override {}
   void log_softmax_forward(float*, const float*, int64_t, int64_t) override {}
   void log_softmax_backward(float*, const float*, const float*, int64_t, int64_t) override {}
   void causal_softmax_forward(float*, CausalRows, float*, float*) override {}

@@ -1,6 +1,7 @@
 #include "tensor/ops.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -223,40 +224,63 @@ void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const
   }
 }
 
-void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
-                        const float* mean, const float* rstd, int64_t rows, int64_t C) {
-  // dw/db are reductions over rows: done serially so the sum order (and result) never depends on
-  // the thread count; dx rows are independent and go parallel.
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * C;
-    const float* dyr = dy + r * C;
-    float m = mean[r], s = rstd[r];
+namespace {
+
+// One row of layernorm's dx (= residual + d(layernorm) where residual is not null).
+inline void layernorm_dx_row(float* dxr, const float* resr, const float* dyr, const float* xr, const float* w, float m,
+                             float s, int64_t C) {
+  float sum_g = 0.0f, sum_gx = 0.0f;  // g = dy * w; x_hat = (x - m) * s
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+  for (int64_t c = 0; c < C; ++c) {
+    float g = dyr[c] * w[c];
+    sum_g += g;
+    sum_gx += g * (xr[c] - m) * s;
+  }
+  float inv_c = 1.0f / static_cast<float>(C);
+  if (resr) {
 #pragma omp simd
     for (int64_t c = 0; c < C; ++c) {
-      dw[c] += (xr[c] - m) * s * dyr[c];
-      db[c] += dyr[c];
+      float xhat = (xr[c] - m) * s;
+      // Rounded as add() rounds resr + (the stored dx): the sum must not fuse with the product.
+      dxr[c] = kmath::add_unfused(resr[c], s * (dyr[c] * w[c] - inv_c * sum_g - xhat * inv_c * sum_gx));
     }
-  }
-#pragma omp parallel for if (rows * C > kParallelMin)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * C;
-    const float* dyr = dy + r * C;
-    float* dxr = dx + r * C;
-    float m = mean[r], s = rstd[r];
-    float sum_g = 0.0f, sum_gx = 0.0f;  // g = dy * w; x_hat = (x - m) * s
-#pragma omp simd reduction(+ : sum_g, sum_gx)
-    for (int64_t c = 0; c < C; ++c) {
-      float g = dyr[c] * w[c];
-      sum_g += g;
-      sum_gx += g * (xr[c] - m) * s;
-    }
-    float inv_c = 1.0f / static_cast<float>(C);
+  } else {
 #pragma omp simd
     for (int64_t c = 0; c < C; ++c) {
       float xhat = (xr[c] - m) * s;
       dxr[c] = s * (dyr[c] * w[c] - inv_c * sum_g - xhat * inv_c * sum_gx);
     }
   }
+}
+
+// dw, db += one row's terms. Rows go in order on one thread: the sum order (and result) never
+// depends on the thread count.
+inline void layernorm_dwdb_row(float* dw, float* db, const float* dyr, const float* xr, float m, float s, int64_t C) {
+#pragma omp simd
+  for (int64_t c = 0; c < C; ++c) {
+    dw[c] += (xr[c] - m) * s * dyr[c];
+    db[c] += dyr[c];
+  }
+}
+
+}  // namespace
+
+void layernorm_backward(float* dx, const float* residual, float* dw, float* db, const float* dy, const float* x,
+                        const float* w, const float* mean, const float* rstd, int64_t rows, int64_t C) {
+  const bool parallel = rows * C > kParallelMin && omp_get_max_threads() > 1;
+  if (!parallel) {
+    // One pass: each row's x and dy are read from memory once for dw, db and dx.
+    for (int64_t r = 0; r < rows; ++r) {
+      layernorm_dwdb_row(dw, db, dy + r * C, x + r * C, mean[r], rstd[r], C);
+      layernorm_dx_row(dx + r * C, residual ? residual + r * C : nullptr, dy + r * C, x + r * C, w, mean[r], rstd[r],
+                       C);
+    }
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) layernorm_dwdb_row(dw, db, dy + r * C, x + r * C, mean[r], rstd[r], C);
+#pragma omp parallel for
+  for (int64_t r = 0; r < rows; ++r)
+    layernorm_dx_row(dx + r * C, residual ? residual + r * C : nullptr, dy + r * C, x + r * C, w, mean[r], rstd[r], C);
 }
 
 void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C) {

@@ -67,9 +67,9 @@ void add_inplace(float* y, const float* x, int64_t n);          // y += x
 // mean/rstd (rows) saved for backward.
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int64_t rows,
                        int64_t C, float eps);
-// dx = (not accumulated), dw += , db += .
-void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
-                        const float* mean, const float* rstd, int64_t rows, int64_t C);
+// dx = (not accumulated; plus residual where that is not null), dw += , db += .
+void layernorm_backward(float* dx, const float* residual, float* dw, float* db, const float* dy, const float* x,
+                        const float* w, const float* mean, const float* rstd, int64_t rows, int64_t C);
 
 // Row-wise log-softmax of (rows, C) and its backward dx = dy - exp(y) * sum(dy).
 void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C);

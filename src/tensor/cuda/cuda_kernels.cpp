@@ -260,9 +260,10 @@ void CudaKernels::layernorm_forward(float* y, float* mean, float* rstd, const fl
                                     int64_t rows, int64_t C, float eps) {
   launch::layernorm_forward(y, mean, rstd, x, w, b, rows, C, eps, stream_);
 }
-void CudaKernels::layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
-                                     const float* mean, const float* rstd, int64_t rows, int64_t C) {
-  launch::layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, rows, C, stream_);
+void CudaKernels::layernorm_backward(float* dx, const float* residual, float* dw, float* db, const float* dy,
+                                     const float* x, const float* w, const float* mean, const float* rstd, int64_t rows,
+                                     int64_t C) {
+  launch::layernorm_backward(dx, residual, dw, db, dy, x, w, mean, rstd, rows, C, stream_);
 }
 void CudaKernels::log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C) {
   launch::log_softmax_forward(y, x, rows, C, stream_);

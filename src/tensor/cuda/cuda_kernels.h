@@ -78,8 +78,8 @@ class CudaKernels final : public Kernels {
                        uint64_t stream, int64_t sample_offset) override;
   void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
                          int64_t rows, int64_t C, float eps) override;
-  void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
-                          const float* mean, const float* rstd, int64_t rows, int64_t C) override;
+  void layernorm_backward(float* dx, const float* residual, float* dw, float* db, const float* dy, const float* x,
+                          const float* w, const float* mean, const float* rstd, int64_t rows, int64_t C) override;
   void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C) override;
   void log_softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t C) override;
   void causal_softmax_forward(float* P, CausalRows g, float* row_max, float* row_inv) override;

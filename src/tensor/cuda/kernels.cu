@@ -259,8 +259,9 @@ __global__ void layernorm_forward_k(float* y, float* mean, float* rstd, const fl
     rstd[r] = rs;
   }
 }
-__global__ void layernorm_dx_k(float* dx, const float* dy, const float* x, const float* w, const float* mean,
-                               const float* rstd, int64_t C) {
+// dx = residual + d(layernorm) where residual is not null: the sum add_k would make of the two.
+__global__ void layernorm_dx_k(float* dx, const float* residual, const float* dy, const float* x, const float* w,
+                               const float* mean, const float* rstd, int64_t C) {
   const int64_t r = blockIdx.x;
   const float* xr = x + r * C;
   const float* dyr = dy + r * C;
@@ -277,7 +278,8 @@ __global__ void layernorm_dx_k(float* dx, const float* dy, const float* x, const
   const float inv_c = 1.0f / static_cast<float>(C);
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
     float xhat = (xr[c] - m) * s;
-    dxr[c] = s * (dyr[c] * w[c] - inv_c * sum_g - xhat * inv_c * sum_gx);
+    const float d = s * (dyr[c] * w[c] - inv_c * sum_g - xhat * inv_c * sum_gx);
+    dxr[c] = residual ? kmath::add_unfused(residual[r * C + c], d) : d;
   }
 }
 // dw[c] += sum_r (x - mean) * rstd * dy, db[c] += sum_r dy (column sums, as col_sum_add_k).
@@ -818,12 +820,12 @@ void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const
   layernorm_forward_k<<<rows_grid(rows, "layernorm_forward"), kThreads, 0, s>>>(y, mean, rstd, x, w, b, C, eps);
   check_launch("layernorm_forward");
 }
-void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
-                        const float* mean, const float* rstd, int64_t rows, int64_t C, cudaStream_t s) {
+void layernorm_backward(float* dx, const float* residual, float* dw, float* db, const float* dy, const float* x,
+                        const float* w, const float* mean, const float* rstd, int64_t rows, int64_t C, cudaStream_t s) {
   if (rows == 0) return;
   layernorm_dwdb_k<<<column_tiles(C), dim3(kColTile, kRowLanes), 0, s>>>(dw, db, dy, x, mean, rstd, rows, C);
   check_launch("layernorm_backward (dw, db)");
-  layernorm_dx_k<<<rows_grid(rows, "layernorm_backward"), kThreads, 0, s>>>(dx, dy, x, w, mean, rstd, C);
+  layernorm_dx_k<<<rows_grid(rows, "layernorm_backward"), kThreads, 0, s>>>(dx, residual, dy, x, w, mean, rstd, C);
   check_launch("layernorm_backward (dx)");
 }
 void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C, cudaStream_t s) {

@@ -39,8 +39,8 @@ void dropout_forward(float* y, float* mask, const float* x, int64_t B, int64_t p
 
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int64_t rows,
                        int64_t C, float eps, cudaStream_t s);
-void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
-                        const float* mean, const float* rstd, int64_t rows, int64_t C, cudaStream_t s);
+void layernorm_backward(float* dx, const float* residual, float* dw, float* db, const float* dy, const float* x,
+                        const float* w, const float* mean, const float* rstd, int64_t rows, int64_t C, cudaStream_t s);
 void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C, cudaStream_t s);
 void log_softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t C, cudaStream_t s);
 void causal_softmax_forward(float* P, CausalRows g, float* row_max, float* row_inv, cudaStream_t s);
