@@ -246,9 +246,9 @@ class DeferredKernels final : public Kernels {
                        float eps) override {
     defer(&Kernels::rmsnorm_forward, y, rstd, x, w, rows, C, eps);
   }
-  void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd,
-                        int64_t rows, int64_t C) override {
-    defer(&Kernels::rmsnorm_backward, dx, dw, dy, x, w, rstd, rows, C);
+  void rmsnorm_backward(float* dx, const float* residual, float* dw, const float* dy, const float* x, const float* w,
+                        const float* rstd, int64_t rows, int64_t C) override {
+    defer(&Kernels::rmsnorm_backward, dx, residual, dw, dy, x, w, rstd, rows, C);
   }
   void attention_softmax_forward(float* P, const float* bias, const int32_t* key_valid, bool causal, int64_t B,
                                  int64_t H, int64_t Tq, int64_t Tk) override {

@@ -430,8 +430,8 @@ BOOST_AUTO_TEST_CASE(column_sums_many_rows) {
         tol[c] = static_cast<float>(2.0 * static_cast<double>(rows + 1) * kEps * mag);
       }
       float* grdw = g.upload(rdw);
-      cpu.rmsnorm_backward(nullptr, rdw.data(), dy.data(), x.data(), w.data(), rstd.data(), rows, C);
-      g.k().rmsnorm_backward(nullptr, grdw, gdy, gx, gw, gr, rows, C);
+      cpu.rmsnorm_backward(nullptr, nullptr, rdw.data(), dy.data(), x.data(), w.data(), rstd.data(), rows, C);
+      g.k().rmsnorm_backward(nullptr, nullptr, grdw, gdy, gx, gw, gr, rows, C);
       within(rdw, g.download(grdw, C), tol, "rmsnorm dw");
     }
   }
@@ -1096,8 +1096,8 @@ BOOST_AUTO_TEST_CASE(rmsnorm) {
         for (int64_t r = 0; r < rows; ++r) mag += std::fabs(x[r * C + c] * rstd[r] * dy[r * C + c]);
         dw_tol[c] = static_cast<float>(2.0 * static_cast<double>(rows + 1) * kEps * mag);
       }
-      cpu.rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), rows, C);
-      g.k().rmsnorm_backward(gdx, gdw, gdy, gx, gw, grh, rows, C);
+      cpu.rmsnorm_backward(dx.data(), nullptr, dw.data(), dy.data(), x.data(), w.data(), rstd.data(), rows, C);
+      g.k().rmsnorm_backward(gdx, nullptr, gdw, gdy, gx, gw, grh, rows, C);
       const auto gpu_dw = g.download(gdw, C);
       within(dw, gpu_dw, dw_tol, "rmsnorm dw");
       for (int64_t r = 0; r < rows; ++r) {
@@ -1109,10 +1109,21 @@ BOOST_AUTO_TEST_CASE(rmsnorm) {
           tol[i] = static_cast<float>(4 * kEps * (std::fabs(dx[i]) + 2 * rstd[r] * std::fabs(x[i] * k)));
         }
       }
-      within(dx, g.download(gdx, n), tol, "rmsnorm dx");
+      const auto gpu_dx = g.download(gdx, n);
+      within(dx, gpu_dx, tol, "rmsnorm dx");
+      {
+        // With a residual: residual + the device's dx, as add() rounds it.
+        const auto res = randn(n, 1500 + C);
+        std::vector<float> sum(n), scratch(C, 0.0f);
+        cpu.add(sum.data(), res.data(), gpu_dx.data(), n);
+        float* gres = g.upload(res);
+        float* gsum = g.upload(sum);
+        g.k().rmsnorm_backward(gsum, gres, g.upload(scratch), gdy, gx, gw, grh, rows, C);
+        same_bits(sum, g.download(gsum, n), "rmsnorm dx + residual");
+      }
       // dx null: dw only.
       float* gdw2 = g.upload(small_ints(C, 1400 + C, -5, 5));
-      g.k().rmsnorm_backward(nullptr, gdw2, gdy, gx, gw, grh, rows, C);
+      g.k().rmsnorm_backward(nullptr, nullptr, gdw2, gdy, gx, gw, grh, rows, C);
       same_bits(gpu_dw, g.download(gdw2, C), "rmsnorm dw (dx null), against dw with dx");
     }
   }

@@ -1232,7 +1232,7 @@ BOOST_AUTO_TEST_CASE(rmsnorm_exact_values) {
   // Backward of row 0 with dy = 1 (rstd 1): g = w, sum g x = 2 - 0.5 - 1 - 3 = -2.5,
   // k = -2.5 / 4 = -0.625, dx = g - x k = {2.625, -0.125, -0.375, 2.375}; dw += x * rstd * dy = x.
   std::vector<float> dy(C, 1.0f), dx(C, 9.0f), dw = {0.5f, 0.5f, 0.5f, 0.5f};
-  k.rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), 1, C);
+  k.rmsnorm_backward(dx.data(), nullptr, dw.data(), dy.data(), x.data(), w.data(), rstd.data(), 1, C);
   BOOST_TEST(dx == (std::vector<float>{2.625f, -0.125f, -0.375f, 2.375f}));
   BOOST_TEST(dw == (std::vector<float>{1.5f, -0.5f, 1.5f, -0.5f}));
 }
@@ -1256,9 +1256,18 @@ BOOST_AUTO_TEST_CASE(rmsnorm_vs_double_and_gradients) {
     }
   }
   std::vector<float> dx(rows * C), dw(C, 0.25f), dw_no_dx(C, 0.25f);
-  k.rmsnorm_backward(dx.data(), dw.data(), R.data(), x.data(), w.data(), rstd.data(), rows, C);
-  k.rmsnorm_backward(nullptr, dw_no_dx.data(), R.data(), x.data(), w.data(), rstd.data(), rows, C);
-  BOOST_TEST(dw == dw_no_dx);     // dx null: skipped, dw the same
+  k.rmsnorm_backward(dx.data(), nullptr, dw.data(), R.data(), x.data(), w.data(), rstd.data(), rows, C);
+  k.rmsnorm_backward(nullptr, nullptr, dw_no_dx.data(), R.data(), x.data(), w.data(), rstd.data(), rows, C);
+  BOOST_TEST(dw == dw_no_dx);  // dx null: skipped, dw the same
+  {
+    // With a residual: residual + dx, the bits add() gives, and dw the same.
+    const auto res = random_vec(rows * C, 24);
+    std::vector<float> sum(rows * C), want(rows * C), dw_res(C, 0.25f);
+    k.rmsnorm_backward(sum.data(), res.data(), dw_res.data(), R.data(), x.data(), w.data(), rstd.data(), rows, C);
+    k.add(want.data(), res.data(), dx.data(), rows * C);
+    BOOST_TEST(std::memcmp(sum.data(), want.data(), sum.size() * sizeof(float)) == 0);
+    BOOST_TEST(dw_res == dw_no_dx);
+  }
   for (auto& v : dw) v -= 0.25f;  // dw accumulates: remove the starting value
   auto loss = [&] {
     std::vector<float> yy(rows * C), ss(rows);

@@ -58,17 +58,32 @@ class T5LayerNorm : public Layer {
   }
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
     ctx.ensure(dx_, x_.shape(), DType::f32);
-    ctx.kernels().rmsnorm_backward(dx_.f32(), weight.grad, dy.f32(), x_.f32(), weight.data, rstd_.f32(),
-                                   x_.numel() / C_, C_);
+    if (residual_.defined() && residual_.shape() != x_.shape())
+      throw Error(name() + ": residual gradient " + shape_str(residual_.shape()) + " is not the input's " +
+                  shape_str(x_.shape()));
+    ctx.kernels().rmsnorm_backward(dx_.f32(), residual_.defined() ? residual_.f32() : nullptr, weight.grad, dy.f32(),
+                                   x_.f32(), weight.data, rstd_.f32(), x_.numel() / C_, C_);
     return dx_;
   }
-  void release_activations() override { x_ = y_ = rstd_ = dx_ = Tensor(); }
+  // backward, returning residual + dx (as LayerNorm::backward_adding): the residual stream's
+  // gradient added in the pass that writes dx.
+  Tensor backward_adding(RunCtx& ctx, const Tensor& dy, const Tensor& residual) {
+    residual_ = residual;
+    try {
+      return backward(ctx, dy);  // release_activations, at its end, drops the handle
+    } catch (...) {
+      residual_ = Tensor();  // a later plain backward must add nothing
+      throw;
+    }
+  }
+  void release_activations() override { x_ = y_ = rstd_ = dx_ = residual_ = Tensor(); }
   Param& weight;
 
  private:
   int64_t C_;
   float eps_;
   Tensor x_, y_, rstd_, dx_;
+  Tensor residual_;  // during backward_adding only
 };
 
 // T5Attention: q, k, v, o without bias; scores q.k unscaled, plus the position bias (self-
@@ -229,9 +244,8 @@ class Residual : public Layer {
     return y_;
   }
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
-    const Tensor dn = norm_->backward(ctx, sub_->backward(ctx, dropout_->backward(ctx, dy)));
-    ctx.ensure(dx_, dy.shape(), DType::f32);
-    ctx.kernels().add(dx_.f32(), dy.f32(), dn.f32(), dy.numel());
+    // dy + the norm's dx, added in the norm's own dx pass.
+    dx_ = norm_->backward_adding(ctx, sub_->backward(ctx, dropout_->backward(ctx, dy)), dy);
     return dx_;
   }
   void release_activations() override {

@@ -284,8 +284,8 @@ class CpuKernels final : public Kernels {
 
   // y = w x s with s = (mean x^2 + eps)^-1/2, ds/dx_k = -s^3 x_k / C:
   // dx_k = s (g_k - x_k s^2 sum_j(g_j x_j) / C), g = dy * w.
-  void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd,
-                        int64_t rows, int64_t C) override {
+  void rmsnorm_backward(float* dx, const float* residual, float* dw, const float* dy, const float* x, const float* w,
+                        const float* rstd, int64_t rows, int64_t C) override {
     // dw is a reduction over rows: serial in row order, so the sum never depends on the thread
     // count; fmaf spelled out so both sides round each term alike (the device sums the same terms
     // in another fixed order: kernels.cu's column sums).
@@ -306,8 +306,14 @@ class CpuKernels final : public Kernels {
       double dot = 0.0;  // sum_j g_j x_j in f64, as the forward's sum of squares
       for (int64_t c = 0; c < C; ++c) dot += static_cast<double>(dyr[c] * w[c]) * xr[c];
       const float k = static_cast<float>(dot / static_cast<double>(C)) * s * s;
+      if (residual) {
+        const float* resr = residual + r * C;
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) dxr[c] = s * std::fma(-xr[c], k, dyr[c] * w[c]);
+        for (int64_t c = 0; c < C; ++c) dxr[c] = kmath::add_unfused(resr[c], s * std::fma(-xr[c], k, dyr[c] * w[c]));
+      } else {
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) dxr[c] = s * std::fma(-xr[c], k, dyr[c] * w[c]);
+      }
     }
   }
 

@@ -151,9 +151,10 @@ class Kernels {
   // boundary.
   virtual void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C,
                                float eps) = 0;
-  // dx overwritten (null: skipped), dw (C) += sum over rows of dy * x * rstd.
-  virtual void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
-                                const float* rstd, int64_t rows, int64_t C) = 0;
+  // dx overwritten (null: skipped; residual + d(rmsnorm) where residual is not null, as
+  // layernorm_backward), dw (C) += sum over rows of dy * x * rstd.
+  virtual void rmsnorm_backward(float* dx, const float* residual, float* dw, const float* dy, const float* x,
+                                const float* w, const float* rstd, int64_t rows, int64_t C) = 0;
   // Attention softmax in place on P (B, H, Tq, Tk), raw scores on entry:
   // P = softmax_j(scores + bias[h, i, j]) over the unmasked j, exactly 0 at masked j.
   // bias (H, Tq, Tk): null for none. key_valid (B, Tk): null for all valid, else key j of sample

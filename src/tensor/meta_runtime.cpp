@@ -72,7 +72,7 @@ class MetaKernels final : public Kernels {
   void causal_softmax_recompute(float*, CausalRows, const float*, const float*) override {}
   void causal_softmax_backward(float*, const float*, CausalRows, float) override {}
   void rmsnorm_forward(float*, float*, const float*, const float*, int64_t, int64_t, float) override {}
-  void rmsnorm_backward(float*, float*, const float*, const float*, const float*, const float*, int64_t,
+  void rmsnorm_backward(float*, const float*, float*, const float*, const float*, const float*, const float*, int64_t,
                         int64_t) override {}
   void attention_softmax_forward(float*, const float*, const int32_t*, bool, int64_t, int64_t, int64_t,
                                  int64_t) override {}

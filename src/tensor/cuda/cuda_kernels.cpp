@@ -284,9 +284,9 @@ void CudaKernels::rmsnorm_forward(float* y, float* rstd, const float* x, const f
                                   float eps) {
   launch::rmsnorm_forward(y, rstd, x, w, rows, C, eps, stream_);
 }
-void CudaKernels::rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
-                                   const float* rstd, int64_t rows, int64_t C) {
-  launch::rmsnorm_backward(dx, dw, dy, x, w, rstd, rows, C, stream_);
+void CudaKernels::rmsnorm_backward(float* dx, const float* residual, float* dw, const float* dy, const float* x,
+                                   const float* w, const float* rstd, int64_t rows, int64_t C) {
+  launch::rmsnorm_backward(dx, residual, dw, dy, x, w, rstd, rows, C, stream_);
 }
 void CudaKernels::attention_softmax_forward(float* P, const float* bias, const int32_t* key_valid, bool causal,
                                             int64_t B, int64_t H, int64_t Tq, int64_t Tk) {

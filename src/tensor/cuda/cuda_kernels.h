@@ -87,8 +87,8 @@ class CudaKernels final : public Kernels {
   void causal_softmax_backward(float* dP, const float* P, CausalRows g, float scale) override;
   void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C,
                        float eps) override;
-  void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd,
-                        int64_t rows, int64_t C) override;
+  void rmsnorm_backward(float* dx, const float* residual, float* dw, const float* dy, const float* x, const float* w,
+                        const float* rstd, int64_t rows, int64_t C) override;
   void attention_softmax_forward(float* P, const float* bias, const int32_t* key_valid, bool causal, int64_t B,
                                  int64_t H, int64_t Tq, int64_t Tk) override;
   void softmax_backward(float* dP, const float* P, int64_t rows, int64_t Tk) override;

@@ -374,7 +374,8 @@ __global__ void rmsnorm_forward_k(float* y, float* rstd, const float* x, const f
   if (threadIdx.x == 0) rstd[r] = rs;
 }
 // dx = s * (g - x * (s^2 * dot / C)), g = dy * w, dot = sum g x in f64 (see the forward).
-__global__ void rmsnorm_dx_k(float* dx, const float* dy, const float* x, const float* w, const float* rstd, int64_t C) {
+__global__ void rmsnorm_dx_k(float* dx, const float* residual, const float* dy, const float* x, const float* w,
+                             const float* rstd, int64_t C) {
   const int64_t r = blockIdx.x;
   const float* xr = x + r * C;
   const float* dyr = dy + r * C;
@@ -383,7 +384,10 @@ __global__ void rmsnorm_dx_k(float* dx, const float* dy, const float* x, const f
   double d = 0.0;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) d += static_cast<double>(dyr[c] * w[c]) * xr[c];
   const float k = static_cast<float>(block_reduce(d, Sum{}) / static_cast<double>(C)) * s * s;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dxr[c] = s * fmaf(-xr[c], k, dyr[c] * w[c]);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const float v = s * fmaf(-xr[c], k, dyr[c] * w[c]);
+    dxr[c] = residual ? kmath::add_unfused(residual[r * C + c], v) : v;
+  }
 }
 // dw[c] += sum_r x * rstd * dy: the host's fmaf terms, summed as col_sum_add_k.
 __global__ void rmsnorm_dw_k(float* dw, const float* dy, const float* x, const float* rstd, int64_t rows, int64_t C) {
@@ -862,13 +866,13 @@ void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int6
   rmsnorm_forward_k<<<rows_grid(rows, "rmsnorm_forward"), kThreads, 0, s>>>(y, rstd, x, w, C, eps);
   check_launch("rmsnorm_forward");
 }
-void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd,
-                      int64_t rows, int64_t C, cudaStream_t s) {
+void rmsnorm_backward(float* dx, const float* residual, float* dw, const float* dy, const float* x, const float* w,
+                      const float* rstd, int64_t rows, int64_t C, cudaStream_t s) {
   if (rows == 0 || C == 0) return;
   rmsnorm_dw_k<<<column_tiles(C), dim3(kColTile, kRowLanes), 0, s>>>(dw, dy, x, rstd, rows, C);
   check_launch("rmsnorm_backward (dw)");
   if (!dx) return;
-  rmsnorm_dx_k<<<rows_grid(rows, "rmsnorm_backward"), kThreads, 0, s>>>(dx, dy, x, w, rstd, C);
+  rmsnorm_dx_k<<<rows_grid(rows, "rmsnorm_backward"), kThreads, 0, s>>>(dx, residual, dy, x, w, rstd, C);
   check_launch("rmsnorm_backward (dx)");
 }
 void attention_softmax_forward(float* P, const float* bias, const int32_t* key_valid, bool causal, int64_t B, int64_t H,

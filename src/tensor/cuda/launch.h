@@ -48,8 +48,8 @@ void causal_softmax_recompute(float* P, CausalRows g, const float* row_max, cons
 void causal_softmax_backward(float* dP, const float* P, CausalRows g, float scale, cudaStream_t s);
 void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C, float eps,
                      cudaStream_t s);
-void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd,
-                      int64_t rows, int64_t C, cudaStream_t s);
+void rmsnorm_backward(float* dx, const float* residual, float* dw, const float* dy, const float* x, const float* w,
+                      const float* rstd, int64_t rows, int64_t C, cudaStream_t s);
 void attention_softmax_forward(float* P, const float* bias, const int32_t* key_valid, bool causal, int64_t B, int64_t H,
                                int64_t Tq, int64_t Tk, cudaStream_t s);
 void softmax_backward(float* dP, const float* P, int64_t rows, int64_t Tk, cudaStream_t s);
