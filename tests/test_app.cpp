@@ -255,6 +255,28 @@ BOOST_AUTO_TEST_CASE(a_bad_input_under_mpirun_is_reported_once) {
   }
 }
 
+// fsdp.node_shared_params is a request: the banner says whether it is on, and why not.
+BOOST_AUTO_TEST_CASE(node_shared_params_says_whether_it_is_on) {
+  TempDir d;
+  const std::string cfg = d.file("c.yaml", kTinyCnn) + " --set train.steps=2 --set fsdp.node_shared_params=true";
+  const std::string line = "fsdp_app: fsdp.node_shared_params ";
+  const std::vector<std::pair<Run, std::string>> runs = {
+      {run_mpi(2, cfg), "on: the node's copy of the parameters, "},
+      {run_mpi(2, cfg + " --set comm.backend=ucx"),
+       "off: the ucx backend maps no node-shared memory (the mpi backend does); all_gathers as usual"},
+      {run_mpi(2, cfg + " --set fsdp.mixed_precision.param_dtype=bf16"),
+       "off: it needs f32 parameters (fsdp.mixed_precision.param_dtype); all_gathers as usual"},
+      {run(cfg), "off: the shard group has one rank; all_gathers as usual"},
+  };
+  for (const auto& [r, says] : runs) {
+    BOOST_TEST(r.exit_code == 0, r.err);
+    BOOST_TEST(r.out.find(line + says) != std::string::npos, r.out);
+  }
+  Run plain = run_mpi(2, d.file("c.yaml", kTinyCnn) + " --set train.steps=2");
+  BOOST_TEST(plain.exit_code == 0, plain.err);
+  BOOST_TEST(plain.out.find("node_shared_params") == std::string::npos, plain.out);
+}
+
 BOOST_AUTO_TEST_CASE(trains_under_mpirun_with_several_ranks) {
   TempDir d;
   std::string cfg = d.file("c.yaml", kTinyCnn);

@@ -18,6 +18,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -26,6 +27,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <new>
 #include <ostream>
 #include <string>
 #include <thread>
@@ -537,6 +539,47 @@ void case_timeout(const std::string& backend) {
   parent->barrier();  // the parent is unaffected
 }
 
+// share_node_memory: on mpi (every rank of this job on this node) one mapping every rank sees,
+// written by each and read by all; a wait on it ends when a peer's store makes it true, and times
+// out naming what it waited for. Other backends map none, on every rank. One rank: none.
+void case_node_shared_memory(const std::string& backend) {
+  const int n = world_size(), r = world_rank();
+  auto comm = make(backend, 0.5);
+  auto memory = comm->share_node_memory(4096);
+  const bool expected = backend == "mpi" && n > 1;
+  report((memory != nullptr) == expected,
+         backend + " share_node_memory: " + (memory ? "mapped" : "none") + " at np " + std::to_string(n));
+  if (!memory) return;
+  report(memory->bytes() == 4096 && reinterpret_cast<uintptr_t>(memory->data()) % 64 == 0,
+         backend + " share_node_memory: size or alignment");
+  auto* flags = reinterpret_cast<std::atomic<uint64_t>*>(memory->data());  // one per rank, then values
+  auto* values = reinterpret_cast<int32_t*>(memory->data() + 64 * sizeof(std::atomic<uint64_t>));
+  new (&flags[r]) std::atomic<uint64_t>(0);
+  comm->barrier();
+  values[r] = 1000 + r;
+  flags[r].store(1, std::memory_order_release);
+  memory->wait(
+      [&] {
+        for (int p = 0; p < n; ++p)
+          if (flags[p].load(std::memory_order_acquire) < 1) return false;
+        return true;
+      },
+      "for every rank's flag");
+  for (int p = 0; p < n; ++p)
+    report(values[p] == 1000 + p,
+           backend + " share_node_memory: rank " + std::to_string(p) + "'s value reads " + std::to_string(values[p]));
+  std::string message;
+  try {
+    memory->wait([&] { return flags[(r + 1) % n].load(std::memory_order_acquire) >= 2; }, "for a flag never set");
+  } catch (const fsdp::CommTimeout& e) {
+    message = e.what();
+  }
+  report(message.find("mpi node-shared wait for a flag never set") != std::string::npos &&
+             message.find("comm.timeout_s = 0.5 s") != std::string::npos,
+         backend + " share_node_memory: the wait's timeout says '" + message + "'");
+  comm->barrier();  // nobody frees the window while a peer still reads it
+}
+
 void case_registry() {
   std::vector<std::string> built = fsdp::built_backends();
   BOOST_CHECK(std::find(built.begin(), built.end(), "mpi") != built.end());
@@ -595,6 +638,7 @@ bool init_suites() {
     add(suite, "split_concurrent", [=] { case_split_concurrent(backend); });
     add(suite, "out_of_order", [=] { case_out_of_order(backend); });
     add(suite, "timeout", [=] { case_timeout(backend); });
+    add(suite, "node_shared_memory", [=] { case_node_shared_memory(backend); });
     ut::framework::master_test_suite().add(suite);
   }
   auto* registry = BOOST_TEST_SUITE("registry");

@@ -312,6 +312,66 @@ BOOST_AUTO_TEST_CASE(checkpoints_staged_from_the_device_resume_anywhere) {
   if (world_rank() == 0) std::filesystem::remove_all(dir);
 }
 
+// fsdp.node_shared_params (host runs): the peers' slices are read in place from the node's one
+// copy instead of all_gathered, so every number must be the all_gather run's bitwise: each step's
+// loss, the evaluation, every saved parameter byte. Through gradient accumulation, prefetch,
+// activation checkpointing, SHARD_GRAD_OP, HYBRID's groups, checkpoints saved mid-run (each asks
+// for the shards, so the next step publishes them anew) and a resume (the load writes them). The
+// plan runs the same code: its peaks equal the measured ones; and the gathered memory differs
+// from the all_gather run's (this rank's share of the copy instead of gathered buffers), which
+// shows the mode was on wherever a shard group has two ranks.
+BOOST_AUTO_TEST_CASE(node_shared_params_same_bits) {
+  const std::string dir = job_path("shared_ckpt");
+  const bool groups = world_size() > 1;  // HYBRID shards over pairs at even sizes, else groups of 1
+  const std::vector<std::pair<std::vector<std::string>, bool>> cases = {
+      {{"fsdp.forward_prefetch=true", "train.grad_accum=2", "fsdp.activation_checkpointing=true",
+        "checkpoint.dir=" + dir, "checkpoint.every_steps=2", "checkpoint.keep=10"},
+       groups},
+      {{"fsdp.sharding_strategy=SHARD_GRAD_OP", "fsdp.limit_all_gathers=false"}, groups},
+      {hybrid_overrides(), world_size() % 2 == 0},
+  };
+  for (const auto& [overrides, engaged] : cases) {
+    std::string name = "node_shared_params with";
+    for (const std::string& o : overrides) name += " " + o;
+    RunResult gathered = train_once(kLm, overrides, false);
+    std::vector<std::string> on = overrides;
+    on.emplace_back("fsdp.node_shared_params=true");
+    RunResult shared = train_once(kLm, on, false);
+    report(gathered.error.empty() && shared.error.empty(), name + ": a run failed: " + gathered.error + shared.error);
+    report(shared.summary.last_loss == gathered.summary.last_loss &&
+               shared.summary.eval_loss == gathered.summary.eval_loss,
+           name + ": last loss " + std::to_string(shared.summary.last_loss) + ", all_gather run " +
+               std::to_string(gathered.summary.last_loss));
+    if (world_rank() == 0) {
+      report(!shared.losses.empty() && shared.losses == gathered.losses, name + ": per-step losses differ");
+      report(!shared.weights.empty() && shared.weights == gathered.weights, name + ": saved weights differ");
+      report(!shared.peaks.first.empty() && shared.peaks.first == shared.peaks.second,
+             name + ": measured peaks " + shared.peaks.first + ", planned " + shared.peaks.second);
+      report(engaged == (shared.peaks.first != gathered.peaks.first),
+             name + (engaged ? ": the same memory peaks as the all_gather run (" : ": other memory peaks (") +
+                 shared.peaks.first + ")");
+    }
+    if (!overrides.empty() && overrides.back() == "checkpoint.keep=10") {
+      // Resumed from step 2 of the shared run, shared again: the straight run's end, bit for bit.
+      RunResult r =
+          train_once(kLm,
+                     {"checkpoint.resume=" + dir + "/ckpt_00000002.h5", "fsdp.forward_prefetch=true",
+                      "train.grad_accum=2", "fsdp.activation_checkpointing=true", "fsdp.node_shared_params=true"},
+                     false);
+      report(r.error.empty() && r.summary.start_step == 2,
+             name + ": the resume failed or started elsewhere: " + r.error);
+      report(r.summary.last_loss == gathered.summary.last_loss, name + ": the resumed run ends elsewhere");
+      if (world_rank() == 0)
+        report(!r.weights.empty() && r.weights == gathered.weights, name + ": resumed weights differ");
+    }
+    if (world_rank() == 0)
+      BOOST_TEST_MESSAGE(name << " (np " << world_size() << "): " << shared.losses.size() << " losses equal; peaks "
+                              << shared.peaks.first);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::filesystem::remove_all(dir);
+}
+
 // The test can fail: with the fake's stream waits dropped, the communication stream no longer
 // waits for the compute stream's casts, so the all_gather reads a slot before it is written.
 BOOST_AUTO_TEST_CASE(dropped_stream_waits_are_caught) {

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <utility>
@@ -187,7 +188,80 @@ class ShmWork final : public PollingWork {
   bool timed_out_ = false;  // wait() threw CommTimeout: the destructor must not wait again
 };
 
+// A shared window every rank maps (share_node_memory). Its waits poll like the shared-memory
+// pipeline's: a peer may be waiting for this rank's part of a queued reduction meanwhile.
+class MpiNodeMemory final : public NodeSharedMemory {
+ public:
+  MpiNodeMemory(MPI_Win win, char* data, size_t bytes, CollectiveDesc desc, double timeout_s,
+                std::shared_ptr<ShmProgress> progress)
+      : win_(win),
+        data_(data),
+        bytes_(bytes),
+        desc_(std::move(desc)),
+        timeout_s_(timeout_s),
+        progress_(std::move(progress)) {}
+  MpiNodeMemory(const MpiNodeMemory&) = delete;  // owns an MPI window
+  MpiNodeMemory& operator=(const MpiNodeMemory&) = delete;
+  ~MpiNodeMemory() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    MPI_Win_unlock_all(win_);
+    MPI_Win_free(&win_);  // collective, as the allocation was
+  }
+  char* data() override { return data_; }
+  size_t bytes() const override { return bytes_; }
+  void wait(const std::function<bool()>& ready, const std::string& what) override {
+    bool timed_out = false;
+    try {
+      poll_until(desc_, timeout_s_, progress_->oversubscribed(), timed_out, [&] {
+        const bool moved = progress_->progress_all();
+        return PollResult{ready(), moved};
+      });
+    } catch (const CommTimeout& e) {
+      throw e.for_purpose(what);
+    }
+  }
+
+ private:
+  MPI_Win win_;
+  char* data_;
+  size_t bytes_;
+  CollectiveDesc desc_;
+  double timeout_s_;
+  std::shared_ptr<ShmProgress> progress_;
+};
+
 }  // namespace
+
+std::unique_ptr<NodeSharedMemory> MpiCommunicator::share_node_memory(size_t bytes) {
+  if (size_ < 2 || bytes == 0 || !all_on_one_node(comm_.get())) return nullptr;
+  // Room in /dev/shm for it and as much again (the rest of the node's users), agreed by all.
+  int ok = rank_ != 0 || dev_shm_free_bytes() / 2 >= bytes ? 1 : 0, all_ok = 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm_.get());
+  if (!all_ok) return nullptr;
+  constexpr size_t kAlign = 64;
+  char* base = nullptr;
+  MPI_Win win = MPI_WIN_NULL;
+  const MPI_Aint mine = rank_ == 0 ? static_cast<MPI_Aint>(bytes + kAlign) : 0;
+  int rc = MPI_Win_allocate_shared(mine, 1, MPI_INFO_NULL, comm_.get(), &base, &win);
+  ok = rc == MPI_SUCCESS ? 1 : 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm_.get());
+  if (!all_ok) return nullptr;  // MPI_Win_free is collective and some ranks have no window: leak it
+  MPI_Aint size0 = 0;
+  int disp = 0;
+  void* ptr = nullptr;
+  MPI_Win_shared_query(win, 0, &size0, &disp, &ptr);
+  // Open MPI 4.1 gives segments 8-byte alignment; a mapping's offset in its page is the same in
+  // every process, so every rank aligns alike.
+  const auto at = reinterpret_cast<uintptr_t>(ptr);
+  char* data = static_cast<char*>(ptr) + (kAlign - at % kAlign) % kAlign;
+  // A passive-target epoch for the window's lifetime: accesses are plain loads and stores
+  // ordered by C++ atomics in the memory (the unified model of a shared window).
+  MPI_Win_lock_all(MPI_MODE_NOCHECK, win);
+  return std::make_unique<MpiNodeMemory>(win, data, bytes, CollectiveDesc{"mpi", "node-shared wait", 0, DType::f32, 0},
+                                         options().timeout_s, progress_);
+}
 
 MpiCommunicator::MpiCommunicator(MPI_Comm owned, std::shared_ptr<MpiHalfTypes> types,
                                  std::shared_ptr<ShmProgress> progress, std::shared_ptr<Watchdog> watchdog,

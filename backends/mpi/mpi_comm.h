@@ -33,6 +33,9 @@ class MpiCommunicator : public Communicator {
                                    Stream stream) override;
   std::unique_ptr<Work> broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) override;
   void barrier() override;
+  // An MPI-3 shared window (MPI_Win_allocate_shared), when every rank is on this node and
+  // /dev/shm has room for it; rank 0's segment holds it all, so it is contiguous.
+  std::unique_ptr<NodeSharedMemory> share_node_memory(size_t bytes) override;
   MPI_Comm comm() const { return comm_.get(); }
   // Whether reduce_scatter/all_reduce may use the node-local shared-memory pipeline.
   bool shared_memory() const { return shm_ != nullptr; }

@@ -38,6 +38,25 @@ constexpr size_t kMinChunkBytes = 16 << 10;
 
 }  // namespace
 
+bool all_on_one_node(MPI_Comm comm) {
+  int size = 1, rank = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm node = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node) != MPI_SUCCESS) return false;
+  int node_size = 0;
+  MPI_Comm_size(node, &node_size);
+  MPI_Comm_free(&node);
+  // Either all ranks are on this node or none sees all of them.
+  return node_size == size;
+}
+
+size_t dev_shm_free_bytes() {
+  struct statvfs fs {};
+  if (statvfs("/dev/shm", &fs) != 0) return SIZE_MAX;
+  return static_cast<size_t>(fs.f_bavail) * fs.f_frsize;
+}
+
 bool node_oversubscribed(MPI_Comm comm) {
   MPI_Comm node = MPI_COMM_NULL;
   if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS) return false;
@@ -67,14 +86,7 @@ std::unique_ptr<ShmChannel> ShmChannel::create(MPI_Comm comm, std::shared_ptr<Sh
   int size = 1, rank = 0;
   MPI_Comm_size(comm, &size);
   MPI_Comm_rank(comm, &rank);
-  if (size < 2) return nullptr;
-  MPI_Comm node = MPI_COMM_NULL;
-  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node) != MPI_SUCCESS) return nullptr;
-  int node_size = 0;
-  MPI_Comm_size(node, &node_size);
-  MPI_Comm_free(&node);
-  // Every rank sees the same answer: either all ranks are on this node or none sees all of them.
-  if (node_size != size) return nullptr;
+  if (size < 2 || !all_on_one_node(comm)) return nullptr;
 
   std::unique_ptr<ShmChannel> ch(new ShmChannel());
   ch->rank_ = rank;
@@ -82,14 +94,10 @@ std::unique_ptr<ShmChannel> ShmChannel::create(MPI_Comm comm, std::shared_ptr<Sh
   ch->slots_ = kSlots;
   const size_t pieces_per_rank = ch->slots_ * static_cast<size_t>(size);
   size_t piece = std::min(kPieceBytes, kRingBudgetBytes / pieces_per_rank);
-  // Open MPI backs the window with a sparse file in /dev/shm; touching pages past a full tmpfs
-  // (Docker's default is 64 MiB) is a SIGBUS, not an error code. Use at most a quarter of what
-  // is free there, agreed by all ranks, or stay on MPI collectives.
-  struct statvfs fs {};
-  if (statvfs("/dev/shm", &fs) == 0) {
-    const size_t free_bytes = static_cast<size_t>(fs.f_bavail) * fs.f_frsize;
+  // Use at most a quarter of what is free in /dev/shm (dev_shm_free_bytes), agreed by all ranks,
+  // or stay on MPI collectives.
+  if (const size_t free_bytes = dev_shm_free_bytes(); free_bytes != SIZE_MAX)
     piece = std::min(piece, free_bytes / 4 / static_cast<size_t>(size) / pieces_per_rank);
-  }
   unsigned long agreed = piece / 64 * 64, mine_piece = agreed;  // every element size divides 64
   MPI_Allreduce(&mine_piece, &agreed, 1, MPI_UNSIGNED_LONG, MPI_MIN, comm);
   if (agreed < kMinPieceBytes) return nullptr;

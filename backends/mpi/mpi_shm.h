@@ -30,6 +30,13 @@ namespace fsdp {
 
 class ShmChannel;
 
+// Collective over comm: whether all its ranks run on this node (the same answer on every rank).
+bool all_on_one_node(MPI_Comm comm);
+// Bytes free in /dev/shm, where Open MPI backs shared windows with sparse files: touching a page
+// past a full tmpfs (Docker's default is 64 MiB) is a SIGBUS, not an error code. SIZE_MAX when
+// it cannot be read.
+size_t dev_shm_free_bytes();
+
 // Collective over comm: whether its ranks on this node outnumber the CPUs they may run on (the
 // union of their affinity masks, so --bind-to core and --bind-to none both count right).
 bool node_oversubscribed(MPI_Comm comm);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -164,6 +165,22 @@ class DoneWork : public Work {
   void wait_on(Stream) override {}
 };
 
+// Memory that every rank of a communicator maps, when all its ranks share one node: the same
+// bytes, each rank at its own address (fsdp.node_shared_params keeps the node's one copy of the
+// gathered parameters there). Contents are undefined until written; ranks order their accesses
+// with C++ atomics placed in it (a shared mapping's unified memory model). Freeing it is
+// collective, as creating it was.
+class NodeSharedMemory {
+ public:
+  virtual ~NodeSharedMemory() = default;
+  virtual char* data() = 0;  // bytes() long, 64-byte aligned
+  virtual size_t bytes() const = 0;
+  // Polls ready() until it is true, keeping the backend's own collectives moving meanwhile (a peer
+  // may be waiting for this rank's part of one); throws CommTimeout naming `what` after
+  // comm.timeout_s.
+  virtual void wait(const std::function<bool()>& ready, const std::string& what) = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -192,6 +209,13 @@ class Communicator {
                                            Stream stream = {}) = 0;
   virtual std::unique_ptr<Work> broadcast(void* buf, size_t count, DType dtype, int root, Stream stream = {}) = 0;
   virtual void barrier() = 0;  // with the timeout
+  // Collective: `bytes` that every rank of this communicator maps, or null on every rank when
+  // they do not all share a node or the backend cannot map it (the default; the MPI backend maps
+  // an MPI-3 shared window when /dev/shm has room).
+  virtual std::unique_ptr<NodeSharedMemory> share_node_memory(size_t bytes) {
+    (void)bytes;
+    return nullptr;
+  }
 
   const CommOptions& options() const { return options_; }
 

@@ -1,6 +1,9 @@
 #include "comm/meta_comm.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <new>
 
 #include "tensor/error.h"
 
@@ -36,8 +39,32 @@ class MetaCommunicator final : public Communicator {
   std::unique_ptr<Work> all_reduce(const void*, void*, size_t, DType, ReduceOp, Stream) override { return done(); }
   std::unique_ptr<Work> broadcast(void*, size_t, DType, int, Stream) override { return done(); }
   void barrier() override {}
+  // Address space only (committed where written, which a plan never does); waits end at once.
+  std::unique_ptr<NodeSharedMemory> share_node_memory(size_t bytes) override {
+    if (size_ < 2 || bytes == 0) return nullptr;
+    return std::make_unique<MetaNodeMemory>(bytes);
+  }
 
  private:
+  class MetaNodeMemory final : public NodeSharedMemory {
+   public:
+    explicit MetaNodeMemory(size_t bytes) : bytes_(bytes) {
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p == MAP_FAILED) throw std::bad_alloc();
+      data_ = static_cast<char*>(p);
+    }
+    MetaNodeMemory(const MetaNodeMemory&) = delete;  // owns a mapping
+    MetaNodeMemory& operator=(const MetaNodeMemory&) = delete;
+    ~MetaNodeMemory() override { munmap(data_, bytes_); }
+    char* data() override { return data_; }
+    size_t bytes() const override { return bytes_; }
+    void wait(const std::function<bool()>&, const std::string&) override {}
+
+   private:
+    size_t bytes_;
+    char* data_ = nullptr;
+  };
+
   static std::unique_ptr<Work> done() { return std::make_unique<DoneWork>(); }
   int size_, rank_;
 };

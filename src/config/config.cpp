@@ -228,6 +228,7 @@ std::vector<Field> schema(Config& c) {
       {"fsdp.backward_prefetch", choice(&f.backward_prefetch, kBackwardPrefetches)},
       {"fsdp.forward_prefetch", &f.forward_prefetch},
       {"fsdp.limit_all_gathers", &f.limit_all_gathers},
+      {"fsdp.node_shared_params", &f.node_shared_params},
       {"fsdp.activation_checkpointing", &f.activation_checkpointing},
       {"fsdp.cpu_offload", &f.cpu_offload},
       {"fsdp.hybrid.shard_group_size", &f.shard_group_size, at_least(0)},

@@ -123,6 +123,7 @@ struct FsdpConfig {
   BackwardPrefetch backward_prefetch = BackwardPrefetch::pre;
   bool forward_prefetch = false;
   bool limit_all_gathers = true;
+  bool node_shared_params = false;
   bool activation_checkpointing = false;
   bool cpu_offload = false;
   int64_t shard_group_size = 0;  // hybrid.shard_group_size, 0 = ranks per node

@@ -1,6 +1,9 @@
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <new>
 
 #include "comm/agree.h"
 #include "fsdp/fsdp.h"
@@ -11,6 +14,21 @@
 namespace fsdp {
 
 namespace {
+
+// Per rank, at the front of the node-shared parameters (fsdp.node_shared_params). Versions count
+// the shards' publications from 1; both counters only grow.
+struct alignas(64) SharedParamsCounters {
+  std::atomic<uint64_t> published{0};  // the version this rank's slices hold
+  std::atomic<uint64_t> released{0};   // this rank reads no version up to this one any more
+};
+
+size_t round_up(size_t bytes, size_t to) { return (bytes + to - 1) / to * to; }
+
+std::string mib(size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
 
 void bind_data(const FlatLayout& layout, float* data) {
   for (size_t i = 0; i < layout.params.size(); ++i) layout.params[i]->data = data ? data + layout.offsets[i] : nullptr;
@@ -82,6 +100,101 @@ FsdpEngine::FsdpEngine(Model& model, Communicator& world, ProcessMesh mesh, cons
   grad_shards_ = Tensor::zeros(*shard_rt_, {total}, DType::f32, MemCategory::grads);
   traffic_.all_gather.group_size = traffic_.reduce_scatter.group_size = mesh_.shard->size();
   traffic_.all_reduce.group_size = mesh_.replicate->size();
+  if (options.node_shared_params) share_params_on_node();
+}
+
+void FsdpEngine::share_params_on_node() {
+  std::string off;
+  if (rt_->device() != Device::cpu)
+    off = "it needs train.device: cpu";
+  else if (options_.param_dtype != DType::f32)
+    off = "it needs f32 parameters (fsdp.mixed_precision.param_dtype)";
+  else if (mesh_.shard->size() < 2)
+    off = "the shard group has one rank";
+  else if (!mesh_.shard_group_on_one_node)
+    off = "the shard group spans nodes";
+  const size_t n = static_cast<size_t>(mesh_.shard->size());
+  size_t bytes = round_up(n * sizeof(SharedParamsCounters), 64);
+  std::vector<size_t> offsets;
+  for (const auto& u : units_) {
+    offsets.push_back(bytes);
+    bytes += round_up(static_cast<size_t>(u->padded_numel) * sizeof(float), 64);
+  }
+  // Every rank of the group takes the same branch (the conditions are the group's), so the
+  // collective call below is made by all or none.
+  if (off.empty()) {
+    node_params_ = mesh_.shard->share_node_memory(bytes);
+    const std::string backend(mesh_.shard->backend());
+    if (!node_params_ && backend != "mpi")
+      off = "the " + backend + " backend maps no node-shared memory (the mpi backend does)";
+    else if (!node_params_)
+      off = "/dev/shm has no room for " + mib(bytes) + " (where the mpi backend maps it), or MPI sees the shard " +
+            "group's ranks on different nodes";
+  }
+  if (!off.empty()) {
+    node_params_note_ = "off: " + off + "; all_gathers as usual";
+    return;
+  }
+  char* base = node_params_->data();
+  new (base + static_cast<size_t>(mesh_.shard->rank()) * sizeof(SharedParamsCounters)) SharedParamsCounters{};
+  for (size_t i = 0; i < units_.size(); ++i) units_[i]->shared = reinterpret_cast<float*>(base + offsets[i]);
+  mesh_.shard->barrier();  // every rank's counters exist before any rank reads them
+  node_params_charged_bytes_ = bytes / n;
+  mem_.on_alloc(MemCategory::gathered, node_params_charged_bytes_);
+  node_params_note_ = "on: the node's copy of the parameters, " + mib(bytes) + " in /dev/shm, " +
+                      "read in place by the " + std::to_string(n) + " ranks of each shard group";
+}
+
+void FsdpEngine::shards_written() {
+  if (node_params_ && shared_version_ > 0 && !shards_changed_) {
+    for (const auto& u : units_)
+      if (u->state != UnitState::sharded)
+        throw Error("fsdp: internal: the shards may change while unit " + u->spec.name +
+                    " is bound to the node-shared parameters");
+    // This rank reads the version it published no more: the peers may overwrite theirs.
+    auto* counters = reinterpret_cast<SharedParamsCounters*>(node_params_->data());
+    counters[mesh_.shard->rank()].released.store(shared_version_, std::memory_order_release);
+  }
+  shards_changed_ = true;
+}
+
+void FsdpEngine::publish_shards() {
+  // Every unit at once: a peer ahead of this rank then finds them all ready, so a step waits for
+  // the peers once instead of once per unit.
+  auto* counters = reinterpret_cast<SharedParamsCounters*>(node_params_->data());
+  const int n = mesh_.shard->size(), r = mesh_.shard->rank();
+  const uint64_t version = shared_version_;
+  if (version > 0)  // a peer may still read the slices of the last version
+    node_params_->wait(
+        [&] {
+          for (int p = 0; p < n; ++p)
+            if (p != r && counters[p].released.load(std::memory_order_acquire) < version) return false;
+          return true;
+        },
+        "until the peers release version " + std::to_string(version) + " of the node-shared parameters");
+  if (rt_->holds_values())
+    for (const auto& u : units_)
+      std::memcpy(u->shared + r * u->shard_numel, shards_.f32() + u->shard_offset,
+                  static_cast<size_t>(u->shard_numel) * sizeof(float));
+  shared_version_ = version + 1;
+  counters[r].published.store(shared_version_, std::memory_order_release);
+  shards_changed_ = false;
+  peers_published_ = false;
+}
+
+void FsdpEngine::wait_for_peers(const Unit& u) {
+  if (peers_published_) return;
+  auto* counters = reinterpret_cast<SharedParamsCounters*>(node_params_->data());
+  const int n = mesh_.shard->size(), r = mesh_.shard->rank();
+  node_params_->wait(
+      [&] {
+        for (int p = 0; p < n; ++p)
+          if (p != r && counters[p].published.load(std::memory_order_acquire) < shared_version_) return false;
+        return true;
+      },
+      "of unit " + u.spec.name + " (" + u.gather_phase + "): the peers' version " + std::to_string(shared_version_) +
+          " of the node-shared parameters");
+  peers_published_ = true;
 }
 
 void FsdpEngine::comm_waits_for_compute() {
@@ -96,6 +209,7 @@ void FsdpEngine::write_shard(int64_t offset, const float* host, int64_t count) {
   shard_rt_->copy_async(shards_.f32() + offset, host, static_cast<size_t>(count) * sizeof(float),
                         shard_rt_->device() == Device::cpu ? CopyKind::host_to_host : CopyKind::host_to_device, s);
   shard_rt_->synchronize(s);  // `host` may be reused as soon as this returns
+  shards_written();
 }
 
 FsdpEngine::~FsdpEngine() {
@@ -114,6 +228,11 @@ FsdpEngine::~FsdpEngine() {
       p.work->wait();
     } catch (...) {
     }
+  if (node_params_) {
+    for (auto& u : units_)
+      if (u->state != UnitState::sharded) bind_data(u->layout, nullptr);  // the mapping goes with us
+    mem_.on_free(MemCategory::gathered, node_params_charged_bytes_);
+  }
 }
 
 void FsdpEngine::init_shards(uint64_t seed) {
@@ -132,6 +251,7 @@ void FsdpEngine::init_shards(uint64_t seed) {
     init_flat_range(u->layout, staging.data(), begin, begin + u->shard_numel, seed);
     write_shard(u->shard_offset, staging.data(), u->shard_numel);
   }
+  shards_written();
 }
 
 void FsdpEngine::load_full_weights(const WeightOpener& open) {
@@ -192,6 +312,13 @@ void FsdpEngine::unshard(Unit& u, const char* phase) {
   if (u.state != UnitState::sharded) return;
   const auto span = trace_->scope(Track::host, "unshard", &u.spec.name);
   u.gather_phase = phase;
+  if (node_params_) {  // the peers' slices read in place (share_params_on_node)
+    if (shards_changed_) publish_shards();
+    wait_for_peers(u);
+    bind_data(u.layout, u.shared);
+    u.state = UnitState::gathered;
+    return;
+  }
   const int64_t n = mesh_.shard->size(), r = mesh_.shard->rank();
   const float* mine = shards_.f32() + u.shard_offset;
   if (n == 1 && options_.param_dtype == DType::f32 && !offloaded()) {

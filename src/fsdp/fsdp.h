@@ -36,6 +36,9 @@ struct FsdpOptions {
   BackwardPrefetch backward_prefetch = BackwardPrefetch::pre;
   bool forward_prefetch = false;
   bool limit_all_gathers = true;  // at most two units' gathered buffers alive
+  // Ranks of a shard group on one node read the gathered parameters from one node-shared copy
+  // instead of all_gathering them (host runs, f32 params; see FsdpEngine::unshard).
+  bool node_shared_params = false;
   bool activation_checkpointing = false;
   int shard_group_size = 0;  // hybrid: ranks per shard group, 0 = ranks per node
   // Parameter and optimizer shards in host memory, stepped on the host; only gathered
@@ -63,6 +66,7 @@ std::vector<UnitSpec> apply_wrap_policy(Model& model, const FsdpOptions& options
 struct ProcessMesh {
   std::unique_ptr<Communicator> shard;      // size N
   std::unique_ptr<Communicator> replicate;  // size world / N
+  bool shard_group_on_one_node = false;     // by the node colors make_mesh was given
 };
 // The colors world.split_by gets for each group, for every rank: shard[r] and replicate[r].
 // node_color_of_rank: equal for ranks on one node (e.g. the world rank of the node's first rank);
@@ -115,6 +119,7 @@ struct Unit {
   // full weights): a timeout waiting for it names this.
   const char* gather_phase = "";
   Tensor staged_shard;         // cpu_offload: this rank's shard copied to the device for the all_gather
+  float* shared = nullptr;     // fsdp.node_shared_params: the node's copy (padded_numel), slice r rank r's
   int forward_uses = 0;        // calls of the unit's module in this forward (a module used twice: 2)
   int backward_left = 0;       // of those, the backward calls still to come: reduce after the last
   bool backward_done = false;  // this backward pass has reduced and freed the unit
@@ -167,8 +172,14 @@ class FsdpEngine : public ModuleHooks {
   bool grads_finite();
   // grad shards *= factor (undoes the loss scale).
   void scale_grads(float factor);
-  // In shard_runtime()'s memory (the device, or the host under cpu_offload).
-  std::span<float> param_shards() { return {shards_.f32(), static_cast<size_t>(shards_.numel())}; }
+  // In shard_runtime()'s memory (the device, or the host under cpu_offload). Mutable, so the
+  // caller may change them (the optimizer, a checkpoint's load): under node-shared params the next
+  // unshard publishes this rank's shards anew, so every rank must ask at the same points (as every
+  // caller does: optimizer steps and checkpoints run on all ranks).
+  std::span<float> param_shards() {
+    shards_written();
+    return {shards_.f32(), static_cast<size_t>(shards_.numel())};
+  }
   std::span<float> grad_shards() { return {grad_shards_.f32(), static_cast<size_t>(grad_shards_.numel())}; }
   DeviceRuntime& runtime() { return *rt_; }
   // Where the shards (and so the optimizer) live: the runtime, or the host under cpu_offload.
@@ -184,6 +195,8 @@ class FsdpEngine : public ModuleHooks {
   // tracer must outlive the engine.
   void set_tracer(Tracer* tracer) { trace_ = tracer ? tracer : &no_trace_; }
   Tracer& tracer() { return *trace_; }
+  // fsdp.node_shared_params: "on: ..." or "off: why" (empty when not asked for).
+  const std::string& node_shared_params_note() const { return node_params_note_; }
 
   // ModuleHooks
   void pre_forward(Module& module) override;
@@ -220,6 +233,21 @@ class FsdpEngine : public ModuleHooks {
   bool direct_grads() const;  // one rank, f32, no offload: gradients accumulate in the grad shard
   // Host values into the shard buffer at `offset` (init, init_from), synchronously.
   void write_shard(int64_t offset, const float* host, int64_t count);
+  // fsdp.node_shared_params. The node's one copy of every unit's parameters, in memory every
+  // rank of the shard group maps: per rank a pair of counters, then each unit's padded flat
+  // parameters (Unit::shared). A rank copies its shards into its slices once per version of the
+  // shards (publish_shards: the first unshard after they changed) and reads the peers' slices in
+  // place: no all_gather, no copy, and one wait per step for the peers instead of one a unit.
+  std::unique_ptr<NodeSharedMemory> node_params_;
+  std::string node_params_note_;
+  size_t node_params_charged_bytes_ = 0;  // this rank's share, charged as gathered memory
+  uint64_t shared_version_ = 0;           // of the shards this rank last published (0: none)
+  bool shards_changed_ = true;            // since this rank last published them
+  bool peers_published_ = false;          // every peer has published shared_version_
+  void share_params_on_node();
+  void shards_written();  // the shards may have changed (see param_shards)
+  void publish_shards();
+  void wait_for_peers(const Unit& u);
   std::vector<std::unique_ptr<Unit>> units_;
   std::unordered_map<const Module*, int> unit_of_module_;  // the units' root modules
   // Unit indices in the order the first forward and the first backward reached them (first use

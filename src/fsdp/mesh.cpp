@@ -57,6 +57,11 @@ ProcessMesh make_mesh(Communicator& world, Strategy strategy, int shard_group_si
   ProcessMesh mesh;
   mesh.shard = world.split_by(colors.shard);
   mesh.replicate = world.split_by(colors.replicate);
+  const auto me = static_cast<size_t>(world.rank());
+  mesh.shard_group_on_one_node = true;
+  for (size_t r = 0; r < colors.shard.size(); ++r)
+    if (colors.shard[r] == colors.shard[me] && node_color_of_rank[r] != node_color_of_rank[me])
+      mesh.shard_group_on_one_node = false;
   return mesh;
 }
 

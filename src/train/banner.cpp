@@ -31,6 +31,8 @@ void Trainer::print_banner() const {
     std::printf("fsdp_app: train.matmul_precision %s: GEMM operands rounded to %s, f32 accumulation\n",
                 std::string(matmul_precision_name(c.train.matmul_precision)).c_str(),
                 c.train.matmul_precision == MatmulPrecision::medium ? "bf16" : "TF32");
+  if (leader && !engine.node_shared_params_note().empty())
+    std::printf("fsdp_app: fsdp.node_shared_params %s\n", engine.node_shared_params_note().c_str());
   if (env.world_size > 1) {
     // The nodes MPI found (MPI_COMM_TYPE_SHARED: node_color), each named by its first rank's
     // host name, and the mesh made of them: HYBRID's shard groups are those nodes, and a log

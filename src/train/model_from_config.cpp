@@ -48,6 +48,7 @@ FsdpOptions fsdp_options(const FsdpConfig& c) {
   o.backward_prefetch = c.backward_prefetch;
   o.forward_prefetch = c.forward_prefetch;
   o.limit_all_gathers = c.limit_all_gathers;
+  o.node_shared_params = c.node_shared_params;
   o.activation_checkpointing = c.activation_checkpointing;
   o.cpu_offload = c.cpu_offload;
   o.shard_group_size = static_cast<int>(c.shard_group_size);
