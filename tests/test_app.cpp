@@ -264,8 +264,7 @@ BOOST_AUTO_TEST_CASE(node_shared_params_says_whether_it_is_on) {
       {run_mpi(2, cfg), "on: the node's copy of the parameters, "},
       {run_mpi(2, cfg + " --set comm.backend=ucx"),
        "off: the ucx backend maps no node-shared memory (the mpi backend does); all_gathers as usual"},
-      {run_mpi(2, cfg + " --set fsdp.mixed_precision.param_dtype=bf16"),
-       "off: it needs f32 parameters (fsdp.mixed_precision.param_dtype); all_gathers as usual"},
+      {run_mpi(2, cfg + " --set fsdp.mixed_precision.param_dtype=bf16"), "on: the node's copy of the parameters, "},
       {run(cfg), "off: the shard group has one rank; all_gathers as usual"},
   };
   for (const auto& [r, says] : runs) {

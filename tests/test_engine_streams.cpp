@@ -315,7 +315,9 @@ BOOST_AUTO_TEST_CASE(checkpoints_staged_from_the_device_resume_anywhere) {
 // fsdp.node_shared_params (host runs): the peers' slices are read in place from the node's one
 // copy instead of all_gathered, so every number must be the all_gather run's bitwise: each step's
 // loss, the evaluation, every saved parameter byte. Through gradient accumulation, prefetch,
-// activation checkpointing, SHARD_GRAD_OP, HYBRID's groups, checkpoints saved mid-run (each asks
+// activation checkpointing, SHARD_GRAD_OP, HYBRID's groups, bf16 and f16 parameters (the copy
+// holds the values rounded to param_dtype; f16's overflowing first steps are skipped alike),
+// checkpoints saved mid-run (each asks
 // for the shards, so the next step publishes them anew) and a resume (the load writes them). The
 // plan runs the same code: its peaks equal the measured ones; and the gathered memory differs
 // from the all_gather run's (this rank's share of the copy instead of gathered buffers), which
@@ -329,6 +331,11 @@ BOOST_AUTO_TEST_CASE(node_shared_params_same_bits) {
        groups},
       {{"fsdp.sharding_strategy=SHARD_GRAD_OP", "fsdp.limit_all_gathers=false"}, groups},
       {hybrid_overrides(), world_size() % 2 == 0},
+      {{"fsdp.mixed_precision.param_dtype=bf16", "fsdp.mixed_precision.reduce_dtype=bf16"}, groups},
+      // f16 loss scaling: an initial scale of 2^28 overflows, so early steps are skipped alike.
+      {{"fsdp.mixed_precision.param_dtype=f16", "fsdp.mixed_precision.reduce_dtype=f16",
+        "fsdp.mixed_precision.init_loss_scale=268435456", "train.steps=6"},
+       groups},
   };
   for (const auto& [overrides, engaged] : cases) {
     std::string name = "node_shared_params with";

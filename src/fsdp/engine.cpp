@@ -107,8 +107,6 @@ void FsdpEngine::share_params_on_node() {
   std::string off;
   if (rt_->device() != Device::cpu)
     off = "it needs train.device: cpu";
-  else if (options_.param_dtype != DType::f32)
-    off = "it needs f32 parameters (fsdp.mixed_precision.param_dtype)";
   else if (mesh_.shard->size() < 2)
     off = "the shard group has one rank";
   else if (!mesh_.shard_group_on_one_node)
@@ -172,10 +170,24 @@ void FsdpEngine::publish_shards() {
           return true;
         },
         "until the peers release version " + std::to_string(version) + " of the node-shared parameters");
-  if (rt_->holds_values())
-    for (const auto& u : units_)
-      std::memcpy(u->shared + r * u->shard_numel, shards_.f32() + u->shard_offset,
-                  static_cast<size_t>(u->shard_numel) * sizeof(float));
+  if (rt_->holds_values()) {
+    // bf16/f16 parameters: the slices hold the values rounded to param_dtype (in f32), which is
+    // what the all_gather path computes with (its cast back to f32 is exact).
+    const DType lowp = options_.param_dtype;
+    int64_t most = 0;
+    for (const auto& u : units_) most = std::max(most, u->shard_numel);
+    std::vector<char> rounded(lowp == DType::f32 ? 0 : dtype_bytes(lowp) * static_cast<size_t>(most));
+    for (const auto& u : units_) {
+      float* slice = u->shared + r * u->shard_numel;
+      const float* mine = shards_.f32() + u->shard_offset;
+      if (lowp == DType::f32) {
+        std::memcpy(slice, mine, static_cast<size_t>(u->shard_numel) * sizeof(float));
+      } else {
+        rt_->kernels().cast(rounded.data(), lowp, mine, DType::f32, u->shard_numel);
+        rt_->kernels().cast(slice, DType::f32, rounded.data(), lowp, u->shard_numel);
+      }
+    }
+  }
   shared_version_ = version + 1;
   counters[r].published.store(shared_version_, std::memory_order_release);
   shards_changed_ = false;

@@ -37,7 +37,7 @@ struct FsdpOptions {
   bool forward_prefetch = false;
   bool limit_all_gathers = true;  // at most two units' gathered buffers alive
   // Ranks of a shard group on one node read the gathered parameters from one node-shared copy
-  // instead of all_gathering them (host runs, f32 params; see FsdpEngine::unshard).
+  // instead of all_gathering them (host runs; see FsdpEngine::unshard).
   bool node_shared_params = false;
   bool activation_checkpointing = false;
   int shard_group_size = 0;  // hybrid: ranks per shard group, 0 = ranks per node
