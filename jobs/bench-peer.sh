@@ -3,7 +3,7 @@
 # batches and threads, trained under fsdp_app and under PyTorch on this CPU.
 #
 #   bash jobs/bench-peer.sh OUT_DIR [--steps N] [--nps "1 2 4"] [--models "transformer mnist_cnn"]
-#                           [--threads T] [--repeats R] [--no-fsdp1] [--build DIR]
+#                           [--threads T] [--repeats R] [--no-fsdp1] [--node-shared] [--build DIR]
 #   self-check (~1 minute once the venv exists): bash jobs/bench-peer.sh /tmp/peer --steps 3 --nps 1 --models mnist_cnn
 #
 # Models: input/transformer_bench.yaml's transformer (global batch 8 x 256 tokens, AdamW) and the
@@ -16,6 +16,7 @@
 # Strategies: FULL_SHARD (ours; PyTorch FSDP2 fully_shard) and NO_SHARD (ours; PyTorch DDP, since
 # FSDP2 has no NO_SHARD), and FSDP1's FULL_SHARD and NO_SHARD (--no-fsdp1: not); all on gloo for
 # PyTorch and on the MPI backend for ours, every rank launched by the same mpirun with T threads.
+# --node-shared adds our FULL_SHARD with fsdp.node_shared_params at np > 1 (a row of its own).
 #
 # PyTorch comes from PyPI into a cached venv (jobs/torch2_venv.sh; the first run downloads
 # several GB). fsdp_app and apps/sgemm_peak are compiled in DIR (default build). Each run's
@@ -35,10 +36,10 @@ cd "$(dirname "$0")/.."
 
 usage() { sed -n '5,7p' "$0" >&2; exit 2; }
 [ $# -ge 1 ] || usage
-case $1 in -h|--help) sed -n '2,32p' "$0"; exit 0 ;; -*) usage ;; esac
+case $1 in -h|--help) sed -n '2,33p' "$0"; exit 0 ;; -*) usage ;; esac
 out=$1
 shift
-steps=4 nps="1 2 4" models="transformer mnist_cnn" threads=1 repeats=1 fsdp1=1 build=build
+steps=4 nps="1 2 4" models="transformer mnist_cnn" threads=1 repeats=1 fsdp1=1 shared=0 build=build
 while [ $# -gt 0 ]; do
   case $1 in
     --steps) steps=${2:-}; shift 2 ;;
@@ -47,8 +48,9 @@ while [ $# -gt 0 ]; do
     --threads) threads=${2:-}; shift 2 ;;
     --repeats) repeats=${2:-}; shift 2 ;;
     --no-fsdp1) fsdp1=0; shift ;;
+    --node-shared) shared=1; shift ;;
     --build) build=${2:-}; shift 2 ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "bench-peer: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -88,7 +90,7 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
   echo "cpus: $ncpu"
   echo "loadavg_start: $(cat /proc/loadavg)"
   echo "threads_per_rank: $threads"
-  echo "command: bash jobs/bench-peer.sh OUT_DIR --steps $steps --nps \"$nps\" --models \"$models\" --threads $threads --repeats $repeats$([ $fsdp1 = 0 ] && echo ' --no-fsdp1')"
+  echo "command: bash jobs/bench-peer.sh OUT_DIR --steps $steps --nps \"$nps\" --models \"$models\" --threads $threads --repeats $repeats$([ $fsdp1 = 0 ] && echo ' --no-fsdp1')$([ $shared = 1 ] && echo ' --node-shared')"
 } >"$out/env.txt"
 cat "$out/env.txt"
 
@@ -125,6 +127,7 @@ plan=()
 for model in $models; do
   for np in $nps; do
     kinds=(ours_FULL_SHARD ours_NO_SHARD torch_fsdp2 torch_ddp)
+    [ $shared = 1 ] && [ "$np" -gt 1 ] && kinds=(ours_FULL_SHARD ours_FULL_SHARD_shared ours_NO_SHARD torch_fsdp2 torch_ddp)
     [ $fsdp1 = 1 ] && kinds+=(torch_fsdp1_full torch_fsdp1_no)
     for kind in "${kinds[@]}"; do plan+=("$model $np $kind"); done
   done
@@ -145,6 +148,9 @@ run_one() {  # MODEL NP KIND SUFFIX
     --set model.init_from="$out/runs/${model}_init.h5" --set comm.backend=mpi --set output.log_every=1)
   echo "-- $name"
   case $kind in
+    ours_FULL_SHARD_shared)
+      launch "$name" "$np" "$app" "${ours[@]}" --set fsdp.sharding_strategy=FULL_SHARD \
+        --set fsdp.node_shared_params=true --set output.metrics="$out/runs/$name.jsonl" ;;
     ours_*)
       launch "$name" "$np" "$app" "${ours[@]}" --set fsdp.sharding_strategy="${kind#ours_}" \
         --set output.metrics="$out/runs/$name.jsonl" ;;

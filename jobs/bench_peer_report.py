@@ -60,6 +60,7 @@ BATCH = {"transformer": 8, "mnist_cnn": 64}
 IMPL = {  # run name part -> (implementation, strategy)
     "ours_FULL_SHARD": ("fsdp-hpc", "FULL_SHARD"),
     "ours_NO_SHARD": ("fsdp-hpc", "NO_SHARD"),
+    "ours_FULL_SHARD_shared": ("fsdp-hpc, fsdp.node_shared_params", "FULL_SHARD"),
     "torch_fsdp2": ("PyTorch FSDP2 fully_shard", "FULL_SHARD"),
     "torch_ddp": ("PyTorch DDP", "NO_SHARD"),
     "torch_fsdp1_full": ("PyTorch FSDP1", "FULL_SHARD"),
