@@ -1,5 +1,6 @@
 // fsdp_app INPUT.yaml [--set dotted.key=value ...]
 // Trains the model an input file describes. Runs alone, under mpirun and under srun.
+// fsdp_app --keys prints the input file's key reference (docs/input-file.md).
 //
 // Errors: every error a user can cause ends in one line on stderr and a non-zero exit. Set-up
 // (arguments, input file, backend, data, model, mesh) touches no training collective, so its
@@ -31,12 +32,15 @@ constexpr const char* kUsage =
     "                  collective moves per step, then exit without training\n"
     "  --world-size N  plan for N ranks instead of the ranks of this launch\n"
     "  --generate N    decode the first N validation samples (sequence-to-sequence models) and\n"
-    "                  print one JSON line each (index, source, reference, generated); no training\n";
+    "                  print one JSON line each (index, source, reference, generated); no training\n"
+    "  --keys          print the reference of every input file key (Markdown: docs/input-file.md)\n"
+    "                  and exit; takes no input file\n";
 
 struct Args {
   std::string input;
   std::vector<std::string> overrides;
   bool help = false;
+  bool keys = false;  // --keys: print the key reference
   bool plan = false;
   int plan_world_size = 0;  // 0: this launch's
   int64_t generate = 0;     // --generate N: samples to decode instead of training
@@ -53,6 +57,8 @@ Args parse_args(int argc, char** argv) {
       a.overrides.emplace_back(argv[++i]);
     } else if (s == "--plan") {
       a.plan = true;
+    } else if (s == "--keys") {
+      a.keys = true;
     } else if (s == "--world-size") {
       if (i + 1 >= argc) throw fsdp::Error("--world-size needs a number of ranks");
       std::string v = argv[++i];
@@ -77,14 +83,11 @@ Args parse_args(int argc, char** argv) {
   }
   if (a.plan_world_size > 0 && !a.plan) throw fsdp::Error("--world-size goes with --plan");
   if (a.plan && a.generate > 0) throw fsdp::Error("--plan and --generate do not go together");
-  if (!a.help && a.input.empty())
+  if (a.keys && (!a.input.empty() || !a.overrides.empty() || a.plan || a.generate > 0))
+    throw fsdp::Error("--keys prints the key reference and goes alone (no input file or other options)");
+  if (!a.help && !a.keys && a.input.empty())
     throw fsdp::Error("no input file given (usage: fsdp_app INPUT.yaml [--set key=value ...])");
   return a;
-}
-
-std::string describe(const std::exception& e) {
-  if (dynamic_cast<const std::bad_alloc*>(&e)) return "out of memory";
-  return e.what();
 }
 
 }  // namespace
@@ -98,6 +101,10 @@ int main(int argc, char** argv) {
     Args args = parse_args(argc, argv);
     if (args.help) {
       if (mpi.rank() == 0) std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (args.keys) {
+      if (mpi.rank() == 0) std::fputs(fsdp::input_file_reference().c_str(), stdout);
       return 0;
     }
     fsdp::Config config = fsdp::load_config(args.input, args.overrides);
@@ -132,7 +139,7 @@ int main(int argc, char** argv) {
       };
     trainer = std::make_unique<fsdp::Trainer>(config, env);
   } catch (const std::exception& e) {
-    setup_error = describe(e);
+    setup_error = fsdp::describe(e);
     if (setup_error.empty()) setup_error = "unknown error";
   }
   const fsdp::Agreement setup = fsdp::agree_on_error(MPI_COMM_WORLD, setup_error);
@@ -154,9 +161,9 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const std::exception& e) {
     if (mpi.size() > 1)
-      std::fprintf(stderr, "fsdp_app: rank %d: %s\n", mpi.rank(), describe(e).c_str());
+      std::fprintf(stderr, "fsdp_app: rank %d: %s\n", mpi.rank(), fsdp::describe(e).c_str());
     else
-      std::fprintf(stderr, "fsdp_app: %s\n", describe(e).c_str());
+      std::fprintf(stderr, "fsdp_app: %s\n", fsdp::describe(e).c_str());
   }
   std::fflush(stderr);
   if (mpi.size() > 1) mpi.abort(1);

@@ -8,7 +8,7 @@
 #                                      clang with its fuzzer and sanitizer runtimes, clang-tidy,
 #                                      cppcheck, clang-format, PyTorch and h5py for the reference
 #                                      checks, Slurm and munge, network namespaces)
-# README.md's "Two commands" gives the time and download size of each on a fresh machine.
+# README.md gives the time of both README commands on a fresh machine (tests/fresh_machine.sh).
 set -euo pipefail
 
 run_packages=(

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 
+#include "config/config.h"
 #include "tensor/device.h"
 
 #include "ckpt/h5.h"
@@ -355,4 +356,35 @@ BOOST_AUTO_TEST_CASE(plans_a_70b_class_model_at_512_ranks) {
              r.out);
   // Every block gathered twice (forward, and again in backward), the root once: 161 all_gathers.
   BOOST_TEST(r.out.find("all_gather      161 calls over 512 ranks") != std::string::npos, r.out);
+}
+
+// docs/input-file.md is `fsdp_app --keys` verbatim: the key table in src/config/config.cpp is the
+// only place a key is described, and the file cannot drift from it.
+BOOST_AUTO_TEST_CASE(keys_reference_is_docs_input_file) {
+  const fs::path doc = fs::path(FSDP_SOURCE_DIR) / "docs" / "input-file.md";
+  const Run r = run("--keys");
+  BOOST_TEST(r.exit_code == 0, r.err);
+  BOOST_TEST(r.err.empty(), r.err);
+  std::ifstream in(doc);
+  std::stringstream file;
+  file << in.rdbuf();
+  std::istringstream want(r.out), have(file.str());
+  std::string a, b;
+  int line = 1;
+  while (std::getline(want, a) && std::getline(have, b) && a == b) ++line;
+  BOOST_TEST(r.out == file.str(), doc.string() << " differs from fsdp_app --keys (first at line " << line
+                                               << "); regenerate it: " << app_path() << " --keys > " << doc.string());
+}
+
+// Every key of the reader's table has its row in the reference; --keys goes alone.
+BOOST_AUTO_TEST_CASE(keys_lists_every_key_and_goes_alone) {
+  const Run r = run("--keys");
+  BOOST_TEST(r.exit_code == 0, r.err);
+  for (const std::string& key : fsdp::input_file_keys())
+    BOOST_TEST(r.out.find("\n| `" + key + "` | ") != std::string::npos, key << " has no row in fsdp_app --keys");
+  expect_error(run("--keys --bogus"), "unknown option '--bogus'");
+  expect_error(run("--keys a.yaml"), "--keys prints the key reference and goes alone");
+  expect_error(run("a.yaml --keys --set train.epochs=2"), "--keys prints the key reference and goes alone");
+  Run help = run("--help");
+  BOOST_TEST(help.out.find("--keys") != std::string::npos, help.out);
 }

@@ -869,3 +869,31 @@ BOOST_AUTO_TEST_CASE(global_batch_size_splits_over_the_ranks) {
   fsdp::Config d = fsdp::parse_config("train: {batch_size: 32}\n", "b.yaml");
   BOOST_TEST(fsdp::for_world_size(d, 4).train.batch_size == 32);
 }
+
+// The key reference (fsdp_app --keys, docs/input-file.md) has one row per key of the reader's
+// table and no other, with the default Config's values as defaults.
+BOOST_AUTO_TEST_CASE(key_reference_has_one_row_per_key) {
+  const std::string doc = fsdp::input_file_reference();
+  const std::vector<std::string> keys = fsdp::input_file_keys();
+  BOOST_TEST(std::count(keys.begin(), keys.end(), "train.optimizer.lr") == 1);
+  for (const std::string& key : keys) {
+    const std::string row = "\n| `" + key + "` | ";
+    const size_t at = doc.find(row);
+    BOOST_TEST((at != std::string::npos && doc.find(row, at + 1) == std::string::npos), key << ": not one row");
+  }
+  size_t rows = 0;  // key rows: a dotted name in the first column
+  std::istringstream lines(doc);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("| `", 0) == 0 && line.substr(0, line.find("` |")).find('.') != std::string::npos) ++rows;
+  BOOST_TEST(rows == keys.size());
+  const fsdp::Config c;
+  BOOST_TEST(doc.find("| `train.batch_size` | integer >= 1 | `" + std::to_string(c.train.batch_size) + "` |") !=
+             std::string::npos);
+  BOOST_TEST(doc.find("| `data.eval_fraction` | number in (0, 1) | `0.05` |") != std::string::npos);
+  BOOST_TEST(doc.find("| `train.optimizer.betas` | two numbers, each in [0, 1) | `[0.9, 0.999]` |") !=
+             std::string::npos);
+  BOOST_TEST(doc.find("| `fsdp.sharding_strategy` | `FULL_SHARD`, `SHARD_GRAD_OP`, `NO_SHARD`, `HYBRID_SHARD`, "
+                      "`HYBRID_SHARD_ZERO2` | `FULL_SHARD` |") != std::string::npos);
+  // The same text for every build: comm.backend's values are described, not listed.
+  BOOST_TEST(doc.find("| `comm.backend` | a backend this build has | `mpi` |") != std::string::npos);
+}

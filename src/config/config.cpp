@@ -59,6 +59,10 @@ struct Bound {
 };
 Bound at_least(double lo) { return {lo}; }
 Bound above(double lo) { return {lo, kInf, true}; }
+Bound closed(double lo, double hi) { return {lo, hi}; }                    // [lo, hi]
+Bound closed_open(double lo, double hi) { return {lo, hi, false, true}; }  // [lo, hi)
+Bound open_open(double lo, double hi) { return {lo, hi, true, true}; }     // (lo, hi)
+Bound unbounded() { return {}; }
 
 // Targets that need more than one scalar conversion.
 struct Betas {
@@ -69,10 +73,13 @@ struct StepWindow {  // [first, last]
   int64_t* first;
   int64_t* last;
 };
-// An enumerated key: the value must be one of `names`; set(i) stores the i-th value.
+// An enumerated key: the value must be one of `names`; set(i) stores the i-th value, current()
+// names the stored one (the key reference's default).
 struct Choice {
   std::vector<std::string> names;
   std::function<void(size_t)> set;
+  std::function<std::string()> current;
+  bool per_build = false;  // `names` depend on the build: the key reference describes them instead
 };
 using Target = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*, Betas,
                             EvalEvery*, StepWindow, Choice>;
@@ -83,6 +90,7 @@ Choice choice(E* dst, const NameTable<E, N>& table) {
   Choice c;
   for (const auto& [value, name] : table) c.names.emplace_back(name);
   c.set = [dst, &table](size_t i) { *dst = table[i].first; };
+  c.current = [dst, &table] { return std::string(name_of(table, *dst)); };
   return c;
 }
 
@@ -92,6 +100,7 @@ Choice choice(E* dst, std::vector<E> values, NameFn name) {
   Choice c;
   for (E v : values) c.names.emplace_back(name(v));
   c.set = [dst, values = std::move(values)](size_t i) { *dst = values[i]; };
+  c.current = [dst, name] { return std::string(name(*dst)); };
   return c;
 }
 
@@ -100,6 +109,7 @@ Choice choice(std::string* dst, std::vector<std::string> names) {
   Choice c;
   c.names = std::move(names);
   c.set = [dst, names = c.names](size_t i) { *dst = names[i]; };
+  c.current = [dst] { return *dst; };
   return c;
 }
 
@@ -136,121 +146,288 @@ struct Field {
   std::string path;  // dotted, as written in the YAML
   Target target;
   Bound bound = {};
+  const char* doc = "";  // one line for the key reference: meaning, units, the PyTorch/HF name
 };
 
+// comm.backend: the backends this build has. The key reference describes them instead of listing
+// them, so that docs/input-file.md is the same for every build.
+Choice built_backends(std::string* dst) {
+  Choice c = choice(dst, built_backend_names());
+  c.per_build = true;
+  return c;
+}
+
 // The one list of known keys; sections are the prefixes of these paths. Long because it is a
-// table, one line per key (the t5 keys added 15): splitting it would scatter the schema.
+// table, one entry per key with its description: splitting it would scatter the schema.
+// `fsdp_app --keys` prints it as docs/input-file.md (input_file_reference).
 std::vector<Field> schema(Config& c) {
   ModelConfig& m = c.model;
+  DataConfig& d = c.data;
   TrainConfig& t = c.train;
   OptimizerConfig& o = t.optimizer;
   SchedulerConfig& s = t.scheduler;
   FsdpConfig& f = c.fsdp;
   MixedPrecisionConfig& mp = f.mixed_precision;
+  CheckpointConfig& k = c.checkpoint;
+  OutputConfig& out = c.output;
+  GenerateConfig& g = c.generate;
   const std::vector<DType> precisions = {DType::f32, DType::bf16, DType::f16};
   std::vector<std::string> preset_names;
   for (const T5Preset& p : kT5Presets) preset_names.emplace_back(p.name);
   return {
-      {"model.kind", choice(&m.kind, kModelKinds)},
-      {"model.vocab", &m.vocab, at_least(1)},
-      {"model.d_model", &m.d_model, at_least(1)},
-      {"model.n_layers", &m.n_layers, at_least(1)},
-      {"model.n_heads", &m.n_heads, at_least(1)},
-      {"model.d_ff", &m.d_ff, at_least(1)},
-      {"model.seq_len", &m.seq_len, at_least(1)},
-      {"model.attention", choice(&m.attention, kAttentionModes)},
-      {"model.init_from", &m.init_from},
-      {"model.preset", choice(&m.preset, preset_names)},
-      {"model.vocab_size", &m.vocab_size, at_least(1)},
-      {"model.d_kv", &m.d_kv, at_least(1)},
-      {"model.num_layers", &m.num_layers, at_least(1)},
-      {"model.num_decoder_layers", &m.num_decoder_layers, at_least(1)},
-      {"model.num_heads", &m.num_heads, at_least(1)},
-      {"model.relative_attention_num_buckets", &m.relative_attention_num_buckets, at_least(2)},
-      {"model.relative_attention_max_distance", &m.relative_attention_max_distance, at_least(1)},
-      {"model.feed_forward_proj", choice(&m.feed_forward_proj, kFeedForwardProjs)},
-      {"model.tie_word_embeddings", &m.tie_word_embeddings},
-      {"model.dropout_rate", &m.dropout_rate, {0, 1, false, true}},
-      {"model.layer_norm_epsilon", &m.layer_norm_epsilon, above(0)},
-      {"model.initializer_factor", &m.initializer_factor, above(0)},
-      {"data.kind", choice(&c.data.kind, kDataKinds)},
-      {"data.source", &c.data.source},
-      {"data.target", &c.data.target},
-      {"data.source_len", &c.data.source_len, at_least(2)},
-      {"data.target_len", &c.data.target_len, at_least(2)},
-      {"data.path", &c.data.path},
-      {"data.tokenizer", &c.data.tokenizer},
-      {"data.eval_path", &c.data.eval_path},
-      {"data.clean", choice(&c.data.clean, kTextCleans)},
-      {"data.loss_on_padding", &c.data.loss_on_padding},
-      {"data.eval_fraction", &c.data.eval_fraction, {0, 1, true, true}},
-      {"data.synthetic_samples", &c.data.synthetic_samples, at_least(1)},
-      {"train.batch_size", &t.batch_size, at_least(1)},
-      {"train.global_batch_size", &t.global_batch_size, at_least(0)},
-      {"train.epochs", &t.epochs, at_least(0)},
-      {"train.steps", &t.steps, at_least(0)},
-      {"train.stop_after_steps", &t.stop_after_steps, at_least(0)},
-      {"train.seed", &t.seed},
-      {"train.grad_accum", &t.grad_accum, at_least(1)},
-      {"train.clip_grad_norm", &t.clip_grad_norm, at_least(0)},
-      {"train.eval_every", &t.eval_every},
-      {"train.eval_batch_size", &t.eval_batch_size, at_least(1)},
-      {"train.dropout", &t.dropout},
-      {"train.shuffle", &t.shuffle},
-      {"train.threads", &t.threads, at_least(0)},
-      {"train.device", choice(&t.device, {Device::cpu, Device::cuda}, device_name)},
+      {"model.kind", choice(&m.kind, kModelKinds), unbounded(),
+       "The model: `mnist_cnn` PyTorch's MNIST example Net (28x28 images, 10 classes), `transformer` a decoder-only "
+       "LM (embeddings, model.n_layers blocks, a final LayerNorm, a head), `t5` Hugging Face's "
+       "T5ForConditionalGeneration (its state_dict names)"},
+      {"model.vocab", &m.vocab, at_least(1),
+       "transformer: the token vocabulary (embedding rows, head outputs); at most 256 with `data.kind: text` (bytes)"},
+      {"model.d_model", &m.d_model, at_least(1),
+       "transformer and t5: the hidden width, that of the residual stream (`embed_dim`, HF's d_model)"},
+      {"model.n_layers", &m.n_layers, at_least(1), "transformer: the number of blocks"},
+      {"model.n_heads", &m.n_heads, at_least(1),
+       "transformer: attention heads per block (`nn.MultiheadAttention`'s num_heads); must divide model.d_model"},
+      {"model.d_ff", &m.d_ff, at_least(1),
+       "transformer and t5: the inner width of each feed-forward layer (`dim_feedforward`, HF's d_ff)"},
+      {"model.seq_len", &m.seq_len, at_least(1),
+       "transformer: tokens per sample, the context length (learned positions); a text sample is this many bytes"},
+      {"model.attention", choice(&m.attention, kAttentionModes), unbounded(),
+       "transformer: what attention keeps for the backward: `materialized` the (B, H, T, T) probabilities (as "
+       "`nn.MultiheadAttention`), `recompute` each row's max and 1/sum (the backward recomputes the scores), `fused` "
+       "cuDNN's flash attention (needs `train.device: cuda`, `train.matmul_precision: medium` and a head dim that is "
+       "a multiple of 8)"},
+      {"model.init_from", &m.init_from, unbounded(),
+       "Initial weights, any kind: an HDF5 file with `/model/<state_dict name>` (a consolidated checkpoint, "
+       "output.save_weights), a `.safetensors` file, or a Hugging Face model folder whose config.json also sets the "
+       "model keys (`from_pretrained`); empty: the model's own initialisation"},
+      {"model.preset", choice(&m.preset, preset_names), unbounded(),
+       "t5: a Hugging Face hub model whose sizes this sets (T5 presets, below); keys given beside it override it; "
+       "empty: none"},
+      {"model.vocab_size", &m.vocab_size, at_least(1),
+       "t5: the vocabulary (rows of `shared`, outputs of the head; HF's vocab_size); at least 259 for byte tokens, "
+       "and at least data.tokenizer's pieces"},
+      {"model.d_kv", &m.d_kv, at_least(1),
+       "t5: the width of each head's q, k and v (HF's d_kv); attention's inner width is num_heads x d_kv"},
+      {"model.num_layers", &m.num_layers, at_least(1), "t5: encoder blocks (HF's num_layers)"},
+      {"model.num_decoder_layers", &m.num_decoder_layers, at_least(1),
+       "t5: decoder blocks (HF's num_decoder_layers); when not given, model.num_layers"},
+      {"model.num_heads", &m.num_heads, at_least(1), "t5: attention heads (HF's num_heads)"},
+      {"model.relative_attention_num_buckets", &m.relative_attention_num_buckets, at_least(2),
+       "t5: buckets of the relative position bias (HF's relative_attention_num_buckets)"},
+      {"model.relative_attention_max_distance", &m.relative_attention_max_distance, at_least(1),
+       "t5: the distance from which relative positions share the last bucket (HF's relative_attention_max_distance)"},
+      {"model.feed_forward_proj", choice(&m.feed_forward_proj, kFeedForwardProjs), unbounded(),
+       "t5: the feed-forward layer (HF's feed_forward_proj): `relu` T5 v1.0's (wi, wo), `gated-gelu` v1.1's "
+       "(wi_0, wi_1, wo; gelu_new)"},
+      {"model.tie_word_embeddings", &m.tie_word_embeddings, unbounded(),
+       "t5: the head is `shared.weight`, its input scaled by d_model^-0.5 (HF's tie_word_embeddings); false: a head "
+       "of its own, `lm_head.weight` (v1.1)"},
+      {"model.dropout_rate", &m.dropout_rate, closed_open(0, 1),
+       "t5: the probability of every dropout (HF's dropout_rate); `train.dropout: false` turns them off"},
+      {"model.layer_norm_epsilon", &m.layer_norm_epsilon, above(0),
+       "t5: epsilon of the RMS norms (T5LayerNorm; HF's layer_norm_epsilon)"},
+      {"model.initializer_factor", &m.initializer_factor, above(0),
+       "t5: the scale of HF's initialisation (HF's initializer_factor; 1 is HF's own)"},
+      {"data.kind", choice(&d.kind, kDataKinds), unbounded(),
+       "The data: `fashion_mnist` Fashion-MNIST images (mnist_cnn), `text` byte tokens from a file or folder "
+       "(transformer), `synthetic` generated samples of the model's shape (images, tokens or t5's pairs), `seq2seq` "
+       "source and target texts from a file (t5)"},
+      {"data.source", &d.source, unbounded(),
+       "seq2seq: the CSV column or JSON-lines field that holds the source (input) text"},
+      {"data.target", &d.target, unbounded(), "seq2seq: the CSV column or JSON-lines field that holds the target text"},
+      {"data.source_len", &d.source_len, at_least(2),
+       "t5: source tokens per sample: a longer source is cut to source_len - 1 tokens and eos, a shorter one padded "
+       "(a tokenizer's max_length with truncation and padding)"},
+      {"data.target_len", &d.target_len, at_least(2),
+       "t5: label tokens per sample, cut and padded as the source; also the generation length when "
+       "generate.max_new_tokens is 0"},
+      {"data.path", &d.path, unbounded(),
+       "fashion_mnist: the folder of IDX files (empty: Debian's dataset-fashion-mnist); text: a file, or a folder "
+       "whose files are concatenated (empty: Debian's fortunes); seq2seq: the CSV (a name ending in .csv) or "
+       "JSON-lines file, required"},
+      {"data.tokenizer", &d.tokenizer, unbounded(),
+       "t5: a SentencePiece model file (an HF T5 folder's spiece.model, as T5Tokenizer reads it; pad 0, eos 1); "
+       "empty: byte tokens with ByT5's ids (byte + 3, pad 0, eos 1)"},
+      {"data.eval_path", &d.eval_path, unbounded(),
+       "seq2seq: a validation file in data.path's format; empty: the last data.eval_fraction of data.path's rows"},
+      {"data.clean", choice(&d.clean, kTextCleans), unbounded(),
+       "seq2seq: the clean-up before tokenizing: `none`, or `wikihow` the PyTorch FSDP tutorial's WikiHow "
+       "preparation"},
+      {"data.loss_on_padding", &d.loss_on_padding, unbounded(),
+       "t5: the labels after eos are pad, which the loss counts (the PyTorch FSDP tutorial's loss); false: -100, "
+       "ignored (HF's CrossEntropyLoss ignore_index)"},
+      {"data.eval_fraction", &d.eval_fraction, open_open(0, 1),
+       "text, and seq2seq without data.eval_path: the fraction of the samples (text) or rows (seq2seq) at the end "
+       "that evaluate instead of training"},
+      {"data.synthetic_samples", &d.synthetic_samples, at_least(1),
+       "synthetic: training samples; the evaluation set is a quarter of that (at least 1)"},
+      {"train.batch_size", &t.batch_size, at_least(1),
+       "Samples per rank in each micro-batch (the per-rank DataLoader batch_size); replaced by "
+       "train.global_batch_size / ranks when that is given"},
+      {"train.global_batch_size", &t.global_batch_size, at_least(0),
+       "> 0: the samples of one micro-batch over all ranks, split evenly (the ranks must divide it): the same "
+       "losses at any world size; 0: train.batch_size x ranks"},
+      {"train.epochs", &t.epochs, at_least(0),
+       "Passes over the training data when train.steps is 0 (a last partial global batch is dropped)"},
+      {"train.steps", &t.steps, at_least(0),
+       "> 0: exactly this many optimizer steps in all, across epochs as needed; 0: train.epochs decides"},
+      {"train.stop_after_steps", &t.stop_after_steps, at_least(0),
+       "> 0: this launch ends after this many steps (saving a checkpoint when checkpoint.dir is set) and a resume "
+       "runs the rest: a job cut to fit a wall-time limit; 0: no limit"},
+      {"train.seed", &t.seed, unbounded(),
+       "Seeds the initialisation, the shuffle, dropout masks and synthetic data (torch.manual_seed); the same "
+       "values at any world size"},
+      {"train.grad_accum", &t.grad_accum, at_least(1),
+       "Micro-batches per optimizer step; gradients are reduced after the last one only (FSDP's no_sync)"},
+      {"train.clip_grad_norm", &t.clip_grad_norm, at_least(0),
+       "> 0: the gradients' global L2 norm is clipped to this before each step (FSDP's clip_grad_norm_ max_norm); "
+       "0: off"},
+      {"train.eval_every", &t.eval_every, unbounded(),
+       "When to evaluate: `epoch` after every epoch, `never`, or every N optimizer steps; a run that finishes also "
+       "evaluates at its end"},
+      {"train.eval_batch_size", &t.eval_batch_size, at_least(1),
+       "Evaluation samples per rank per batch (the MNIST example's test_batch_size); generate.batch_size's default"},
+      {"train.dropout", &t.dropout, unbounded(),
+       "false: every dropout is off while training too (mnist_cnn's and t5's; the transformer has none)"},
+      {"train.shuffle", &t.shuffle, unbounded(),
+       "Reshuffle the training samples every epoch, by train.seed and the same at any world size "
+       "(DistributedSampler's shuffle); false: in order"},
+      {"train.threads", &t.threads, at_least(0),
+       "> 0: BLAS and OpenMP threads per rank (torch.set_num_threads); 0: OpenBLAS's and OpenMP's defaults "
+       "(OPENBLAS_NUM_THREADS, OMP_NUM_THREADS)"},
+      {"train.device", choice(&t.device, {Device::cpu, Device::cuda}, device_name), unbounded(),
+       "Where tensors live and kernels run: `cpu`, or `cuda` (a GPU per rank: its local rank modulo the GPUs)"},
       {"train.matmul_precision",
        choice(&t.matmul_precision, {MatmulPrecision::highest, MatmulPrecision::high, MatmulPrecision::medium},
-              matmul_precision_name)},
-      {"train.optimizer.kind", choice(&o.kind, kOptimizerKinds)},
-      {"train.optimizer.lr", &o.lr, above(0)},
-      {"train.optimizer.momentum", &o.momentum, at_least(0)},
-      {"train.optimizer.dampening", &o.dampening},
-      {"train.optimizer.nesterov", &o.nesterov},
-      {"train.optimizer.weight_decay", &o.weight_decay, at_least(0)},
-      {"train.optimizer.rho", &o.rho, {0, 1}},
-      {"train.optimizer.eps", &o.eps, above(0)},
-      {"train.optimizer.betas", Betas{&o.beta1, &o.beta2}, {0, 1, false, true}},
-      {"train.scheduler.kind", choice(&s.kind, kSchedulerKinds)},
-      {"train.scheduler.step_size", &s.step_size, at_least(1)},
-      {"train.scheduler.gamma", &s.gamma, above(0)},
-      {"train.scheduler.warmup_steps", &s.warmup_steps, at_least(0)},
-      {"train.scheduler.total_steps", &s.total_steps, at_least(0)},
-      {"train.scheduler.min_lr", &s.min_lr, at_least(0)},
-      {"fsdp.sharding_strategy", choice(&f.sharding_strategy, kStrategies)},
-      {"fsdp.auto_wrap.policy", choice(&f.wrap_policy, kWrapPolicies)},
-      {"fsdp.auto_wrap.min_num_params", &f.min_num_params, at_least(0)},
-      {"fsdp.auto_wrap.modules", &f.wrap_modules},
-      {"fsdp.mixed_precision.param_dtype", choice(&mp.param_dtype, precisions, dtype_name)},
-      {"fsdp.mixed_precision.reduce_dtype", choice(&mp.reduce_dtype, precisions, dtype_name)},
-      {"fsdp.mixed_precision.buffer_dtype", choice(&mp.buffer_dtype, precisions, dtype_name)},
-      {"fsdp.mixed_precision.init_loss_scale", &mp.init_loss_scale, above(0)},
-      {"fsdp.backward_prefetch", choice(&f.backward_prefetch, kBackwardPrefetches)},
-      {"fsdp.forward_prefetch", &f.forward_prefetch},
-      {"fsdp.limit_all_gathers", &f.limit_all_gathers},
-      {"fsdp.node_shared_params", &f.node_shared_params},
-      {"fsdp.activation_checkpointing", &f.activation_checkpointing},
-      {"fsdp.cpu_offload", &f.cpu_offload},
-      {"fsdp.hybrid.shard_group_size", &f.shard_group_size, at_least(0)},
-      {"comm.backend", choice(&c.comm.backend, built_backend_names())},
-      {"comm.timeout_s", &c.comm.timeout_s, above(0)},
-      {"checkpoint.dir", &c.checkpoint.dir},
-      {"checkpoint.format", choice(&c.checkpoint.format, kCheckpointFormats)},
-      {"checkpoint.every_steps", &c.checkpoint.every_steps, at_least(0)},
-      {"checkpoint.keep", &c.checkpoint.keep, at_least(1)},
-      {"checkpoint.save_best", &c.checkpoint.save_best},
-      {"checkpoint.resume", &c.checkpoint.resume},
-      {"checkpoint.io", choice(&c.checkpoint.io, kCheckpointIos)},
-      {"output.metrics", &c.output.metrics},
-      {"output.log_every", &c.output.log_every, at_least(1)},
-      {"output.save_weights", &c.output.save_weights},
-      {"output.trace", &c.output.trace},
-      {"output.trace_steps", StepWindow{&c.output.trace_first_step, &c.output.trace_last_step}},
-      {"generate.num_beams", &c.generate.num_beams, at_least(1)},
-      {"generate.max_new_tokens", &c.generate.max_new_tokens, at_least(0)},
-      {"generate.length_penalty", &c.generate.length_penalty},
-      {"generate.batch_size", &c.generate.batch_size, at_least(0)},
-      {"generate.rouge_samples", &c.generate.rouge_samples, at_least(-1)},
+              matmul_precision_name),
+       unbounded(),
+       "f32 GEMM operands as they are (`highest`), rounded to TF32 (`high`) or to bf16 (`medium`), f32 "
+       "accumulation (torch.set_float32_matmul_precision)"},
+      {"train.optimizer.kind", choice(&o.kind, kOptimizerKinds), unbounded(),
+       "`sgd` torch.optim.SGD, `adadelta` torch.optim.Adadelta, `adamw` torch.optim.AdamW; each takes its own keys "
+       "(Keys by optimizer, below)"},
+      {"train.optimizer.lr", &o.lr, above(0),
+       "The learning rate, the schedule's base (the default is adadelta's: Keys by optimizer gives the others)"},
+      {"train.optimizer.momentum", &o.momentum, at_least(0), "sgd: the momentum factor (SGD's momentum)"},
+      {"train.optimizer.dampening", &o.dampening, unbounded(), "sgd: dampening for momentum (SGD's dampening)"},
+      {"train.optimizer.nesterov", &o.nesterov, unbounded(),
+       "sgd: Nesterov momentum (SGD's nesterov; needs momentum > 0 and dampening 0)"},
+      {"train.optimizer.weight_decay", &o.weight_decay, at_least(0),
+       "sgd, adadelta: an L2 penalty added to the gradient; adamw: decoupled weight decay (its default differs: "
+       "Keys by optimizer)"},
+      {"train.optimizer.rho", &o.rho, closed(0, 1),
+       "adadelta: the coefficient of the running averages of squared gradients and updates (Adadelta's rho)"},
+      {"train.optimizer.eps", &o.eps, above(0),
+       "adadelta, adamw: the term added to denominators for numerical stability (the default is adadelta's: Keys "
+       "by optimizer)"},
+      {"train.optimizer.betas", Betas{&o.beta1, &o.beta2}, closed_open(0, 1),
+       "adamw: [beta1, beta2], the coefficients of the running averages of the gradient and its square (AdamW's "
+       "betas)"},
+      {"train.scheduler.kind", choice(&s.kind, kSchedulerKinds), unbounded(),
+       "The learning-rate schedule: `none` constant, `step` StepLR stepped per epoch, `cosine` a linear warmup "
+       "then a cosine decay to min_lr (CosineAnnealingLR after the warmup)"},
+      {"train.scheduler.step_size", &s.step_size, at_least(1), "step: epochs between decays (StepLR's step_size)"},
+      {"train.scheduler.gamma", &s.gamma, above(0), "step: the factor of each decay (StepLR's gamma)"},
+      {"train.scheduler.warmup_steps", &s.warmup_steps, at_least(0),
+       "cosine: steps of linear warmup, lr x (step + 1) / warmup_steps; 0: none"},
+      {"train.scheduler.total_steps", &s.total_steps, at_least(0),
+       "cosine: the step where the decay reaches min_lr, warmup included; 0: the run's total steps"},
+      {"train.scheduler.min_lr", &s.min_lr, at_least(0),
+       "cosine: the learning rate the decay ends at (CosineAnnealingLR's eta_min)"},
+      {"fsdp.sharding_strategy", choice(&f.sharding_strategy, kStrategies), unbounded(),
+       "PyTorch's ShardingStrategy: `FULL_SHARD` shards parameters, gradients and optimizer state, `SHARD_GRAD_OP` "
+       "keeps the parameters gathered from forward to backward, `NO_SHARD` replicates (DDP), `HYBRID_SHARD` and "
+       "`HYBRID_SHARD_ZERO2` are the first two within a shard group (a node, or fsdp.hybrid.shard_group_size "
+       "ranks) and replicate across groups"},
+      {"fsdp.auto_wrap.policy", choice(&f.wrap_policy, kWrapPolicies), unbounded(),
+       "Which modules become FSDP units: `size_based` PyTorch's size_based_auto_wrap_policy, `transformer_layer` "
+       "transformer_auto_wrap_policy on the model's block (TransformerBlock, T5Block), `manual` those "
+       "fsdp.auto_wrap.modules names"},
+      {"fsdp.auto_wrap.min_num_params", &f.min_num_params, at_least(0),
+       "size_based: a module becomes a unit when its subtree holds at least this many parameters outside inner "
+       "units (size_based_auto_wrap_policy's min_num_params)"},
+      {"fsdp.auto_wrap.modules", &f.wrap_modules, unbounded(),
+       "manual: the paths of the modules to wrap, at any depth (e.g. `[encoder.block.0, decoder.block.3]`); "
+       "required by manual"},
+      {"fsdp.mixed_precision.param_dtype", choice(&mp.param_dtype, precisions, dtype_name), unbounded(),
+       "MixedPrecision's param_dtype: parameters are gathered in it and computed with at its values (activations "
+       "and arithmetic stay f32)"},
+      {"fsdp.mixed_precision.reduce_dtype", choice(&mp.reduce_dtype, precisions, dtype_name), unbounded(),
+       "MixedPrecision's reduce_dtype: the precision gradients are reduced in"},
+      {"fsdp.mixed_precision.buffer_dtype", choice(&mp.buffer_dtype, precisions, dtype_name), unbounded(),
+       "MixedPrecision's buffer_dtype: accepted for PyTorch recipes; no model here has buffers, so it changes "
+       "nothing"},
+      {"fsdp.mixed_precision.init_loss_scale", &mp.init_loss_scale, above(0),
+       "With f16 parameters or reductions: dynamic loss scaling's first scale (GradScaler's init_scale), halved "
+       "with the step skipped on an overflow, doubled after 2000 good steps"},
+      {"fsdp.backward_prefetch", choice(&f.backward_prefetch, kBackwardPrefetches), unbounded(),
+       "PyTorch's BackwardPrefetch: gather the next unit in backward order before (`BACKWARD_PRE`) or after "
+       "(`BACKWARD_POST`) the current unit's backward computes, or not ahead (`none`)"},
+      {"fsdp.forward_prefetch", &f.forward_prefetch, unbounded(),
+       "Gather the next unit in forward order when a unit's forward begins (FSDP's forward_prefetch)"},
+      {"fsdp.limit_all_gathers", &f.limit_all_gathers, unbounded(),
+       "At most two units' gathered parameters alive at once (the one computing and one prefetched); a prefetch "
+       "beyond that is skipped (FSDP's limit_all_gathers)"},
+      {"fsdp.node_shared_params", &f.node_shared_params, unbounded(),
+       "Host runs: the ranks of a shard group on one node read the gathered parameters from one node-shared copy "
+       "(MPI-3 shared memory in /dev/shm) instead of all_gathering them, with the same results; the banner says "
+       "whether it is on"},
+      {"fsdp.activation_checkpointing", &f.activation_checkpointing, unbounded(),
+       "Every unit but the root recomputes its forward in the backward instead of keeping its activations "
+       "(apply_activation_checkpointing on the units)"},
+      {"fsdp.cpu_offload", &f.cpu_offload, unbounded(),
+       "Device runs: parameter shards and optimizer state in host memory and the optimizer steps there; only "
+       "gathered parameters and gradients on the GPU (CPUOffload(offload_params=True)); needs `train.device: cuda`"},
+      {"fsdp.hybrid.shard_group_size", &f.shard_group_size, at_least(0),
+       "HYBRID strategies: ranks per shard group (it must divide the ranks); 0: the ranks of a node (detected)"},
+      {"comm.backend", built_backends(&c.comm.backend), unbounded(),
+       "The collective library of FSDP's all_gather, reduce_scatter and all_reduce (torch.distributed's backend): "
+       "`mpi` (always built), `ucx` (built when UCX is found), `nccl` (GPU builds; needs `train.device: cuda`)"},
+      {"comm.timeout_s", &c.comm.timeout_s, above(0),
+       "Seconds a collective or a device wait may take before the run stops with one line naming it "
+       "(init_process_group's timeout)"},
+      {"checkpoint.dir", &k.dir, unbounded(),
+       "The folder of the checkpoints (`ckpt_<step>.h5`, `best.h5`), made when missing; a launch also saves one "
+       "when it ends; empty: no checkpoints"},
+      {"checkpoint.format", choice(&k.format, kCheckpointFormats), unbounded(),
+       "`consolidated` every tensor at its PyTorch shape (`/model/<state_dict name>`), or `sharded` each unit's "
+       "flat shards and an index; either loads at any world size"},
+      {"checkpoint.every_steps", &k.every_steps, at_least(0),
+       "> 0: save every this many steps (needs checkpoint.dir); 0: at the end only"},
+      {"checkpoint.keep", &k.keep, at_least(1),
+       "The newest `ckpt_*.h5` files kept; older ones are deleted after each save (`best.h5` apart)"},
+      {"checkpoint.save_best", &k.save_best, unbounded(),
+       "Also save `best.h5` at each evaluation whose loss is the lowest so far (needs checkpoint.dir and "
+       "evaluations)"},
+      {"checkpoint.resume", &k.resume, unbounded(),
+       "Start from a checkpoint: a file's path, or `auto` the newest complete `ckpt_*.h5` in checkpoint.dir (none: "
+       "start fresh); empty: start fresh"},
+      {"checkpoint.io", choice(&k.io, kCheckpointIos), unbounded(),
+       "MPI-IO transfers of a save: `independent`, or `collective` (two-phase collective buffering)"},
+      {"output.metrics", &out.metrics, unbounded(),
+       "A JSON-lines file rank 0 writes, one line per step (loss, lr, step time, throughput, memory) and per "
+       "evaluation; appended to on resume; empty: none"},
+      {"output.log_every", &out.log_every, at_least(1),
+       "A progress line on stdout every this many steps (when stdout is not a terminal; a terminal gets progress "
+       "bars)"},
+      {"output.save_weights", &out.save_weights, unbounded(),
+       "At the end, an HDF5 file of the trained weights, `/model/<state_dict name>` at full shapes (what "
+       "model.init_from reads); empty: none"},
+      {"output.trace", &out.trace, unbounded(),
+       "A Chrome trace (Perfetto, chrome://tracing) of every rank's FSDP phases; the metrics lines then carry each "
+       "step's breakdown; empty: none"},
+      {"output.trace_steps", StepWindow{&out.trace_first_step, &out.trace_last_step}, unbounded(),
+       "The steps traced, [first, last], 1-based and inclusive (needs output.trace); by default every step"},
+      {"generate.num_beams", &g.num_beams, at_least(1),
+       "t5: 1 greedy search, more a beam search of that many beams (HF generate()'s num_beams)"},
+      {"generate.max_new_tokens", &g.max_new_tokens, at_least(0),
+       "t5: tokens generated at most (HF's max_new_tokens); 0: data.target_len"},
+      {"generate.length_penalty", &g.length_penalty, unbounded(),
+       "t5, beam search: a finished hypothesis scores sum_logprobs / length^length_penalty (HF's length_penalty)"},
+      {"generate.batch_size", &g.batch_size, at_least(0),
+       "t5: samples per rank per decoding batch; 0: train.eval_batch_size"},
+      {"generate.rouge_samples", &g.rouge_samples, at_least(-1),
+       "t5: validation samples decoded and scored with ROUGE-1/2/L at each evaluation, the first N; -1: all for "
+       "data.kind seq2seq, none for synthetic pairs; 0: none"},
   };
 }
 
@@ -260,6 +437,20 @@ std::vector<std::string> optimizer_keys(OptimizerKind kind) {
   if (kind == OptimizerKind::adadelta) return {"lr", "rho", "eps", "weight_decay"};
   return {"lr", "betas", "eps", "weight_decay"};
 }
+
+// PyTorch's defaults where they differ from OptimizerConfig's (which are adadelta's): applied when
+// the key is not given, and listed by the key reference.
+struct KindDefault {
+  OptimizerKind kind;
+  const char* key;
+  double OptimizerConfig::*member;
+  double value;
+};
+constexpr KindDefault kKindDefaults[] = {
+    {OptimizerKind::adamw, "lr", &OptimizerConfig::lr, 1e-3},
+    {OptimizerKind::adamw, "eps", &OptimizerConfig::eps, 1e-8},
+    {OptimizerKind::adamw, "weight_decay", &OptimizerConfig::weight_decay, 0.01},
+};
 
 template <class... F>
 struct Overload : F... {
@@ -666,14 +857,10 @@ void Reader::check_optimizer(OptimizerConfig& o) const {
   for (const auto& [path, g] : given_)
     if (path.starts_with(p) && path != p + "kind" && std::ranges::find(own, path.substr(p.size())) == own.end())
       fail(path, "not a setting of optimizer " + std::string(enum_name(o.kind)) + " (it takes " + join(own) + ")");
-  // PyTorch's defaults where they differ from the struct's (which are adadelta's).
   if (o.kind == OptimizerKind::sgd && !given(p + "lr"))
     throw ConfigError(at(p + "kind") + ": " + p + "lr: required for sgd (PyTorch has no default)");
-  if (o.kind == OptimizerKind::adamw) {
-    if (!given(p + "lr")) o.lr = 1e-3;
-    if (!given(p + "eps")) o.eps = 1e-8;
-    if (!given(p + "weight_decay")) o.weight_decay = 0.01;
-  }
+  for (const KindDefault& d : kKindDefaults)
+    if (o.kind == d.kind && !given(p + d.key)) o.*d.member = d.value;
   if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
     fail(p + "nesterov", "requires momentum > 0 and dampening 0");
 }
@@ -869,6 +1056,181 @@ std::string merged_text(const YAML::Node& root, const std::string& source, const
   return out + emitter.c_str() + "\n";
 }
 
+// ---- The key reference (fsdp_app --keys, docs/input-file.md) ----------------------------------
+// Everything a key's row says comes from its Field: the allowed values from the target's type, its
+// Choice names and its Bound, the default from a default Config read through the target.
+
+std::string number_text(double v) {
+  char text[32];
+  const auto [end, ec] = std::to_chars(text, text + sizeof text, v);  // the shortest exact form
+  return std::string(text, end);
+}
+
+std::string code(const std::string& text) { return "`" + text + "`"; }
+
+// A Markdown table cell: '|' would end it.
+std::string cell(const std::string& text) {
+  std::string out;
+  for (const char ch : text) {
+    if (ch == '|') out += '\\';
+    out += ch;
+  }
+  return out;
+}
+
+std::string code_list(const std::vector<std::string>& names) {
+  std::vector<std::string> quoted;
+  quoted.reserve(names.size());
+  for (const auto& n : names) quoted.push_back(code(n));
+  return join(quoted);
+}
+
+std::string default_text(const Target& target) {
+  auto text = [](const std::string& s) { return s.empty() ? std::string("\"\"") : s; };
+  auto list = [](const std::vector<std::string>& items) { return "[" + join(items) + "]"; };
+  return std::visit(Overload{
+                        [](const int64_t* v) { return std::to_string(*v); },
+                        [](const uint64_t* v) { return std::to_string(*v); },
+                        [](const double* v) { return number_text(*v); },
+                        [](const bool* v) { return std::string(*v ? "true" : "false"); },
+                        [&](const std::string* v) { return text(*v); },
+                        [&](const std::vector<std::string>* v) { return list(*v); },
+                        [&](Betas b) {
+                          return list({number_text(*b.b1), number_text(*b.b2)});
+                        },
+                        [](const EvalEvery* v) { return v->text(); },
+                        [&](StepWindow w) {
+                          return list({std::to_string(*w.first), std::to_string(*w.last)});
+                        },
+                        [&](const Choice& v) { return text(v.current()); },
+                    },
+                    target);
+}
+
+std::string type_text(const Field& f) {
+  const std::string bound = f.bound.lo == -kInf && f.bound.hi == kInf ? "" : " " + f.bound.text();
+  return std::visit(
+      Overload{
+          [&](int64_t*) { return "integer" + bound; },
+          [](uint64_t*) { return std::string("integer >= 0"); },
+          [&](double*) { return "number" + bound; },
+          [](bool*) { return std::string("`true`, `false`"); },
+          [](std::string*) { return std::string("string"); },
+          [](std::vector<std::string>*) { return std::string("list of strings"); },
+          [&](Betas) { return "two numbers, each" + bound; },
+          [](EvalEvery*) { return std::string("`epoch`, `never` or a step count >= 1"); },
+          [](StepWindow) { return std::string("[first, last], 1 <= first <= last"); },
+          [](const Choice& c) { return c.per_build ? std::string("a backend this build has") : code_list(c.names); },
+      },
+      f.target);
+}
+
+// One table per section (the first part of the paths), in the table's order.
+std::string key_tables() {
+  Config defaults;
+  std::string out, section;
+  for (const Field& f : schema(defaults)) {
+    const std::string top = f.path.substr(0, f.path.find('.'));
+    if (top != section) {
+      section = top;
+      out +=
+          "\n## " + code(section) + "\n\n| key | type / allowed values | default | description |\n|---|---|---|---|\n";
+    }
+    out += "| " + code(f.path) + " | " + cell(type_text(f)) + " | " + cell(code(default_text(f.target))) + " | " +
+           cell(f.doc) + " |\n";
+  }
+  return out;
+}
+
+constexpr const char* kReferenceIntro = R"(# Input file keys
+
+Generated by `build/apps/fsdp_app --keys > docs/input-file.md` from the table of keys in
+`src/config/config.cpp` (types, allowed values, descriptions) and a default `Config` (the
+defaults). Do not edit it by hand: change the table and regenerate; test_app's
+`keys_reference_is_docs_input_file` fails while the two differ.
+
+## Giving keys
+
+- The input file is YAML: a map of sections (`model`, `data`, `train`, `fsdp`, `comm`,
+  `checkpoint`, `output`, `generate`), each a map of the keys below; a dotted key is a nested map
+  (`train.optimizer.lr` is `train: {optimizer: {lr: ...}}`). A key left out keeps its default
+  (but see "Keys by optimizer" and "T5 presets").
+- `fsdp_app INPUT.yaml --set dotted.key=value` (also `--set=dotted.key=value`, repeatable)
+  overrides a key: the value is parsed as YAML (`--set train.optimizer.betas=[0.9,0.95]`) and
+  replaces the whole subtree at its key before anything is checked, so it passes the same checks
+  as the file; a later `--set` wins. Checkpoints store the input with the overrides merged.
+- Errors: every key is checked when the file is read (unknown keys, with a suggestion when one is
+  close; keys given twice; wrong types; values out of range; the rules between keys, e.g.
+  `checkpoint.every_steps` needs `checkpoint.dir`). A mistake is one line on stderr,
+  `FILE:LINE: key: problem`, and exit code 1; for a value from an override, `--set key` stands
+  in place of `FILE:LINE`. An input file with no settings is an error (on an empty file, give the
+  keys with `--set`).
+- Batch sizes: `train.batch_size` is per rank: an optimizer step takes batch_size x ranks x
+  `train.grad_accum` samples. `train.global_batch_size` > 0 fixes the micro-batch over all ranks
+  instead, whatever the world size: each rank takes global_batch_size / ranks (the run stops at
+  start when the ranks do not divide it) and `train.batch_size` is not used. The same global
+  batch gives the same losses at any world size.
+)";
+
+// Which model keys each model.kind reads (model_keys), and those a model folder's config.json
+// sets (hf_config_keys).
+std::string model_keys_text() {
+  std::string out =
+      "\n## Keys by model kind\n\n"
+      "`model.kind` and `model.init_from` apply to every kind. The other model keys each kind reads:\n\n";
+  for (const auto& [kind, name] : kModelKinds) {
+    const std::vector<std::string> keys = model_keys(kind);
+    out += "- " + code(std::string(name)) + ": " + (keys.empty() ? "none" : code_list(keys)) + "\n";
+  }
+  out +=
+      "\nt5 refuses the keys of the other kinds, and the other kinds refuse t5's own keys; mnist_cnn ignores the\n"
+      "transformer's (one input can switch between the two). With `model.init_from` a Hugging Face model folder,\n"
+      "its config.json sets these keys (and `model.kind`):\n\n";
+  for (const auto& [kind, name] : kModelKinds)
+    if (const std::vector<std::string> keys = hf_config_keys(kind); !keys.empty())
+      out += "- " + code(std::string(name)) + ": " + code_list(keys) + "\n";
+  out +=
+      "\nA key the input file also gives must have the folder's value (its weights were made with it), except\n"
+      "`dropout_rate`; `model.preset` beside a folder is refused.\n";
+  return out;
+}
+
+// Which optimizer keys each train.optimizer.kind takes (optimizer_keys) and its own defaults.
+std::string optimizer_keys_text() {
+  std::string out =
+      "\n## Keys by optimizer\n\n"
+      "Each `train.optimizer.kind` takes only these keys, as PyTorch's constructors do (a key of another\n"
+      "optimizer is an error). The table's defaults are adadelta's; an optimizer whose PyTorch defaults\n"
+      "differ lists its own:\n\n";
+  for (const auto& [kind, name] : kOptimizerKinds) {
+    out += "- " + code(std::string(name)) + ": " + code_list(optimizer_keys(kind));
+    std::string defaults;
+    for (const KindDefault& d : kKindDefaults)
+      if (d.kind == kind) defaults += (defaults.empty() ? "" : ", ") + code(d.key) + " " + number_text(d.value);
+    if (!defaults.empty()) out += "; defaults " + defaults;
+    out += "\n";
+  }
+  return out + "\n`sgd` has no default `lr`: give `train.optimizer.lr`.\n";
+}
+
+// kT5Presets as a table: the keys each preset sets (Reader::check_model applies them).
+std::string presets_text() {
+  std::string out =
+      "\n## T5 presets\n\n"
+      "`model.preset` (model.kind t5) sets these keys as the Hugging Face hub's configs have them. A key\n"
+      "given beside the preset overrides it, `model.num_decoder_layers` follows `model.num_layers` unless\n"
+      "given, and the other model keys keep their defaults.\n\n"
+      "| preset | d_model | d_kv | d_ff | num_layers | num_heads | feed_forward_proj | tie_word_embeddings |\n"
+      "|---|---|---|---|---|---|---|---|\n";
+  for (const T5Preset& p : kT5Presets) {
+    const FeedForwardProj proj = p.v1_1 ? FeedForwardProj::gated_gelu : FeedForwardProj::relu;
+    out += "| " + code(p.name) + " | " + std::to_string(p.d_model) + " | " + std::to_string(p.d_kv) + " | " +
+           std::to_string(p.d_ff) + " | " + std::to_string(p.layers) + " | " + std::to_string(p.heads) + " | " +
+           std::string(name_of(kFeedForwardProjs, proj)) + " | " + (p.v1_1 ? "false" : "true") + " |\n";
+  }
+  return out;
+}
+
 }  // namespace
 
 Config parse_config(const std::string& yaml_text, const std::string& source_name,
@@ -928,6 +1290,17 @@ Config for_world_size(const Config& config, int world_size) {
     c.train.batch_size = global / world_size;
   }
   return c;
+}
+
+std::string input_file_reference() {
+  return kReferenceIntro + key_tables() + model_keys_text() + optimizer_keys_text() + presets_text();
+}
+
+std::vector<std::string> input_file_keys() {
+  Config c;
+  std::vector<std::string> keys;
+  for (const Field& f : schema(c)) keys.push_back(f.path);
+  return keys;
 }
 
 }  // namespace fsdp

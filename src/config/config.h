@@ -189,6 +189,13 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // becomes the per-rank train.batch_size (ConfigError when the ranks do not divide it).
 Config for_world_size(const Config& config, int world_size);
 
+// The input file's key reference in Markdown, generated from the table of known keys (types,
+// allowed values, descriptions) and a default Config (the defaults): `fsdp_app --keys` prints it
+// and docs/input-file.md is its output.
+std::string input_file_reference();
+// Every known key, dotted as written in the YAML, in the table's order.
+std::vector<std::string> input_file_keys();
+
 // Same from text; `source_name` is used in messages in place of a file name.
 Config parse_config(const std::string& yaml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides = {});
