@@ -123,13 +123,13 @@ CheckpointMeta some_meta() {
   m.shard_group_size = 2;
   m.global_batch_size = 64;
   m.seed = 3;
-  m.strategy = "HYBRID_SHARD";
+  m.strategy = fsdp::Strategy::hybrid_shard;
   m.backend = "mpi";
-  m.wrap_policy = "size_based";
-  m.model_kind = "mnist_cnn";
-  m.optimizer = "adamw";
+  m.wrap_policy = fsdp::WrapPolicy::size_based;
+  m.model_kind = fsdp::ModelKind::mnist_cnn;
+  m.optimizer = fsdp::OptimizerKind::adamw;
   m.optimizer_step = 17;
-  m.scheduler = "cosine";
+  m.scheduler = fsdp::SchedulerKind::cosine;
   m.lr = 2.5e-4;
   m.loss_scale = 1024.0;
   m.loss_scale_good_steps = 9;
@@ -204,7 +204,7 @@ BOOST_AUTO_TEST_CASE(root_attributes_round_trip) {
   CheckpointMeta m = some_meta();
   save_checkpoint(dir.file("c.h5"), a.st, m, {}, MPI_COMM_NULL);
   CheckpointMeta r = read_checkpoint_meta(dir.file("c.h5"));
-  BOOST_TEST(r.format == "consolidated");
+  BOOST_TEST((r.format == CheckpointFormat::consolidated));
   BOOST_TEST(r.format_version == kCheckpointFormatVersion);
   BOOST_TEST(r.step == 17);
   BOOST_TEST(r.epoch == 1);
@@ -214,10 +214,13 @@ BOOST_AUTO_TEST_CASE(root_attributes_round_trip) {
   BOOST_TEST(r.shard_group_size == 2);
   BOOST_TEST(r.global_batch_size == 64);
   BOOST_TEST(r.seed == 3);
-  BOOST_TEST(r.strategy == "HYBRID_SHARD");
-  BOOST_TEST(r.optimizer == "adamw");
+  BOOST_TEST((r.strategy == Strategy::hybrid_shard));
+  BOOST_TEST(r.backend == "mpi");
+  BOOST_TEST((r.wrap_policy == WrapPolicy::size_based));
+  BOOST_TEST((r.model_kind == ModelKind::mnist_cnn));
+  BOOST_TEST((r.optimizer == OptimizerKind::adamw));
   BOOST_TEST((r.optimizer_states == std::vector<std::string>{"exp_avg", "exp_avg_sq"}));
-  BOOST_TEST(r.scheduler == "cosine");
+  BOOST_TEST((r.scheduler == SchedulerKind::cosine));
   BOOST_TEST(r.lr == 2.5e-4);
   BOOST_TEST(r.loss_scale == 1024.0);
   BOOST_TEST(r.loss_scale_good_steps == 9);
@@ -234,8 +237,8 @@ BOOST_AUTO_TEST_CASE(both_formats_load_into_another_unit_layout_exactly) {
     save_checkpoint(dir.file("c.h5"), a.st, some_meta(), with_format(format), MPI_COMM_NULL);
     // Other units, other order of units, other padding.
     ToyState b(kSpecs, {{3, 2}, {}, {0}, {1}}, 5, {"exp_avg", "exp_avg_sq"});
-    CheckpointMeta m = load_checkpoint(dir.file("c.h5"), b.st, {true, "adamw"}, MPI_COMM_NULL);
-    BOOST_TEST(m.format == (format == CheckpointFormat::sharded ? "sharded" : "consolidated"));
+    CheckpointMeta m = load_checkpoint(dir.file("c.h5"), b.st, {true, OptimizerKind::adamw}, MPI_COMM_NULL);
+    BOOST_TEST((m.format == format));
     for (const Param& p : a.params)
       for (int s = 0; s < 3; ++s)
         for (int64_t e = 0; e < p.numel(); ++e) BOOST_REQUIRE_EQUAL(b.at(p.name, s, e), a.at(p.name, s, e));
@@ -245,7 +248,7 @@ BOOST_AUTO_TEST_CASE(both_formats_load_into_another_unit_layout_exactly) {
         BOOST_REQUIRE_EQUAL(b.buffers[0][u.local_offset + e], 0.0f);
     // Parameters only: the optimizer buffers are left alone.
     ToyState c(kSpecs, {{0, 1, 2, 3}}, 1, {"exp_avg", "exp_avg_sq"});
-    load_checkpoint(dir.file("c.h5"), c.st, {false, ""}, MPI_COMM_NULL);
+    load_checkpoint(dir.file("c.h5"), c.st, {false, std::nullopt}, MPI_COMM_NULL);
     BOOST_TEST(c.at("b.weight", 0, 3) == a.at("b.weight", 0, 3));
     BOOST_TEST(c.at("b.weight", 1, 3) == -7.0f);
   }
@@ -274,7 +277,7 @@ BOOST_AUTO_TEST_CASE(damaged_or_mismatched_files_are_refused_with_one_line) {
   const std::string good = dir.file("c.h5");
   save_checkpoint(good, a.st, some_meta(), {}, MPI_COMM_NULL);
   auto load_into = [&](const std::string& path, std::vector<std::pair<std::string, Shape>> specs,
-                       std::string opt = "adamw", std::vector<std::string> states = {"exp_avg", "exp_avg_sq"}) {
+                       std::optional<OptimizerKind> opt = OptimizerKind::adamw, std::vector<std::string> states = {"exp_avg", "exp_avg_sq"}) {
     std::vector<int> all(specs.size());
     std::iota(all.begin(), all.end(), 0);
     ToyState b(specs, {all}, 1, states);
@@ -310,9 +313,9 @@ BOOST_AUTO_TEST_CASE(damaged_or_mismatched_files_are_refused_with_one_line) {
   specs.push_back({"d", {2}});
   BOOST_TEST(load_into(good, specs).find("missing tensor /model/d") != std::string::npos);
   BOOST_TEST(
-      load_into(good, kSpecs, "sgd", {"momentum_buffer"}).find("written with optimizer adamw, this run uses sgd") !=
+      load_into(good, kSpecs, OptimizerKind::sgd, {"momentum_buffer"}).find("written with optimizer adamw, this run uses sgd") !=
       std::string::npos);
-  BOOST_TEST(load_into(good, kSpecs, "", {"momentum_buffer"}).find("has no optimizer state 'momentum_buffer'") !=
+  BOOST_TEST(load_into(good, kSpecs, std::nullopt, {"momentum_buffer"}).find("has no optimizer state 'momentum_buffer'") !=
              std::string::npos);
   // Truncated: HDF5 cannot even open it.
   fs::copy_file(good, dir.file("half.h5"));
@@ -320,6 +323,16 @@ BOOST_AUTO_TEST_CASE(damaged_or_mismatched_files_are_refused_with_one_line) {
   BOOST_TEST(load_into(dir.file("half.h5"), kSpecs) != "");
   std::ofstream(dir.file("text.h5")) << "model: {kind: mnist_cnn}\n";
   BOOST_TEST(load_into(dir.file("text.h5"), kSpecs).find("not an HDF5 file") != std::string::npos);
+  // A root attribute naming no strategy (the attributes are names, typed on read).
+  fs::copy_file(good, dir.file("strategy.h5"));
+  {
+    H5Id f(H5Fopen(dir.file("strategy.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    BOOST_REQUIRE(H5Adelete(f.get(), "strategy") >= 0);
+    write_attr(f.get(), "strategy", std::string("FULLSHARD"));
+  }
+  BOOST_TEST(error_of([&] { read_checkpoint_meta(dir.file("strategy.h5")); })
+                 .find("attribute strategy is 'FULLSHARD', not FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or "
+                       "HYBRID_SHARD_ZERO2") != std::string::npos);
 }
 
 BOOST_AUTO_TEST_CASE(a_state_holding_nan_or_inf_is_never_written) {

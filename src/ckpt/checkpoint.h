@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,7 @@ CheckpointFormat parse_checkpoint_format(const std::string& name);
 // the tensors: the sampler position and the dropout streams are functions of (seed, step), the
 // learning rate of (step, epoch), so these numbers restore them exactly.
 struct CheckpointMeta {
-  std::string format;  // consolidated | sharded
+  CheckpointFormat format = CheckpointFormat::consolidated;
   int64_t format_version = kCheckpointFormatVersion;
   int64_t step = 0;           // optimizer steps done; training resumes with step `step`
   int64_t epoch = 0;          // 0-based epoch of the next step
@@ -46,11 +47,14 @@ struct CheckpointMeta {
   int64_t shard_group_size = 1;
   int64_t global_batch_size = 0;
   int64_t seed = 0;  // Philox key of init, shuffles and dropout
-  std::string strategy, backend, wrap_policy, model_kind;
-  std::string optimizer;                      // kind: sgd | adadelta | adam | adamw
+  Strategy strategy = Strategy::full_shard;
+  std::string backend;  // comm.backend: a name, since the backends are those a build has
+  WrapPolicy wrap_policy = WrapPolicy::size_based;
+  ModelKind model_kind = ModelKind::mnist_cnn;
+  OptimizerKind optimizer = OptimizerKind::sgd;
   std::vector<std::string> optimizer_states;  // names stored per parameter, e.g. exp_avg
   int64_t optimizer_step = 0;
-  std::string scheduler;    // kind; the schedule itself is a function of step and epoch
+  SchedulerKind scheduler = SchedulerKind::none;  // the schedule itself is a function of step and epoch
   double lr = 0.0;          // learning rate of the last step
   double loss_scale = 0.0;  // f16 loss scaler (0 when off)
   int64_t loss_scale_good_steps = 0;
@@ -95,7 +99,7 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& sta
 
 struct LoadOptions {
   bool optimizer_state = true;  // false: parameters only
-  std::string optimizer;        // with optimizer_state: the kind this run uses (must match)
+  std::optional<OptimizerKind> optimizer;  // with optimizer_state: the kind this run uses (must match)
 };
 
 // A checkpoint whose tensors are not all finite (a diverged run's): save_checkpoint does not

@@ -263,6 +263,15 @@ std::string read_string_attr(hid_t obj, const char* name, const std::string& wha
   return v[0];
 }
 
+// A root attribute holding one of E's names. "format" keeps the message it always had.
+template <class E>
+E read_enum_attr(hid_t file, const char* name, const std::string& what) {
+  const std::string text = read_string_attr(file, name, what);
+  if (const std::optional<E> e = parse_enum<E>(text)) return *e;
+  if (std::string_view(name) == "format") throw Error(what + ": unknown format '" + text + "'");
+  throw Error(what + ": attribute " + name + " is '" + text + "', not " + names_of(name_table(E{})));
+}
+
 // One call per root attribute but format_version, in file order: fn(name, member). The writer,
 // the reader and meta_attribute_names walk the same list.
 template <class Meta, class Fn>
@@ -296,7 +305,12 @@ void for_each_meta_field(Meta&& m, Fn fn) {
 void write_meta(hid_t file, const CheckpointMeta& meta) {
   // format_version first: a reader checks it before trusting anything else.
   write_attr(file, "format_version", meta.format_version);
-  for_each_meta_field(meta, [&](const char* name, const auto& value) { write_attr(file, name, value); });
+  for_each_meta_field(meta, [&]<class T>(const char* name, const T& value) {
+    if constexpr (std::is_enum_v<T>)
+      write_attr(file, name, std::string(name_of(name_table(value), value)));  // by name, for any reader
+    else
+      write_attr(file, name, value);
+  });
 }
 
 std::vector<std::string> meta_attribute_names() {
@@ -320,10 +334,11 @@ CheckpointMeta read_meta(hid_t file, const std::string& what) {
       value = read_scalar<double>(file, name, what, H5T_FLOAT, H5T_NATIVE_DOUBLE);
     else if constexpr (std::is_same_v<T, std::string>)
       value = read_string_attr(file, name, what);
+    else if constexpr (std::is_enum_v<T>)
+      value = read_enum_attr<T>(file, name, what);
     else
       value = read_strings_attr(file, name, what);
   });
-  if (m.format != "consolidated" && m.format != "sharded") throw Error(what + ": unknown format '" + m.format + "'");
   if (m.step < 0 || m.epoch < 0 || m.world_size < 1 || m.optimizer_step < 0)
     throw Error(what + ": negative step, epoch or world_size attribute");
   return m;

@@ -30,7 +30,7 @@ class Lister {
     owned_ = open_checkpoint_file(path, what_);
     file_ = owned_.get();
     c_.meta = read_meta(file_, what_);
-    if (c_.meta.format == "consolidated")
+    if (c_.meta.format == CheckpointFormat::consolidated)
       list_consolidated();
     else
       list_sharded();
@@ -191,7 +191,7 @@ CheckpointVerifyReport verify_checkpoint(const std::string& path) {
   H5Id file = open_checkpoint_file(path, what);
   const std::vector<std::string>& states = c.meta.optimizer_states;
   const int n_states = 1 + static_cast<int>(states.size());
-  const bool sharded = c.meta.format == "sharded";
+  const bool sharded = c.meta.format == CheckpointFormat::sharded;
   CheckpointVerifyReport report;
 
   // What the format promises: each dataset's path and shape, and (sharded) the tensors inside.

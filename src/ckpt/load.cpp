@@ -41,7 +41,7 @@ class Reader {
     states_ = options.optimizer_state ? 1 + static_cast<int>(st.state_names.size()) : 1;
     if (options.optimizer_state) check_optimizer();
     sources_.resize(params_.size() * states_);
-    if (meta_.format == "consolidated")
+    if (meta_.format == CheckpointFormat::consolidated)
       map_consolidated();
     else
       map_sharded();
@@ -88,8 +88,9 @@ class Reader {
 
  private:
   void check_optimizer() {
-    if (!options_.optimizer.empty() && meta_.optimizer != options_.optimizer)
-      throw Error(what_ + ": written with optimizer " + meta_.optimizer + ", this run uses " + options_.optimizer +
+    if (options_.optimizer && meta_.optimizer != *options_.optimizer)
+      throw Error(what_ + ": written with optimizer " + std::string(enum_name(meta_.optimizer)) + ", this run uses " +
+                  std::string(enum_name(*options_.optimizer)) +
                   " (load weights only with model.init_from)");
     for (const std::string& s : st_.state_names)
       if (std::ranges::find(meta_.optimizer_states, s) == meta_.optimizer_states.end())

@@ -223,7 +223,7 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st,
   Group g(comm);
   const bool sharded = options.format == CheckpointFormat::sharded;
   CheckpointMeta meta = meta_in;
-  meta.format = sharded ? "sharded" : "consolidated";
+  meta.format = options.format;
   meta.optimizer_states = st.state_names;
   const std::string tmp = path + ".tmp";
   const int states = 1 + static_cast<int>(st.state_names.size());

@@ -100,6 +100,29 @@ enum class CheckpointIo { independent, collective };
 inline constexpr NameTable<CheckpointIo, 2> kCheckpointIos{
     {{CheckpointIo::independent, "independent"}, {CheckpointIo::collective, "collective"}}};
 
+// HYBRID_SHARD and HYBRID_SHARD_ZERO2: shard groups within a node (or fsdp.hybrid.shard_group_size
+// ranks), replicas across them.
+constexpr bool is_hybrid(Strategy s) { return s == Strategy::hybrid_shard || s == Strategy::hybrid_shard_zero2; }
+// PyTorch's reshard_after_forward: FULL_SHARD and HYBRID_SHARD free a unit's gathered parameters
+// after its forward and gather them again for its backward; the ZeRO-2 strategies keep them.
+constexpr bool reshards_after_forward(Strategy s) {
+  return s != Strategy::shard_grad_op && s != Strategy::hybrid_shard_zero2;
+}
+
+// Each enum's name table, by overload: generic code (the checkpoint attributes) converts both ways.
+constexpr const auto& name_table(ModelKind) { return kModelKinds; }
+constexpr const auto& name_table(OptimizerKind) { return kOptimizerKinds; }
+constexpr const auto& name_table(SchedulerKind) { return kSchedulerKinds; }
+constexpr const auto& name_table(Strategy) { return kStrategies; }
+constexpr const auto& name_table(WrapPolicy) { return kWrapPolicies; }
+constexpr const auto& name_table(CheckpointFormat) { return kCheckpointFormats; }
+
+// The E whose name is `text`, or nothing.
+template <class E>
+constexpr std::optional<E> parse_enum(std::string_view text) {
+  return parse_name(name_table(E{}), text);
+}
+
 // Each enum's name, by overload: for messages and tests.
 inline std::string_view enum_name(ModelKind e) { return name_of(kModelKinds, e); }
 inline std::string_view enum_name(DataKind e) { return name_of(kDataKinds, e); }

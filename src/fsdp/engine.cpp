@@ -1,5 +1,4 @@
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -7,6 +6,7 @@
 
 #include "comm/agree.h"
 #include "fsdp/fsdp.h"
+#include "fsdp/node_shared.h"
 #include "tensor/error.h"
 #include "tensor/kernels.h"
 #include "tensor/meta_runtime.h"
@@ -14,15 +14,6 @@
 namespace fsdp {
 
 namespace {
-
-// Per rank, at the front of the node-shared parameters (fsdp.node_shared_params). Versions count
-// the shards' publications from 1; both counters only grow.
-struct alignas(64) SharedParamsCounters {
-  std::atomic<uint64_t> published{0};  // the version this rank's slices hold
-  std::atomic<uint64_t> released{0};   // this rank reads no version up to this one any more
-};
-
-size_t round_up(size_t bytes, size_t to) { return (bytes + to - 1) / to * to; }
 
 std::string mib(size_t bytes) {
   char text[32];
@@ -111,17 +102,13 @@ void FsdpEngine::share_params_on_node() {
     off = "the shard group has one rank";
   else if (!mesh_.shard_group_on_one_node)
     off = "the shard group spans nodes";
-  const size_t n = static_cast<size_t>(mesh_.shard->size());
-  size_t bytes = round_up(n * sizeof(SharedParamsCounters), 64);
-  std::vector<size_t> offsets;
-  for (const auto& u : units_) {
-    offsets.push_back(bytes);
-    bytes += round_up(static_cast<size_t>(u->padded_numel) * sizeof(float), 64);
-  }
+  std::vector<int64_t> padded_numels;
+  for (const auto& u : units_) padded_numels.push_back(u->padded_numel);
+  const size_t bytes = NodeSharedParams::bytes_for(mesh_.shard->size(), padded_numels);
   // Every rank of the group takes the same branch (the conditions are the group's), so the
   // collective call below is made by all or none.
   if (off.empty()) {
-    node_params_ = mesh_.shard->share_node_memory(bytes);
+    node_params_ = NodeSharedParams::map(*mesh_.shard, padded_numels);
     const std::string backend(mesh_.shard->backend());
     if (!node_params_ && backend != "mpi")
       off = "the " + backend + " backend maps no node-shared memory (the mpi backend does)";
@@ -133,10 +120,8 @@ void FsdpEngine::share_params_on_node() {
     node_params_note_ = "off: " + off + "; all_gathers as usual";
     return;
   }
-  char* base = node_params_->data();
-  new (base + static_cast<size_t>(mesh_.shard->rank()) * sizeof(SharedParamsCounters)) SharedParamsCounters{};
-  for (size_t i = 0; i < units_.size(); ++i) units_[i]->shared = reinterpret_cast<float*>(base + offsets[i]);
-  mesh_.shard->barrier();  // every rank's counters exist before any rank reads them
+  for (size_t i = 0; i < units_.size(); ++i) units_[i]->shared = node_params_->unit(i);
+  const size_t n = static_cast<size_t>(mesh_.shard->size());
   node_params_charged_bytes_ = bytes / n;
   mem_.on_alloc(MemCategory::gathered, node_params_charged_bytes_);
   node_params_note_ = "on: the node's copy of the parameters, " + mib(bytes) + " in /dev/shm, " +
@@ -144,36 +129,22 @@ void FsdpEngine::share_params_on_node() {
 }
 
 void FsdpEngine::shards_written() {
-  if (node_params_ && shared_version_ > 0 && !shards_changed_) {
+  if (!node_params_) return;
+  if (node_params_->published() && !node_params_->needs_publish())
     for (const auto& u : units_)
       if (u->state != UnitState::sharded)
         throw Error("fsdp: internal: the shards may change while unit " + u->spec.name +
                     " is bound to the node-shared parameters");
-    // This rank reads the version it published no more: the peers may overwrite theirs.
-    auto* counters = reinterpret_cast<SharedParamsCounters*>(node_params_->data());
-    counters[mesh_.shard->rank()].released.store(shared_version_, std::memory_order_release);
-  }
-  shards_changed_ = true;
+  node_params_->shards_changing();
 }
 
 void FsdpEngine::publish_shards() {
-  // Every unit at once: a peer ahead of this rank then finds them all ready, so a step waits for
-  // the peers once instead of once per unit.
-  auto* counters = reinterpret_cast<SharedParamsCounters*>(node_params_->data());
-  const int n = mesh_.shard->size(), r = mesh_.shard->rank();
-  const uint64_t version = shared_version_;
-  if (version > 0)  // a peer may still read the slices of the last version
-    node_params_->wait(
-        [&] {
-          for (int p = 0; p < n; ++p)
-            if (p != r && counters[p].released.load(std::memory_order_acquire) < version) return false;
-          return true;
-        },
-        "until the peers release version " + std::to_string(version) + " of the node-shared parameters");
-  if (rt_->holds_values()) {
+  node_params_->publish([&] {
+    if (!rt_->holds_values()) return;  // a plan: nothing to copy
     // bf16/f16 parameters: the slices hold the values rounded to param_dtype (in f32), which is
     // what the all_gather path computes with (its cast back to f32 is exact).
     const DType lowp = options_.param_dtype;
+    const int64_t r = mesh_.shard->rank();
     int64_t most = 0;
     for (const auto& u : units_) most = std::max(most, u->shard_numel);
     std::vector<char> rounded(lowp == DType::f32 ? 0 : dtype_bytes(lowp) * static_cast<size_t>(most));
@@ -187,26 +158,7 @@ void FsdpEngine::publish_shards() {
         rt_->kernels().cast(slice, DType::f32, rounded.data(), lowp, u->shard_numel);
       }
     }
-  }
-  shared_version_ = version + 1;
-  counters[r].published.store(shared_version_, std::memory_order_release);
-  shards_changed_ = false;
-  peers_published_ = false;
-}
-
-void FsdpEngine::wait_for_peers(const Unit& u) {
-  if (peers_published_) return;
-  auto* counters = reinterpret_cast<SharedParamsCounters*>(node_params_->data());
-  const int n = mesh_.shard->size(), r = mesh_.shard->rank();
-  node_params_->wait(
-      [&] {
-        for (int p = 0; p < n; ++p)
-          if (p != r && counters[p].published.load(std::memory_order_acquire) < shared_version_) return false;
-        return true;
-      },
-      "of unit " + u.spec.name + " (" + u.gather_phase + "): the peers' version " + std::to_string(shared_version_) +
-          " of the node-shared parameters");
-  peers_published_ = true;
+  });
 }
 
 void FsdpEngine::comm_waits_for_compute() {
@@ -304,8 +256,7 @@ void FsdpEngine::load_full_weights(const WeightOpener& open) {
 bool FsdpEngine::keeps_params_after_forward(const Unit& u) const {
   // The root stays gathered from forward to backward (its layers open and close the pass);
   // ZeRO-2 style strategies keep every unit.
-  return index_of(u) == 0 || options_.strategy == Strategy::shard_grad_op ||
-         options_.strategy == Strategy::hybrid_shard_zero2 || mesh_.shard->size() == 1;
+  return index_of(u) == 0 || !reshards_after_forward(options_.strategy) || mesh_.shard->size() == 1;
 }
 
 Unit& FsdpEngine::unit_of(Module& module) {
@@ -325,8 +276,8 @@ void FsdpEngine::unshard(Unit& u, const char* phase) {
   const auto span = trace_->scope(Track::host, "unshard", &u.spec.name);
   u.gather_phase = phase;
   if (node_params_) {  // the peers' slices read in place (share_params_on_node)
-    if (shards_changed_) publish_shards();
-    wait_for_peers(u);
+    if (node_params_->needs_publish()) publish_shards();
+    node_params_->wait_for_peers("of unit " + u.spec.name + " (" + u.gather_phase + ")");
     bind_data(u.layout, u.shared);
     u.state = UnitState::gathered;
     return;

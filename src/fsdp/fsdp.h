@@ -26,6 +26,8 @@
 
 namespace fsdp {
 
+class NodeSharedParams;  // node_shared.h
+
 struct FsdpOptions {
   Strategy strategy = Strategy::full_shard;
   WrapPolicy wrap_policy = WrapPolicy::size_based;
@@ -233,21 +235,16 @@ class FsdpEngine : public ModuleHooks {
   bool direct_grads() const;  // one rank, f32, no offload: gradients accumulate in the grad shard
   // Host values into the shard buffer at `offset` (init, init_from), synchronously.
   void write_shard(int64_t offset, const float* host, int64_t count);
-  // fsdp.node_shared_params. The node's one copy of every unit's parameters, in memory every
-  // rank of the shard group maps: per rank a pair of counters, then each unit's padded flat
-  // parameters (Unit::shared). A rank copies its shards into its slices once per version of the
+  // fsdp.node_shared_params (node_shared.h: the protocol). The node's one copy of every unit's
+  // parameters (Unit::shared): a rank copies its shards into its slices once per version of the
   // shards (publish_shards: the first unshard after they changed) and reads the peers' slices in
   // place: no all_gather, no copy, and one wait per step for the peers instead of one a unit.
-  std::unique_ptr<NodeSharedMemory> node_params_;
+  std::unique_ptr<NodeSharedParams> node_params_;
   std::string node_params_note_;
   size_t node_params_charged_bytes_ = 0;  // this rank's share, charged as gathered memory
-  uint64_t shared_version_ = 0;           // of the shards this rank last published (0: none)
-  bool shards_changed_ = true;            // since this rank last published them
-  bool peers_published_ = false;          // every peer has published shared_version_
   void share_params_on_node();
   void shards_written();  // the shards may have changed (see param_shards)
   void publish_shards();
-  void wait_for_peers(const Unit& u);
   std::vector<std::unique_ptr<Unit>> units_;
   std::unordered_map<const Module*, int> unit_of_module_;  // the units' root modules
   // Unit indices in the order the first forward and the first backward reached them (first use

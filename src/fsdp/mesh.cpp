@@ -32,7 +32,7 @@ MeshColors mesh_colors(Strategy strategy, int shard_group_size, const std::vecto
         break;
     }
   }
-  if (strategy != Strategy::hybrid_shard && strategy != Strategy::hybrid_shard_zero2) return m;
+  if (!is_hybrid(strategy)) return m;
   if (shard_group_size > 0 && n % shard_group_size != 0)
     throw Error("fsdp.hybrid.shard_group_size " + std::to_string(shard_group_size) + " does not divide the " +
                 std::to_string(n) + " ranks");

@@ -32,6 +32,11 @@ constexpr std::string_view matmul_precision_name(MatmulPrecision p) {
   return "?";
 }
 
+// What a GEMM operand is rounded to: f32 (not rounded), TF32 or bf16.
+constexpr std::string_view rounded_operand_name(MatmulPrecision p) {
+  return p == MatmulPrecision::medium ? "bf16" : p == MatmulPrecision::high ? "TF32" : "f32";
+}
+
 // Bytes of one rounded operand element on the GPU: 2 (bf16) at medium, 4 (TF32 in f32) at high.
 constexpr int64_t rounded_operand_element_bytes(MatmulPrecision p) {
   return p == MatmulPrecision::medium ? 2 : p == MatmulPrecision::high ? 4 : 0;

@@ -30,7 +30,7 @@ void Trainer::print_banner() const {
   if (leader && c.train.matmul_precision != MatmulPrecision::highest)
     std::printf("fsdp_app: train.matmul_precision %s: GEMM operands rounded to %s, f32 accumulation\n",
                 std::string(matmul_precision_name(c.train.matmul_precision)).c_str(),
-                c.train.matmul_precision == MatmulPrecision::medium ? "bf16" : "TF32");
+                std::string(rounded_operand_name(c.train.matmul_precision)).c_str());
   if (leader && !engine.node_shared_params_note().empty())
     std::printf("fsdp_app: fsdp.node_shared_params %s\n", engine.node_shared_params_note().c_str());
   if (env.world_size > 1) {
@@ -55,9 +55,7 @@ void Trainer::print_banner() const {
           if (colors[q] == colors[r]) ranks += (ranks.empty() ? "" : ",") + std::to_string(q);
         nodes += (nodes.empty() ? "" : "; ") + std::string(hosts.data() + r * kHostBytes) + ": ranks " + ranks;
       }
-      const bool hybrid = engine.options().strategy == Strategy::hybrid_shard ||
-                          engine.options().strategy == Strategy::hybrid_shard_zero2;
-      const char* how = !hybrid ? "" : c.fsdp.shard_group_size == 0 ? " (one per node, detected)" : " (configured)";
+      const char* how = !is_hybrid(engine.options().strategy) ? "" : c.fsdp.shard_group_size == 0 ? " (one per node, detected)" : " (configured)";
       std::printf("mesh: %zu node%s (%s); shard groups of %d%s, %d replica%s\n", seen.size(),
                   seen.size() == 1 ? "" : "s", nodes.c_str(), engine.mesh().shard->size(), how,
                   engine.mesh().replicate->size(), engine.mesh().replicate->size() == 1 ? "" : "s");

@@ -125,7 +125,7 @@ void Trainer::init_from_hf() {
 void Trainer::resume(const std::string& path) {
   State& s = *s_;
   LoadOptions options;
-  options.optimizer = std::string(enum_name(s.c.train.optimizer.kind));
+  options.optimizer = s.c.train.optimizer.kind;
   CheckpointStats stats;
   HostCheckpointState staged(*s.engine, *s.optimizer, s.mem);
   CheckpointMeta m = load_checkpoint(path, staged.state(), options, s.env.mpi_comm, &stats);
@@ -143,7 +143,7 @@ void Trainer::resume(const std::string& path) {
   std::snprintf(line, sizeof line,
                 "checkpoint: resumed from %s at step %lld (written by %lld rank%s, %s); %.1f MB in %.2f s\n",
                 path.c_str(), static_cast<long long>(m.step), static_cast<long long>(m.world_size),
-                m.world_size == 1 ? "" : "s", m.strategy.c_str(), stats.bytes / 1e6, stats.seconds);
+                m.world_size == 1 ? "" : "s", std::string(enum_name(m.strategy)).c_str(), stats.bytes / 1e6, stats.seconds);
   s.resume_note += line;
   if (m.global_batch_size != s.global_batch)
     s.resume_note += "checkpoint: note: global batch " + std::to_string(m.global_batch_size) + " -> " +
@@ -162,13 +162,13 @@ CheckpointMeta Trainer::position(int64_t steps_done, double lr) const {
   m.shard_group_size = s.engine->mesh().shard->size();
   m.global_batch_size = s.global_batch;
   m.seed = static_cast<int64_t>(c.train.seed);
-  m.strategy = std::string(enum_name(c.fsdp.sharding_strategy));
+  m.strategy = c.fsdp.sharding_strategy;
   m.backend = c.comm.backend;
-  m.wrap_policy = std::string(enum_name(c.fsdp.wrap_policy));
-  m.model_kind = std::string(enum_name(c.model.kind));
-  m.optimizer = std::string(enum_name(c.train.optimizer.kind));
+  m.wrap_policy = c.fsdp.wrap_policy;
+  m.model_kind = c.model.kind;
+  m.optimizer = c.train.optimizer.kind;
   m.optimizer_step = s.optimizer->step_count();
-  m.scheduler = std::string(enum_name(c.train.scheduler.kind));
+  m.scheduler = c.train.scheduler.kind;
   m.lr = lr;
   m.loss_scale = s.scaler.enabled ? s.scaler.scale : 0.0;
   m.loss_scale_good_steps = s.scaler.good_steps;

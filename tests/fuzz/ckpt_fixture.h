@@ -58,7 +58,7 @@ struct ToyState {
 
 inline fsdp::CheckpointMeta toy_meta(const std::string& format) {
   fsdp::CheckpointMeta m;
-  m.format = format;
+  m.format = fsdp::parse_checkpoint_format(format);
   m.step = 17;
   m.epoch = 1;
   m.step_in_epoch = 5;
@@ -67,14 +67,14 @@ inline fsdp::CheckpointMeta toy_meta(const std::string& format) {
   m.shard_group_size = 1;
   m.global_batch_size = 64;
   m.seed = 3;
-  m.strategy = "FULL_SHARD";
+  m.strategy = fsdp::Strategy::full_shard;
   m.backend = "mpi";
-  m.wrap_policy = "size_based";
-  m.model_kind = "mnist_cnn";
-  m.optimizer = "adamw";
+  m.wrap_policy = fsdp::WrapPolicy::size_based;
+  m.model_kind = fsdp::ModelKind::mnist_cnn;
+  m.optimizer = fsdp::OptimizerKind::adamw;
   m.optimizer_states = {"exp_avg", "exp_avg_sq"};
   m.optimizer_step = 17;
-  m.scheduler = "cosine";
+  m.scheduler = fsdp::SchedulerKind::cosine;
   m.lr = 2.5e-4;
   m.loss_scale = 0.0;
   m.best_eval_loss = 0.25;
@@ -121,7 +121,8 @@ inline void read_checkpoint_every_way(const std::string& path, uint8_t flags) {
   try {
     fsdp::CheckpointContents c = fsdp::list_checkpoint(path);
     for (const fsdp::CheckpointTensor& t : c.tensors)
-      if (t.shape.size() > 8 || (c.meta.format == "sharded" && t.crc32.size() != 1 + c.meta.optimizer_states.size()))
+      if (t.shape.size() > 8 ||
+          (c.meta.format == fsdp::CheckpointFormat::sharded && t.crc32.size() != 1 + c.meta.optimizer_states.size()))
         broken("list_checkpoint returned a tensor it did not check");
   } catch (const fsdp::Error& e) {
     expect_message(e);
@@ -137,7 +138,7 @@ inline void read_checkpoint_every_way(const std::string& path, uint8_t flags) {
     ToyState toy;
     fsdp::LoadOptions options;
     options.optimizer_state = !(flags & 1);
-    options.optimizer = flags & 2 ? "" : "adamw";
+    if (!(flags & 2)) options.optimizer = fsdp::OptimizerKind::adamw;
     try {
       fsdp::load_checkpoint(path, toy.st, options, MPI_COMM_SELF);
     } catch (const fsdp::Error& e) {
