@@ -58,10 +58,15 @@ if ls /etc/apt/sources.list.d/*.sources >/dev/null 2>&1; then
   cp /etc/apt/sources.list.d/*.sources "$root/etc/apt/sources.list.d/"
 fi
 cp -L /etc/resolv.conf "$root/etc/resolv.conf"
-if [ -f /etc/pip.conf ]; then
-  cp /etc/pip.conf "$root/etc/pip.conf"
-  cert=$(awk -F' *= *' '$1 == "cert" {print $2}' /etc/pip.conf)
-  if [ -n "$cert" ] && [ -f "$cert" ]; then mkdir -p "$root$(dirname "$cert")" && cp -L "$cert" "$root$cert"; fi
+[ -f /etc/pip.conf ] && cp /etc/pip.conf "$root/etc/pip.conf"
+# This machine's CA bundle (the image's, with any CA it adds for its network) as a local CA: apt's
+# ca-certificates regenerates /etc/ssl/certs/ca-certificates.crt from Debian's CAs and
+# /usr/local/share/ca-certificates, so a bundle copied in directly would be lost at the first
+# install that pulls ca-certificates in (pip then fails on PyPI's certificate).
+if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+  mkdir -p "$root/usr/local/share/ca-certificates" "$root/etc/ssl/certs"
+  cp -L /etc/ssl/certs/ca-certificates.crt "$root/usr/local/share/ca-certificates/this-machine.crt"
+  cp -L /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
 fi
 git clone -q "$src" "$root/root/fsdp-hpc" || die "git clone failed"
 echo "fresh_machine: cloned $(git -C "$root/root/fsdp-hpc" log -1 --format='%h %s' | cut -c1-100)"
