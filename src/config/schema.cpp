@@ -1,0 +1,323 @@
+// The table of keys (schema.h). Long because it is a table, one entry per key with its
+// description: splitting it would scatter the schema.
+#include "config/schema.h"
+
+#include "config/backends.h"
+#include "config/hf_config.h"
+#include "config/presets.h"
+#include "tensor/device.h"  // device_name
+
+namespace fsdp::config_internal {
+
+namespace {
+
+// comm.backend: the backends this build has. The key reference describes them instead of listing
+// them, so that docs/input-file.md is the same for every build.
+Choice built_backends(std::string* dst) {
+  Choice c = choice(dst, built_backend_names());
+  c.per_build = true;
+  return c;
+}
+
+}  // namespace
+
+Choice choice(std::string* dst, std::vector<std::string> names) {
+  Choice c;
+  c.names = std::move(names);
+  c.set = [dst, names = c.names](size_t i) { *dst = names[i]; };
+  c.current = [dst] { return *dst; };
+  return c;
+}
+
+
+// The model keys each kind reads (model.kind and model.init_from: every kind): those its
+// config.json sets, and t5's preset.
+std::vector<std::string> model_keys(ModelKind kind) {
+  std::vector<std::string> keys = hf_config_keys(kind);
+  if (kind == ModelKind::t5) keys.insert(keys.begin(), "preset");
+  if (kind == ModelKind::transformer) keys.emplace_back("attention");
+  return keys;
+}
+
+// The one list of known keys; sections are the prefixes of these paths. Long because it is a
+// table, one entry per key with its description: splitting it would scatter the schema.
+// `fsdp_app --keys` prints it as docs/input-file.md (input_file_reference).
+std::vector<Field> schema(Config& c) {
+  ModelConfig& m = c.model;
+  DataConfig& d = c.data;
+  TrainConfig& t = c.train;
+  OptimizerConfig& o = t.optimizer;
+  SchedulerConfig& s = t.scheduler;
+  FsdpConfig& f = c.fsdp;
+  MixedPrecisionConfig& mp = f.mixed_precision;
+  CheckpointConfig& k = c.checkpoint;
+  OutputConfig& out = c.output;
+  GenerateConfig& g = c.generate;
+  const std::vector<DType> precisions = {DType::f32, DType::bf16, DType::f16};
+  std::vector<std::string> preset_names;
+  for (const T5Preset& p : kT5Presets) preset_names.emplace_back(p.name);
+  return {
+      {"model.kind", choice(&m.kind, kModelKinds), unbounded(),
+       "The model: `mnist_cnn` PyTorch's MNIST example Net (28x28 images, 10 classes), `transformer` a decoder-only "
+       "LM (embeddings, model.n_layers blocks, a final LayerNorm, a head), `t5` Hugging Face's "
+       "T5ForConditionalGeneration (its state_dict names)"},
+      {"model.vocab", &m.vocab, at_least(1),
+       "transformer: the token vocabulary (embedding rows, head outputs); at most 256 with `data.kind: text` (bytes)"},
+      {"model.d_model", &m.d_model, at_least(1),
+       "transformer and t5: the hidden width, that of the residual stream (`embed_dim`, HF's d_model)"},
+      {"model.n_layers", &m.n_layers, at_least(1), "transformer: the number of blocks"},
+      {"model.n_heads", &m.n_heads, at_least(1),
+       "transformer: attention heads per block (`nn.MultiheadAttention`'s num_heads); must divide model.d_model"},
+      {"model.d_ff", &m.d_ff, at_least(1),
+       "transformer and t5: the inner width of each feed-forward layer (`dim_feedforward`, HF's d_ff)"},
+      {"model.seq_len", &m.seq_len, at_least(1),
+       "transformer: tokens per sample, the context length (learned positions); a text sample is this many bytes"},
+      {"model.attention", choice(&m.attention, kAttentionModes), unbounded(),
+       "transformer: what attention keeps for the backward: `materialized` the (B, H, T, T) probabilities (as "
+       "`nn.MultiheadAttention`), `recompute` each row's max and 1/sum (the backward recomputes the scores), `fused` "
+       "cuDNN's flash attention (needs `train.device: cuda`, `train.matmul_precision: medium` and a head dim that is "
+       "a multiple of 8)"},
+      {"model.init_from", &m.init_from, unbounded(),
+       "Initial weights, any kind: an HDF5 file with `/model/<state_dict name>` (a consolidated checkpoint, "
+       "output.save_weights), a `.safetensors` file, or a Hugging Face model folder whose config.json also sets the "
+       "model keys (`from_pretrained`); empty: the model's own initialisation"},
+      {"model.preset", choice(&m.preset, preset_names), unbounded(),
+       "t5: a Hugging Face hub model whose sizes this sets (T5 presets, below); keys given beside it override it; "
+       "empty: none"},
+      {"model.vocab_size", &m.vocab_size, at_least(1),
+       "t5: the vocabulary (rows of `shared`, outputs of the head; HF's vocab_size); at least 259 for byte tokens, "
+       "and at least data.tokenizer's pieces"},
+      {"model.d_kv", &m.d_kv, at_least(1),
+       "t5: the width of each head's q, k and v (HF's d_kv); attention's inner width is num_heads x d_kv"},
+      {"model.num_layers", &m.num_layers, at_least(1), "t5: encoder blocks (HF's num_layers)"},
+      {"model.num_decoder_layers", &m.num_decoder_layers, at_least(1),
+       "t5: decoder blocks (HF's num_decoder_layers); when not given, model.num_layers"},
+      {"model.num_heads", &m.num_heads, at_least(1), "t5: attention heads (HF's num_heads)"},
+      {"model.relative_attention_num_buckets", &m.relative_attention_num_buckets, at_least(2),
+       "t5: buckets of the relative position bias (HF's relative_attention_num_buckets)"},
+      {"model.relative_attention_max_distance", &m.relative_attention_max_distance, at_least(1),
+       "t5: the distance from which relative positions share the last bucket (HF's relative_attention_max_distance)"},
+      {"model.feed_forward_proj", choice(&m.feed_forward_proj, kFeedForwardProjs), unbounded(),
+       "t5: the feed-forward layer (HF's feed_forward_proj): `relu` T5 v1.0's (wi, wo), `gated-gelu` v1.1's "
+       "(wi_0, wi_1, wo; gelu_new)"},
+      {"model.tie_word_embeddings", &m.tie_word_embeddings, unbounded(),
+       "t5: the head is `shared.weight`, its input scaled by d_model^-0.5 (HF's tie_word_embeddings); false: a head "
+       "of its own, `lm_head.weight` (v1.1)"},
+      {"model.dropout_rate", &m.dropout_rate, closed_open(0, 1),
+       "t5: the probability of every dropout (HF's dropout_rate); `train.dropout: false` turns them off"},
+      {"model.layer_norm_epsilon", &m.layer_norm_epsilon, above(0),
+       "t5: epsilon of the RMS norms (T5LayerNorm; HF's layer_norm_epsilon)"},
+      {"model.initializer_factor", &m.initializer_factor, above(0),
+       "t5: the scale of HF's initialisation (HF's initializer_factor; 1 is HF's own)"},
+      {"data.kind", choice(&d.kind, kDataKinds), unbounded(),
+       "The data: `fashion_mnist` Fashion-MNIST images (mnist_cnn), `text` byte tokens from a file or folder "
+       "(transformer), `synthetic` generated samples of the model's shape (images, tokens or t5's pairs), `seq2seq` "
+       "source and target texts from a file (t5)"},
+      {"data.source", &d.source, unbounded(),
+       "seq2seq: the CSV column or JSON-lines field that holds the source (input) text"},
+      {"data.target", &d.target, unbounded(), "seq2seq: the CSV column or JSON-lines field that holds the target text"},
+      {"data.source_len", &d.source_len, at_least(2),
+       "t5: source tokens per sample: a longer source is cut to source_len - 1 tokens and eos, a shorter one padded "
+       "(a tokenizer's max_length with truncation and padding)"},
+      {"data.target_len", &d.target_len, at_least(2),
+       "t5: label tokens per sample, cut and padded as the source; also the generation length when "
+       "generate.max_new_tokens is 0"},
+      {"data.path", &d.path, unbounded(),
+       "fashion_mnist: the folder of IDX files (empty: Debian's dataset-fashion-mnist); text: a file, or a folder "
+       "whose files are concatenated (empty: Debian's fortunes); seq2seq: the CSV (a name ending in .csv) or "
+       "JSON-lines file, required"},
+      {"data.tokenizer", &d.tokenizer, unbounded(),
+       "t5: a SentencePiece model file (an HF T5 folder's spiece.model, as T5Tokenizer reads it; pad 0, eos 1); "
+       "empty: byte tokens with ByT5's ids (byte + 3, pad 0, eos 1)"},
+      {"data.eval_path", &d.eval_path, unbounded(),
+       "seq2seq: a validation file in data.path's format; empty: the last data.eval_fraction of data.path's rows"},
+      {"data.clean", choice(&d.clean, kTextCleans), unbounded(),
+       "seq2seq: the clean-up before tokenizing: `none`, or `wikihow` the PyTorch FSDP tutorial's WikiHow "
+       "preparation"},
+      {"data.loss_on_padding", &d.loss_on_padding, unbounded(),
+       "t5: the labels after eos are pad, which the loss counts (the PyTorch FSDP tutorial's loss); false: -100, "
+       "ignored (HF's CrossEntropyLoss ignore_index)"},
+      {"data.eval_fraction", &d.eval_fraction, open_open(0, 1),
+       "text, and seq2seq without data.eval_path: the fraction of the samples (text) or rows (seq2seq) at the end "
+       "that evaluate instead of training"},
+      {"data.synthetic_samples", &d.synthetic_samples, at_least(1),
+       "synthetic: training samples; the evaluation set is a quarter of that (at least 1)"},
+      {"train.batch_size", &t.batch_size, at_least(1),
+       "Samples per rank in each micro-batch (the per-rank DataLoader batch_size); replaced by "
+       "train.global_batch_size / ranks when that is given"},
+      {"train.global_batch_size", &t.global_batch_size, at_least(0),
+       "> 0: the samples of one micro-batch over all ranks, split evenly (the ranks must divide it): the same "
+       "losses at any world size; 0: train.batch_size x ranks"},
+      {"train.epochs", &t.epochs, at_least(0),
+       "Passes over the training data when train.steps is 0 (a last partial global batch is dropped)"},
+      {"train.steps", &t.steps, at_least(0),
+       "> 0: exactly this many optimizer steps in all, across epochs as needed; 0: train.epochs decides"},
+      {"train.stop_after_steps", &t.stop_after_steps, at_least(0),
+       "> 0: this launch ends after this many steps (saving a checkpoint when checkpoint.dir is set) and a resume "
+       "runs the rest: a job cut to fit a wall-time limit; 0: no limit"},
+      {"train.seed", &t.seed, unbounded(),
+       "Seeds the initialisation, the shuffle, dropout masks and synthetic data (torch.manual_seed); the same "
+       "values at any world size"},
+      {"train.grad_accum", &t.grad_accum, at_least(1),
+       "Micro-batches per optimizer step; gradients are reduced after the last one only (FSDP's no_sync)"},
+      {"train.clip_grad_norm", &t.clip_grad_norm, at_least(0),
+       "> 0: the gradients' global L2 norm is clipped to this before each step (FSDP's clip_grad_norm_ max_norm); "
+       "0: off"},
+      {"train.eval_every", &t.eval_every, unbounded(),
+       "When to evaluate: `epoch` after every epoch, `never`, or every N optimizer steps; a run that finishes also "
+       "evaluates at its end"},
+      {"train.eval_batch_size", &t.eval_batch_size, at_least(1),
+       "Evaluation samples per rank per batch (the MNIST example's test_batch_size); generate.batch_size's default"},
+      {"train.dropout", &t.dropout, unbounded(),
+       "false: every dropout is off while training too (mnist_cnn's and t5's; the transformer has none)"},
+      {"train.shuffle", &t.shuffle, unbounded(),
+       "Reshuffle the training samples every epoch, by train.seed and the same at any world size "
+       "(DistributedSampler's shuffle); false: in order"},
+      {"train.threads", &t.threads, at_least(0),
+       "> 0: BLAS and OpenMP threads per rank (torch.set_num_threads); 0: OpenBLAS's and OpenMP's defaults "
+       "(OPENBLAS_NUM_THREADS, OMP_NUM_THREADS)"},
+      {"train.device", choice(&t.device, {Device::cpu, Device::cuda}, device_name), unbounded(),
+       "Where tensors live and kernels run: `cpu`, or `cuda` (a GPU per rank: its local rank modulo the GPUs)"},
+      {"train.matmul_precision",
+       choice(&t.matmul_precision, {MatmulPrecision::highest, MatmulPrecision::high, MatmulPrecision::medium},
+              matmul_precision_name),
+       unbounded(),
+       "f32 GEMM operands as they are (`highest`), rounded to TF32 (`high`) or to bf16 (`medium`), f32 "
+       "accumulation (torch.set_float32_matmul_precision)"},
+      {"train.optimizer.kind", choice(&o.kind, kOptimizerKinds), unbounded(),
+       "`sgd` torch.optim.SGD, `adadelta` torch.optim.Adadelta, `adamw` torch.optim.AdamW; each takes its own keys "
+       "(Keys by optimizer, below)"},
+      {"train.optimizer.lr", &o.lr, above(0),
+       "The learning rate, the schedule's base (the default is adadelta's: Keys by optimizer gives the others)"},
+      {"train.optimizer.momentum", &o.momentum, at_least(0), "sgd: the momentum factor (SGD's momentum)"},
+      {"train.optimizer.dampening", &o.dampening, unbounded(), "sgd: dampening for momentum (SGD's dampening)"},
+      {"train.optimizer.nesterov", &o.nesterov, unbounded(),
+       "sgd: Nesterov momentum (SGD's nesterov; needs momentum > 0 and dampening 0)"},
+      {"train.optimizer.weight_decay", &o.weight_decay, at_least(0),
+       "sgd, adadelta: an L2 penalty added to the gradient; adamw: decoupled weight decay (its default differs: "
+       "Keys by optimizer)"},
+      {"train.optimizer.rho", &o.rho, closed(0, 1),
+       "adadelta: the coefficient of the running averages of squared gradients and updates (Adadelta's rho)"},
+      {"train.optimizer.eps", &o.eps, above(0),
+       "adadelta, adamw: the term added to denominators for numerical stability (the default is adadelta's: Keys "
+       "by optimizer)"},
+      {"train.optimizer.betas", Betas{&o.beta1, &o.beta2}, closed_open(0, 1),
+       "adamw: [beta1, beta2], the coefficients of the running averages of the gradient and its square (AdamW's "
+       "betas)"},
+      {"train.scheduler.kind", choice(&s.kind, kSchedulerKinds), unbounded(),
+       "The learning-rate schedule: `none` constant, `step` StepLR stepped per epoch, `cosine` a linear warmup "
+       "then a cosine decay to min_lr (CosineAnnealingLR after the warmup)"},
+      {"train.scheduler.step_size", &s.step_size, at_least(1), "step: epochs between decays (StepLR's step_size)"},
+      {"train.scheduler.gamma", &s.gamma, above(0), "step: the factor of each decay (StepLR's gamma)"},
+      {"train.scheduler.warmup_steps", &s.warmup_steps, at_least(0),
+       "cosine: steps of linear warmup, lr x (step + 1) / warmup_steps; 0: none"},
+      {"train.scheduler.total_steps", &s.total_steps, at_least(0),
+       "cosine: the step where the decay reaches min_lr, warmup included; 0: the run's total steps"},
+      {"train.scheduler.min_lr", &s.min_lr, at_least(0),
+       "cosine: the learning rate the decay ends at (CosineAnnealingLR's eta_min)"},
+      {"fsdp.sharding_strategy", choice(&f.sharding_strategy, kStrategies), unbounded(),
+       "PyTorch's ShardingStrategy: `FULL_SHARD` shards parameters, gradients and optimizer state, `SHARD_GRAD_OP` "
+       "keeps the parameters gathered from forward to backward, `NO_SHARD` replicates (DDP), `HYBRID_SHARD` and "
+       "`HYBRID_SHARD_ZERO2` are the first two within a shard group (a node, or fsdp.hybrid.shard_group_size "
+       "ranks) and replicate across groups"},
+      {"fsdp.auto_wrap.policy", choice(&f.wrap_policy, kWrapPolicies), unbounded(),
+       "Which modules become FSDP units: `size_based` PyTorch's size_based_auto_wrap_policy, `transformer_layer` "
+       "transformer_auto_wrap_policy on the model's block (TransformerBlock, T5Block), `manual` those "
+       "fsdp.auto_wrap.modules names"},
+      {"fsdp.auto_wrap.min_num_params", &f.min_num_params, at_least(0),
+       "size_based: a module becomes a unit when its subtree holds at least this many parameters outside inner "
+       "units (size_based_auto_wrap_policy's min_num_params)"},
+      {"fsdp.auto_wrap.modules", &f.wrap_modules, unbounded(),
+       "manual: the paths of the modules to wrap, at any depth (e.g. `[encoder.block.0, decoder.block.3]`); "
+       "required by manual"},
+      {"fsdp.mixed_precision.param_dtype", choice(&mp.param_dtype, precisions, dtype_name), unbounded(),
+       "MixedPrecision's param_dtype: parameters are gathered in it and computed with at its values (activations "
+       "and arithmetic stay f32)"},
+      {"fsdp.mixed_precision.reduce_dtype", choice(&mp.reduce_dtype, precisions, dtype_name), unbounded(),
+       "MixedPrecision's reduce_dtype: the precision gradients are reduced in"},
+      {"fsdp.mixed_precision.buffer_dtype", choice(&mp.buffer_dtype, precisions, dtype_name), unbounded(),
+       "MixedPrecision's buffer_dtype: accepted for PyTorch recipes; no model here has buffers, so it changes "
+       "nothing"},
+      {"fsdp.mixed_precision.init_loss_scale", &mp.init_loss_scale, above(0),
+       "With f16 parameters or reductions: dynamic loss scaling's first scale (GradScaler's init_scale), halved "
+       "with the step skipped on an overflow, doubled after 2000 good steps"},
+      {"fsdp.backward_prefetch", choice(&f.backward_prefetch, kBackwardPrefetches), unbounded(),
+       "PyTorch's BackwardPrefetch: gather the next unit in backward order before (`BACKWARD_PRE`) or after "
+       "(`BACKWARD_POST`) the current unit's backward computes, or not ahead (`none`)"},
+      {"fsdp.forward_prefetch", &f.forward_prefetch, unbounded(),
+       "Gather the next unit in forward order when a unit's forward begins (FSDP's forward_prefetch)"},
+      {"fsdp.limit_all_gathers", &f.limit_all_gathers, unbounded(),
+       "At most two units' gathered parameters alive at once (the one computing and one prefetched); a prefetch "
+       "beyond that is skipped (FSDP's limit_all_gathers)"},
+      {"fsdp.node_shared_params", &f.node_shared_params, unbounded(),
+       "Host runs: the ranks of a shard group on one node read the gathered parameters from one node-shared copy "
+       "(MPI-3 shared memory in /dev/shm) instead of all_gathering them, with the same results; the banner says "
+       "whether it is on"},
+      {"fsdp.activation_checkpointing", &f.activation_checkpointing, unbounded(),
+       "Every unit but the root recomputes its forward in the backward instead of keeping its activations "
+       "(apply_activation_checkpointing on the units)"},
+      {"fsdp.cpu_offload", &f.cpu_offload, unbounded(),
+       "Device runs: parameter shards and optimizer state in host memory and the optimizer steps there; only "
+       "gathered parameters and gradients on the GPU (CPUOffload(offload_params=True)); needs `train.device: cuda`"},
+      {"fsdp.hybrid.shard_group_size", &f.shard_group_size, at_least(0),
+       "HYBRID strategies: ranks per shard group (it must divide the ranks); 0: the ranks of a node (detected)"},
+      {"comm.backend", built_backends(&c.comm.backend), unbounded(),
+       "The collective library of FSDP's all_gather, reduce_scatter and all_reduce (torch.distributed's backend): "
+       "`mpi` (always built), `ucx` (built when UCX is found), `nccl` (GPU builds; needs `train.device: cuda`)"},
+      {"comm.timeout_s", &c.comm.timeout_s, above(0),
+       "Seconds a collective or a device wait may take before the run stops with one line naming it "
+       "(init_process_group's timeout)"},
+      {"checkpoint.dir", &k.dir, unbounded(),
+       "The folder of the checkpoints (`ckpt_<step>.h5`, `best.h5`), made when missing; a launch also saves one "
+       "when it ends; empty: no checkpoints"},
+      {"checkpoint.format", choice(&k.format, kCheckpointFormats), unbounded(),
+       "`consolidated` every tensor at its PyTorch shape (`/model/<state_dict name>`), or `sharded` each unit's "
+       "flat shards and an index; either loads at any world size"},
+      {"checkpoint.every_steps", &k.every_steps, at_least(0),
+       "> 0: save every this many steps (needs checkpoint.dir); 0: at the end only"},
+      {"checkpoint.keep", &k.keep, at_least(1),
+       "The newest `ckpt_*.h5` files kept; older ones are deleted after each save (`best.h5` apart)"},
+      {"checkpoint.save_best", &k.save_best, unbounded(),
+       "Also save `best.h5` at each evaluation whose loss is the lowest so far (needs checkpoint.dir and "
+       "evaluations)"},
+      {"checkpoint.resume", &k.resume, unbounded(),
+       "Start from a checkpoint: a file's path, or `auto` the newest complete `ckpt_*.h5` in checkpoint.dir (none: "
+       "start fresh); empty: start fresh"},
+      {"checkpoint.io", choice(&k.io, kCheckpointIos), unbounded(),
+       "MPI-IO transfers of a save: `independent`, or `collective` (two-phase collective buffering)"},
+      {"output.metrics", &out.metrics, unbounded(),
+       "A JSON-lines file rank 0 writes, one line per step (loss, lr, step time, throughput, memory) and per "
+       "evaluation; appended to on resume; empty: none"},
+      {"output.log_every", &out.log_every, at_least(1),
+       "A progress line on stdout every this many steps (when stdout is not a terminal; a terminal gets progress "
+       "bars)"},
+      {"output.save_weights", &out.save_weights, unbounded(),
+       "At the end, an HDF5 file of the trained weights, `/model/<state_dict name>` at full shapes (what "
+       "model.init_from reads); empty: none"},
+      {"output.trace", &out.trace, unbounded(),
+       "A Chrome trace (Perfetto, chrome://tracing) of every rank's FSDP phases; the metrics lines then carry each "
+       "step's breakdown; empty: none"},
+      {"output.trace_steps", StepWindow{&out.trace_first_step, &out.trace_last_step}, unbounded(),
+       "The steps traced, [first, last], 1-based and inclusive (needs output.trace); by default every step"},
+      {"generate.num_beams", &g.num_beams, at_least(1),
+       "t5: 1 greedy search, more a beam search of that many beams (HF generate()'s num_beams)"},
+      {"generate.max_new_tokens", &g.max_new_tokens, at_least(0),
+       "t5: tokens generated at most (HF's max_new_tokens); 0: data.target_len"},
+      {"generate.length_penalty", &g.length_penalty, unbounded(),
+       "t5, beam search: a finished hypothesis scores sum_logprobs / length^length_penalty (HF's length_penalty)"},
+      {"generate.batch_size", &g.batch_size, at_least(0),
+       "t5: samples per rank per decoding batch; 0: train.eval_batch_size"},
+      {"generate.rouge_samples", &g.rouge_samples, at_least(-1),
+       "t5: validation samples decoded and scored with ROUGE-1/2/L at each evaluation, the first N; -1: all for "
+       "data.kind seq2seq, none for synthetic pairs; 0: none"},
+  };
+}
+
+// The settings each optimizer takes, as in PyTorch's constructors (which reject the others).
+std::vector<std::string> optimizer_keys(OptimizerKind kind) {
+  if (kind == OptimizerKind::sgd) return {"lr", "momentum", "dampening", "nesterov", "weight_decay"};
+  if (kind == OptimizerKind::adadelta) return {"lr", "rho", "eps", "weight_decay"};
+  return {"lr", "betas", "eps", "weight_decay"};
+}
+
+}  // namespace fsdp::config_internal
