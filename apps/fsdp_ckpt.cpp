@@ -67,7 +67,7 @@ struct Args {
   std::string command;
   std::vector<std::string> files;
   std::optional<fsdp::CheckpointFormat> format;  // reshard's --format (consolidate: consolidated)
-  fsdp::DType dtype = fsdp::DType::f32;         // export-hf's --dtype
+  fsdp::DType dtype = fsdp::DType::f32;          // export-hf's --dtype
   bool dtype_given = false;
   bool force = false;
   bool help = false;
@@ -195,12 +195,14 @@ int convert(const Args& args, const fsdp::MpiSession& mpi) {
     return 1;
   }
   if (mpi.rank() == 0) {
-    const std::string units =
-        args.format == fsdp::CheckpointFormat::sharded ? ", " + std::to_string(slice->state.units.size()) + " units" : std::string();
+    const std::string units = args.format == fsdp::CheckpointFormat::sharded
+                                  ? ", " + std::to_string(slice->state.units.size()) + " units"
+                                  : std::string();
     std::printf(
         "%s (%s, %zu tensors, step %lld) -> %s (%s%s): %.1f MB read in %.2f s, written in %.2f s on %d rank%s\n",
-        in.c_str(), fsdp::name_of(fsdp::kCheckpointFormats, meta.format).data(), slice->contents.tensors.size(), static_cast<long long>(meta.step), out.c_str(),
-        fsdp::name_of(fsdp::kCheckpointFormats, *args.format).data(), units.c_str(), load_stats.bytes / 1e6, load_stats.seconds, save_stats.seconds, mpi.size(),
+        in.c_str(), fsdp::name_of(fsdp::kCheckpointFormats, meta.format).data(), slice->contents.tensors.size(),
+        static_cast<long long>(meta.step), out.c_str(), fsdp::name_of(fsdp::kCheckpointFormats, *args.format).data(),
+        units.c_str(), load_stats.bytes / 1e6, load_stats.seconds, save_stats.seconds, mpi.size(),
         mpi.size() == 1 ? "" : "s");
   }
   return 0;

@@ -277,7 +277,8 @@ BOOST_AUTO_TEST_CASE(damaged_or_mismatched_files_are_refused_with_one_line) {
   const std::string good = dir.file("c.h5");
   save_checkpoint(good, a.st, some_meta(), {}, MPI_COMM_NULL);
   auto load_into = [&](const std::string& path, std::vector<std::pair<std::string, Shape>> specs,
-                       std::optional<OptimizerKind> opt = OptimizerKind::adamw, std::vector<std::string> states = {"exp_avg", "exp_avg_sq"}) {
+                       std::optional<OptimizerKind> opt = OptimizerKind::adamw,
+                       std::vector<std::string> states = {"exp_avg", "exp_avg_sq"}) {
     std::vector<int> all(specs.size());
     std::iota(all.begin(), all.end(), 0);
     ToyState b(specs, {all}, 1, states);
@@ -312,11 +313,11 @@ BOOST_AUTO_TEST_CASE(damaged_or_mismatched_files_are_refused_with_one_line) {
   specs = kSpecs;
   specs.push_back({"d", {2}});
   BOOST_TEST(load_into(good, specs).find("missing tensor /model/d") != std::string::npos);
+  BOOST_TEST(load_into(good, kSpecs, OptimizerKind::sgd, {"momentum_buffer"})
+                 .find("written with optimizer adamw, this run uses sgd") != std::string::npos);
   BOOST_TEST(
-      load_into(good, kSpecs, OptimizerKind::sgd, {"momentum_buffer"}).find("written with optimizer adamw, this run uses sgd") !=
+      load_into(good, kSpecs, std::nullopt, {"momentum_buffer"}).find("has no optimizer state 'momentum_buffer'") !=
       std::string::npos);
-  BOOST_TEST(load_into(good, kSpecs, std::nullopt, {"momentum_buffer"}).find("has no optimizer state 'momentum_buffer'") !=
-             std::string::npos);
   // Truncated: HDF5 cannot even open it.
   fs::copy_file(good, dir.file("half.h5"));
   fs::resize_file(dir.file("half.h5"), fs::file_size(good) / 2);

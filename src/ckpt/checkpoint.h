@@ -55,8 +55,8 @@ struct CheckpointMeta {
   std::vector<std::string> optimizer_states;  // names stored per parameter, e.g. exp_avg
   int64_t optimizer_step = 0;
   SchedulerKind scheduler = SchedulerKind::none;  // the schedule itself is a function of step and epoch
-  double lr = 0.0;          // learning rate of the last step
-  double loss_scale = 0.0;  // f16 loss scaler (0 when off)
+  double lr = 0.0;                                // learning rate of the last step
+  double loss_scale = 0.0;                        // f16 loss scaler (0 when off)
   int64_t loss_scale_good_steps = 0;
   double best_eval_loss = -1.0;  // save_best's threshold; -1: no evaluation yet
   std::string config_yaml;       // the input file's text after --set overrides
@@ -98,7 +98,7 @@ CheckpointStats save_checkpoint(const std::string& path, const ShardedState& sta
                                 const SaveOptions& options, MPI_Comm comm);
 
 struct LoadOptions {
-  bool optimizer_state = true;  // false: parameters only
+  bool optimizer_state = true;             // false: parameters only
   std::optional<OptimizerKind> optimizer;  // with optimizer_state: the kind this run uses (must match)
 };
 

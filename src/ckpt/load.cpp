@@ -90,8 +90,7 @@ class Reader {
   void check_optimizer() {
     if (options_.optimizer && meta_.optimizer != *options_.optimizer)
       throw Error(what_ + ": written with optimizer " + std::string(enum_name(meta_.optimizer)) + ", this run uses " +
-                  std::string(enum_name(*options_.optimizer)) +
-                  " (load weights only with model.init_from)");
+                  std::string(enum_name(*options_.optimizer)) + " (load weights only with model.init_from)");
     for (const std::string& s : st_.state_names)
       if (std::ranges::find(meta_.optimizer_states, s) == meta_.optimizer_states.end())
         throw Error(what_ + ": has no optimizer state '" + s + "'");

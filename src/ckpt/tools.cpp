@@ -206,8 +206,8 @@ void print_index(const CheckpointContents& c) {
   std::printf("index: %zu parameters in %zu units\n", c.tensors.size(), c.unit_padded_numel.size());
   std::vector<std::vector<std::string>> rows{{"name", "unit", "offset", "numel", "shape"}};
   for (const CheckpointTensor& t : c.tensors)
-    rows.push_back({t.name, std::to_string(t.unit), std::to_string(t.offset),
-                    std::to_string(shape_numel(t.shape)), shape_str(t.shape)});
+    rows.push_back({t.name, std::to_string(t.unit), std::to_string(t.offset), std::to_string(shape_numel(t.shape)),
+                    shape_str(t.shape)});
   print_table(rows, {false, true, true, true, false});
   std::printf("units: %zu\n", c.unit_padded_numel.size());
   std::vector<std::vector<std::string>> units{{"unit", "padded_numel", "parameters"}};
@@ -233,8 +233,8 @@ void print_checkpoint_impl(const std::string& path) {
     }
   }
   if (contents)
-    std::printf("%s: fsdp-hpc checkpoint, %s format, step %lld\n", path.c_str(), name_of(kCheckpointFormats, contents->meta.format).data(),
-                static_cast<long long>(contents->meta.step));
+    std::printf("%s: fsdp-hpc checkpoint, %s format, step %lld\n", path.c_str(),
+                name_of(kCheckpointFormats, contents->meta.format).data(), static_cast<long long>(contents->meta.step));
   else if (ours)
     std::printf("%s: damaged fsdp-hpc checkpoint\n", path.c_str());
   else
@@ -294,8 +294,7 @@ std::unique_ptr<CheckpointSlice> slice_checkpoint(const std::string& in, int ran
   const CheckpointContents& c = s->contents;
   const bool sharded = c.meta.format == CheckpointFormat::sharded;
   // Units of the input: its own (with each unit's parameters in offset order), or one per parameter.
-  std::vector<std::vector<const CheckpointTensor*>> units(sharded ? c.unit_padded_numel.size()
-                                                                        : c.tensors.size());
+  std::vector<std::vector<const CheckpointTensor*>> units(sharded ? c.unit_padded_numel.size() : c.tensors.size());
   for (size_t i = 0; i < c.tensors.size(); ++i) units[sharded ? c.tensors[i].unit : i].push_back(&c.tensors[i]);
   for (auto& u : units)
     std::stable_sort(u.begin(), u.end(), [](const auto* a, const auto* b) { return a->offset < b->offset; });
@@ -351,9 +350,7 @@ HfExport::HfExport(const std::string& in, const std::string& dir, DType dtype, b
     : in_(in), dir_(dir), out_((fs::path(dir) / "model.safetensors").string()), tmp_(out_ + ".tmp") {
   slice_ = slice_checkpoint(in, rank, size, false);
   const ModelConfig model = checkpoint_model(slice_->contents.meta, in);
-  config_json_ = hf_config_json(model, dtype == DType::f32    ? "float32"
-                                       : dtype == DType::bf16 ? "bfloat16"
-                                                              : "float16");
+  config_json_ = hf_config_json(model, dtype == DType::f32 ? "float32" : dtype == DType::bf16 ? "bfloat16" : "float16");
   // The file holds the model's parameters in named_parameters() order (HF's), each once: T5's
   // tied aliases are left to from_pretrained, which ties them as save_pretrained expects.
   std::map<std::string, const CheckpointTensor*> in_ckpt;

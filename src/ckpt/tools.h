@@ -56,7 +56,7 @@ class HfExport {
   using ModelMaker = std::function<std::unique_ptr<Model>(const ModelConfig&)>;
   HfExport(const std::string& in, const std::string& dir, DType dtype, bool force, int rank, int size,
            const ModelMaker& make_model);
-  void create_file();  // rank 0, before the others open it: the folder, the header, the size
+  void create_file();                   // rank 0, before the others open it: the folder, the header, the size
   CheckpointStats load(MPI_Comm comm);  // load_checkpoint's agreed errors
   void write_slice(bool created_here);  // every rank: its pieces into the file, then fsync
   void finish();                        // rank 0: the file under its name, then config.json

@@ -201,4 +201,3 @@ std::vector<std::string> input_file_keys() {
 }
 
 }  // namespace fsdp
-

@@ -29,7 +29,6 @@ Choice choice(std::string* dst, std::vector<std::string> names) {
   return c;
 }
 
-
 // The model keys each kind reads (model.kind and model.init_from: every kind): those its
 // config.json sets, and t5's preset.
 std::vector<std::string> model_keys(ModelKind kind) {

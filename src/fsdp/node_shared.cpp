@@ -21,7 +21,8 @@ size_t NodeSharedParams::bytes_for(int group_size, const std::vector<int64_t>& p
   return bytes;
 }
 
-std::unique_ptr<NodeSharedParams> NodeSharedParams::map(Communicator& group, const std::vector<int64_t>& padded_numels) {
+std::unique_ptr<NodeSharedParams> NodeSharedParams::map(Communicator& group,
+                                                        const std::vector<int64_t>& padded_numels) {
   std::unique_ptr<NodeSharedMemory> memory = group.share_node_memory(bytes_for(group.size(), padded_numels));
   if (!memory) return nullptr;
   return std::unique_ptr<NodeSharedParams>(new NodeSharedParams(group, std::move(memory), padded_numels));
@@ -40,9 +41,7 @@ NodeSharedParams::NodeSharedParams(Communicator& group, std::unique_ptr<NodeShar
   group_.barrier();  // every rank's counters exist before any rank reads them
 }
 
-NodeSharedParams::Counters* NodeSharedParams::counters() const {
-  return reinterpret_cast<Counters*>(memory_->data());
-}
+NodeSharedParams::Counters* NodeSharedParams::counters() const { return reinterpret_cast<Counters*>(memory_->data()); }
 
 void NodeSharedParams::wait_for_all(bool published, uint64_t version, const std::string& what) {
   Counters* c = counters();

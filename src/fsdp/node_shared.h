@@ -53,8 +53,8 @@ class NodeSharedParams {
   Communicator& group_;
   std::unique_ptr<NodeSharedMemory> memory_;
   std::vector<float*> units_;
-  uint64_t version_ = 0;         // of the shards this rank last published (0: none)
-  bool changed_ = true;          // since this rank last published them
+  uint64_t version_ = 0;          // of the shards this rank last published (0: none)
+  bool changed_ = true;           // since this rank last published them
   bool peers_published_ = false;  // every peer has published version_
 };
 

@@ -55,7 +55,9 @@ void Trainer::print_banner() const {
           if (colors[q] == colors[r]) ranks += (ranks.empty() ? "" : ",") + std::to_string(q);
         nodes += (nodes.empty() ? "" : "; ") + std::string(hosts.data() + r * kHostBytes) + ": ranks " + ranks;
       }
-      const char* how = !is_hybrid(engine.options().strategy) ? "" : c.fsdp.shard_group_size == 0 ? " (one per node, detected)" : " (configured)";
+      const char* how = !is_hybrid(engine.options().strategy) ? ""
+                        : c.fsdp.shard_group_size == 0        ? " (one per node, detected)"
+                                                              : " (configured)";
       std::printf("mesh: %zu node%s (%s); shard groups of %d%s, %d replica%s\n", seen.size(),
                   seen.size() == 1 ? "" : "s", nodes.c_str(), engine.mesh().shard->size(), how,
                   engine.mesh().replicate->size(), engine.mesh().replicate->size() == 1 ? "" : "s");

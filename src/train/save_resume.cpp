@@ -140,10 +140,10 @@ void Trainer::resume(const std::string& path) {
   }
   s.best_eval_loss = m.best_eval_loss;
   char line[512];
-  std::snprintf(line, sizeof line,
-                "checkpoint: resumed from %s at step %lld (written by %lld rank%s, %s); %.1f MB in %.2f s\n",
-                path.c_str(), static_cast<long long>(m.step), static_cast<long long>(m.world_size),
-                m.world_size == 1 ? "" : "s", std::string(enum_name(m.strategy)).c_str(), stats.bytes / 1e6, stats.seconds);
+  std::snprintf(
+      line, sizeof line, "checkpoint: resumed from %s at step %lld (written by %lld rank%s, %s); %.1f MB in %.2f s\n",
+      path.c_str(), static_cast<long long>(m.step), static_cast<long long>(m.world_size), m.world_size == 1 ? "" : "s",
+      std::string(enum_name(m.strategy)).c_str(), stats.bytes / 1e6, stats.seconds);
   s.resume_note += line;
   if (m.global_batch_size != s.global_batch)
     s.resume_note += "checkpoint: note: global batch " + std::to_string(m.global_batch_size) + " -> " +
