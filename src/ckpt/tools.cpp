@@ -347,8 +347,11 @@ void check_convert_output(const std::string& in, const std::string& out, bool fo
 
 HfExport::HfExport(const std::string& in, const std::string& dir, DType dtype, bool force, int rank, int size,
                    const ModelMaker& make_model)
-    : in_(in), dir_(dir), out_((fs::path(dir) / "model.safetensors").string()), tmp_(out_ + ".tmp") {
-  slice_ = slice_checkpoint(in, rank, size, false);
+    : in_(in),
+      dir_(dir),
+      out_((fs::path(dir) / "model.safetensors").string()),
+      tmp_(out_ + ".tmp"),
+      slice_(slice_checkpoint(in, rank, size, false)) {
   const ModelConfig model = checkpoint_model(slice_->contents.meta, in);
   config_json_ = hf_config_json(model, dtype == DType::f32 ? "float32" : dtype == DType::bf16 ? "bfloat16" : "float16");
   // The file holds the model's parameters in named_parameters() order (HF's), each once: T5's
