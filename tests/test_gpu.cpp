@@ -30,7 +30,7 @@
 #include "tensor/dtype.h"
 #include "tensor/kernels.h"
 #include "tensor/memory.h"
-#include "tensor/t5_buckets.h"
+#include "models/t5_buckets.h"
 
 using namespace fsdp;
 

@@ -20,7 +20,7 @@
 #include "tensor/memory.h"
 #include "tensor/ops.h"
 #include "tensor/rng.h"
-#include "tensor/t5_buckets.h"
+#include "models/t5_buckets.h"
 #include "tensor/tensor.h"
 
 using namespace fsdp;

@@ -13,7 +13,7 @@
 
 #include "nn/layers.h"
 #include "tensor/error.h"
-#include "tensor/t5_buckets.h"
+#include "models/t5_buckets.h"
 
 namespace fsdp {
 

@@ -1,4 +1,4 @@
-#include "tensor/t5_buckets.h"
+#include "models/t5_buckets.h"
 
 #include <algorithm>
 #include <cmath>
