@@ -27,6 +27,18 @@ inline int world_size() {
   return n;
 }
 
+// A precondition for a case that needs at least n ranks (`*boost::unit_test::precondition(
+// at_least_ranks(2))`, or test_unit::add_precondition): at a smaller world size Boost.Test reports
+// the case as skipped, with this reason, instead of a pass that checked nothing. Every rank
+// evaluates it alike, so no rank enters the case's collectives alone.
+inline boost::unit_test::test_unit::precondition_t at_least_ranks(int n) {
+  return [n](boost::unit_test::test_unit_id) {
+    boost::test_tools::assertion_result ok(world_size() >= n);
+    if (!ok) ok.message() << "needs " << n << " or more ranks, this job has " << world_size();
+    return ok;
+  };
+}
+
 inline void report(bool ok, const std::string& what) {
   BOOST_CHECK_MESSAGE(ok, what);
   if (!ok && world_rank() != 0) std::fprintf(stderr, "[rank %d] check failed: %s\n", world_rank(), what.c_str());

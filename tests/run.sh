@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the project needs, builds it, runs every test suite, and ends with one line
-# "N passed, N failed" counting Boost.Test cases (and whole scripts for the script tests).
+# "N passed, N failed" (", N skipped" when any were) counting test cases: Boost.Test's and the Python
+# suites' (tests/pylib/report.py), a test that reports none as one (tests/summary.py).
 # Usage: bash tests/run.sh [BUILD_DIR] [extra meson test args]
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -6,7 +6,7 @@
 # under the sanitizers costs minutes, and the code under test keeps -O2) and -Dfuzz=enabled
 # (the libFuzzer targets too, for .ci/run's fuzz stage), compiles it,
 # runs `meson test` with the sanitizer environment below, and ends like tests/run.sh with one
-# line "N passed, N failed" (tests/summary.py).
+# line "N passed, N failed" (", N skipped" when any were; tests/summary.py).
 # Usage: bash tests/sanitize.sh [BUILD_DIR] [extra meson test args]
 # Without extra arguments it runs every suite but e2e and mpi_more (unit, app, mpi, fuzz
 # replays: every Boost.Test suite and every MPI suite, the MPI ones at world sizes 1, 3 and 8;

@@ -284,22 +284,64 @@ void require_params(const std::vector<float>& expected, const std::vector<float>
                  std::string(what) + " step " + std::to_string(step) + " element " + std::to_string(i));
 }
 
+// Whether this build's optimizer madd (tensor/cpu_kernels.cpp) is fmaf: FP_FAST_FMAF, which GCC
+// defines with -march=native on every x86 with FMA (clang defines none). kernel_math.h always
+// fuses, so the element cases below compare bitwise only in such a build; in any other they are
+// skipped, saying so.
+constexpr bool kBuildFusesMadd =
+#ifdef FP_FAST_FMAF
+    true;
+#else
+    false;
+#endif
+
+boost::test_tools::assertion_result build_fuses_madd(boost::unit_test::test_unit_id) {
+  boost::test_tools::assertion_result r(kBuildFusesMadd);
+  if (!kBuildFusesMadd)
+    r.message() << "no FP_FAST_FMAF in this build: the optimizer's madd is a * b + c, which the compiler may or may "
+                   "not contract, and kernel_math fuses (kernel_math.h): the bitwise comparison does not apply";
+  return r;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(this_build_fuses_madd) {
-  // kernel_math.h uses fmaf where optimizer.cpp's madd is fmaf under FP_FAST_FMAF. The
-  // comparisons below are bitwise only in such a build (the default -march=native on x86 with
-  // FMA); say so plainly if this build is the other kind.
-#ifdef FP_FAST_FMAF
-  BOOST_TEST_MESSAGE("FP_FAST_FMAF: optimizer madd is fmaf, kernel_math matches bitwise");
-#else
-  BOOST_TEST_MESSAGE("no FP_FAST_FMAF: optimizer madd rounds a*b first; kernel_math fuses (see kernel_math.h)");
-#endif
-  BOOST_TEST(true);
+  // One SGD step, p + (-lr) * g, on operands where fusing shows: -lr * g = -(1 + 2^-11 + 2^-24)
+  // exactly, which rounded to f32 first is -(1 + 2^-11) (a tie, to even), so the unfused sum is
+  // 0; fused it is -2^-24. kernel_math's SGD element fuses in every build. Under FP_FAST_FMAF the
+  // real optimizer's madd is an explicit fmaf and must give the fused bits too (what the element
+  // cases below rely on). Otherwise madd is a * b + c, which the compiler may still contract
+  // where FMA is an instruction (clang's -ffp-contract=on defines no FP_FAST_FMAF) or not: either
+  // result is right, one rounding apart at most (kernel_math.h), and nothing else is.
+  const double lr = 1.0 + 0x1p-12;
+  const float g = 1.0f + 0x1p-12f, p0 = 1.0f + 0x1p-11f, neg_lr = float(-lr);
+  const float fused = std::fma(neg_lr, g, p0);
+  volatile float product = neg_lr * g;  // volatile: rounded on its own, never contracted into the add
+  const float unfused = product + p0;
+  BOOST_REQUIRE_MESSAGE(bits(fused) != bits(unfused), "the operands do not tell fused from unfused");
+  SgdArgs a{};
+  a.neg_lr = neg_lr;
+  a.first_step = true;
+  float p = p0;
+  kmath::sgd_element(p, g, nullptr, a);
+  require_same(fused, p, "kernel_math SGD element (always fused)");
+
+  OptimizerConfig config;
+  config.kind = fsdp::OptimizerKind::sgd;
+  config.lr = lr;
+  const float got = run_real(config, {p0}, {{g}}, lr).at(0).at(0);
+  if (kBuildFusesMadd) {
+    BOOST_TEST_MESSAGE("FP_FAST_FMAF: optimizer madd is fmaf, kernel_math matches bitwise");
+    require_same(fused, got, "optimizer SGD step (FP_FAST_FMAF build: madd is fmaf)");
+  } else {
+    BOOST_TEST_MESSAGE("no FP_FAST_FMAF: optimizer madd is a * b + c, here "
+                       << (bits(got) == bits(fused) ? "contracted by the compiler (fused)" : "rounded twice"));
+    BOOST_TEST((bits(got) == bits(fused) || bits(got) == bits(unfused)),
+               "optimizer SGD step gave " << got << ", neither fused " << fused << " nor unfused " << unfused);
+  }
 }
 
-#ifdef FP_FAST_FMAF
-BOOST_AUTO_TEST_CASE(sgd_element_equals_optimizer) {
+BOOST_AUTO_TEST_CASE(sgd_element_equals_optimizer, *boost::unit_test::precondition(build_fuses_madd)) {
   auto p0 = random_params(kElements, 1);
   auto grads = random_grads(kSteps, kElements, 2);
   const double lr = 0.05;
@@ -335,7 +377,7 @@ BOOST_AUTO_TEST_CASE(sgd_element_equals_optimizer) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(adadelta_element_equals_optimizer) {
+BOOST_AUTO_TEST_CASE(adadelta_element_equals_optimizer, *boost::unit_test::precondition(build_fuses_madd)) {
   auto p0 = random_params(kElements, 3);
   auto grads = random_grads(kSteps, kElements, 4);
   for (double wd : {0.0, 0.05}) {
@@ -363,7 +405,7 @@ BOOST_AUTO_TEST_CASE(adadelta_element_equals_optimizer) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(adamw_element_equals_optimizer) {
+BOOST_AUTO_TEST_CASE(adamw_element_equals_optimizer, *boost::unit_test::precondition(build_fuses_madd)) {
   auto p0 = random_params(kElements, 5);
   auto grads = random_grads(kSteps, kElements, 6);
   for (double wd : {0.0, 0.01, 0.1}) {
@@ -395,4 +437,3 @@ BOOST_AUTO_TEST_CASE(adamw_element_equals_optimizer) {
     }
   }
 }
-#endif

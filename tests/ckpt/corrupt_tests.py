@@ -15,8 +15,10 @@ import zlib
 import h5py
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import MODELS, Harness, ckpt_files, ckpt_name  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: pylib
+from pylib.ckpt import ckpt_files, ckpt_name  # noqa: E402
+from pylib.configs import MODELS  # noqa: E402
+from pylib.harness import Harness  # noqa: E402
 
 H = Harness(sys.argv[1], "fsdp_ckpt_corrupt_")
 TIMEOUT = 60

@@ -23,8 +23,10 @@ import zlib
 import h5py
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import CNN, Harness, ckpt_name  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: pylib
+from pylib.ckpt import ckpt_name  # noqa: E402
+from pylib.configs import CNN  # noqa: E402
+from pylib.harness import Harness  # noqa: E402
 
 H = Harness(sys.argv[1], "fsdp_ckpt_diverge_")
 

@@ -23,9 +23,13 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (ENV, MODELS, Harness, bitwise_diff, ckpt_files, ckpt_name, complete_ckpts,  # noqa: E402
-                    eval_rows, h5_attrs, metrics_rows, step_losses)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: pylib
+from pylib.ckpt import bitwise_diff, ckpt_files, ckpt_name, complete_ckpts, h5_attrs  # noqa: E402
+from pylib.configs import MODELS  # noqa: E402
+from pylib.harness import Harness  # noqa: E402
+from pylib.launch import ENV  # noqa: E402
+from pylib.metrics import eval_rows, step_losses  # noqa: E402
+from pylib.metrics import rows as metrics_rows  # noqa: E402
 
 H = Harness(sys.argv[1], "fsdp_ckpt_resume_")
 LOSS_RTOL = 1e-4  # reshard: losses after a reload at another world size (float reordering only)

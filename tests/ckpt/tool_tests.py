@@ -9,33 +9,33 @@ inspect shows shapes and step; reshard round trips are bitwise and fsdp_app resu
 output; bad arguments and bad files give one line on stderr and a non-zero exit.
 
 usage: tool_tests.py FSDP_APP FSDP_CKPT      (Debian's /usr/bin/python3 with h5py, numpy)
-Prints one PASS/FAIL line per check; exits 1 when any failed."""
+Prints one PASS/FAIL line per check and the counts (pylib/report.py); exits 1 when any failed."""
 import os, re, shutil, subprocess, sys, tempfile, time, zlib
 
 import h5py
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: pylib
+from pylib import launch  # noqa: E402
+from pylib.report import Report  # noqa: E402
+
 APP, CKPT = (os.path.abspath(p) for p in sys.argv[1:3])
 INPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "input", "fashion_mnist.yaml")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OPENBLAS_NUM_THREADS="1",
-           OMP_NUM_THREADS="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+ENV = dict(launch.ENV)
 # As tests/mpirun.sh: containers without ptrace rights break the shared-memory single copy.
 ENV.setdefault("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
 TIMEOUT = 120
 TMP = tempfile.mkdtemp(prefix="fsdp_ckpt_test_")
-results = []
+R = Report()
 
 
 def check(name, ok, detail=""):
-    results.append(bool(ok))
-    print(("PASS " if ok else "FAIL ") + name + ("" if ok or not detail else ": " + str(detail)[-600:]), flush=True)
-    return ok
+    """A PASS line, or a FAIL line with the detail's last 600 characters."""
+    return R.check(name, ok, "" if ok or not detail else str(detail)[-600:])
 
 
 def run(args, np_=None):
-    cmd = ["timeout", "--kill-after=10", str(TIMEOUT)]
-    if np_:
-        cmd += ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np_)]
+    cmd = ["timeout", "--kill-after=10", str(TIMEOUT)] + (launch.mpirun(np_) if np_ else [])
     return subprocess.run(cmd + [str(a) for a in args], env=ENV, capture_output=True, text=True)
 
 
@@ -302,16 +302,16 @@ def main():
     check("--help: usage on stdout, exit 0, says fsdp_app loads any checkpoint itself",
           p.returncode == 0 and "usage: fsdp_ckpt" in p.stdout and "fsdp_app itself loads" in p.stdout, p.stderr)
 
-    failed = results.count(False)
-    print(f"{len(results) - failed} checks out of {len(results)} passed ({time.time() - t0:.1f} s)")
-    if not failed:
+    R.print_counts()
+    if not R.failed:
         shutil.rmtree(TMP, ignore_errors=True)
-    return 1 if failed else 0
+    return R.exit_code()
 
 
 if __name__ == "__main__":
     try:
         sys.exit(main())
     except Exception as e:  # a setup failure is a failed test, not a traceback only
-        print(f"FAIL setup: {e}")
+        R.check("setup", False, str(e))
+        R.print_counts()
         sys.exit(1)

@@ -32,10 +32,11 @@ import torch
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "reference"))
-from common import Harness, ckpt_name, eval_rows  # noqa: E402
-from torch_models import Net  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: pylib
+from pylib.ckpt import ckpt_name  # noqa: E402
+from pylib.harness import Harness  # noqa: E402
+from pylib.metrics import eval_rows  # noqa: E402
+from reference.torch_models import Net  # noqa: E402
 
 H = Harness(sys.argv[1], "fsdp_ckpt_torch_")
 FASHION = "/usr/share/datasets/fashion-mnist"

@@ -31,7 +31,8 @@ Every case injects one fault into a running job and checks the end-to-end outcom
 
 usage: fault_tests.py FSDP_APP FSDP_CKPT      (Debian's /usr/bin/python3 with h5py, numpy; root)
 FAULT_TEST_ONLY=text runs only the cases whose name contains text. Prints one PASS/FAIL line per
-check and `N checks out of M passed`; exits non-zero on any failure."""
+check, a SKIP line per case this machine cannot run, and the counts (pylib/report.py); exits
+non-zero on any failure (77 when everything was skipped)."""
 import os
 import re
 import shutil
@@ -41,17 +42,13 @@ import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "tests", "ckpt"))
-from common import ENV, MODELS, Harness, ckpt_files, ckpt_name, complete_ckpts  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: pylib
+from pylib.ckpt import ckpt_files, ckpt_name, complete_ckpts  # noqa: E402
+from pylib.configs import MODELS  # noqa: E402
+from pylib.harness import Harness  # noqa: E402
+from pylib.launch import ENV, MPIRUN, mpirun as mpirun_np, set_args  # noqa: E402
 
-# Harness.case filters on CKPT_TEST_ONLY; this suite's own filter is FAULT_TEST_ONLY.
-os.environ.pop("CKPT_TEST_ONLY", None)
-if os.environ.get("FAULT_TEST_ONLY"):
-    os.environ["CKPT_TEST_ONLY"] = os.environ["FAULT_TEST_ONLY"]
-
-H = Harness(sys.argv[1], "fsdp_fault_test_")
+H = Harness(sys.argv[1], "fsdp_fault_test_", only_env="FAULT_TEST_ONLY")
 CKPT_TOOL = os.path.abspath(sys.argv[2])
 NP = 3
 FAULT_RANK = 1
@@ -79,20 +76,13 @@ def _stop_all(*_):
 signal.signal(signal.SIGTERM, _stop_all)
 
 
-def set_args(sets):
-    out = []
-    for s in sets:
-        out += ["--set", s]
-    return out
-
-
 def mpirun(np_, sets, rank_prefix=None):
     """mpirun with np_ ranks of fsdp_app; rank_prefix: a command put in front of FAULT_RANK's only
     (an MPMD launch, so the ranks keep their order)."""
     app = [H.app, H.cfg] + set_args(sets)
-    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none"]
     if rank_prefix is None:
-        return cmd + ["-np", str(np_)] + app
+        return mpirun_np(np_) + app
+    cmd = list(MPIRUN)
     groups = []
     for r in range(np_):
         groups += ([":"] if r else []) + ["-np", "1"] + (rank_prefix if r == FAULT_RANK else []) + app
@@ -327,7 +317,7 @@ def kill_save_case():
 def kill_startup_case(when):
     name = f"kill_startup_{when}"
     if not os.path.isdir(FASHION):
-        print(f"SKIP {name}: {FASHION} is missing (Debian package dataset-fashion-mnist)", flush=True)
+        H.skip(name, f"{FASHION} is missing (Debian package dataset-fashion-mnist)")
         return
     L = Launch(name, mpirun(NP, CNN_REAL))
     pid = L.rank_pid(FAULT_RANK)
@@ -387,7 +377,7 @@ def skip_collective_case(backend):
     except RuntimeError:
         if "is not built in this binary" in L.text():
             L.wait(time.time())
-            print(f"SKIP {name}: comm.backend {backend} is not built", flush=True)
+            H.skip(name, f"comm.backend {backend} is not built")
             return
         raise
     rc = L.wait(t_fault)
@@ -446,7 +436,7 @@ def disk_full_case():
 def unreadable_data_case():
     name, d = "unreadable_data", H.path("unreadable_data")
     if not os.path.isdir(FASHION):
-        print(f"SKIP {name}: {FASHION} is missing (Debian package dataset-fashion-mnist)", flush=True)
+        H.skip(name, f"{FASHION} is missing (Debian package dataset-fashion-mnist)")
         return
     data = os.path.join(d, "fashion-mnist")
     shutil.copytree(FASHION, data)
@@ -464,8 +454,8 @@ def unreadable_data_case():
 
 def main():
     if os.geteuid() != 0:
-        print("SKIP: the fault tests need root (unshare -m, mount, setpriv)")
-        sys.exit(77)
+        H.skip("fault injection", "the fault tests need root (unshare -m, mount, setpriv)")
+        H.finish()
     print(f"fault injection: np={NP}, comm.timeout_s={TIMEOUT_S}, slack {SLACK_S} s", flush=True)
     H.case("kill_collective", kill_collective_case)
     H.case("kill_save", kill_save_case)

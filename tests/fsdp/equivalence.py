@@ -6,11 +6,16 @@ NO_SHARD run within float-reordering tolerance; a repeated run must be bitwise i
 HYBRID_SHARD without its replicate all_reduce must be caught as different.
 
 usage: equivalence.py FSDP_APP [--quick]      (Debian's /usr/bin/python3 with h5py, numpy)
-Prints a table and Boost.Test-style "N test cases out of M passed/failed" lines."""
-import json, os, subprocess, sys, tempfile
+Prints a table, a SKIP line for a case this build cannot run (no UCX backend), and the counts
+(pylib/report.py)."""
+import os, subprocess, sys, tempfile
 
 import h5py
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: pylib
+from pylib import launch, metrics  # noqa: E402
+from pylib.report import Report  # noqa: E402
 
 APP = os.path.abspath(sys.argv[1])
 QUICK = "--quick" in sys.argv
@@ -49,28 +54,23 @@ MODELS = {
     "t5_nested": T5 + ["fsdp.auto_wrap.policy=size_based", "fsdp.auto_wrap.min_num_params=500"],
 }
 
-env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
 tmp = tempfile.mkdtemp(prefix="fsdp_equiv_")
 
 
 def run(model, strategy, np_, tag, extra=(), fault=None):
-    metrics, weights = f"{tmp}/{tag}.jsonl", f"{tmp}/{tag}.h5"
+    metrics_path, weights = f"{tmp}/{tag}.jsonl", f"{tmp}/{tag}.h5"
     sets = MODELS[model] + [
         f"train.batch_size={GLOBAL_BATCH // np_}", f"train.steps={STEPS}", "train.epochs=0", "train.eval_every=never",
         "train.dropout=true", "train.shuffle=true", "train.threads=1", f"fsdp.sharding_strategy={strategy}",
-        f"fsdp.hybrid.shard_group_size={SHARD_GROUP[np_]}", f"output.metrics={metrics}", f"output.save_weights={weights}",
+        f"fsdp.hybrid.shard_group_size={SHARD_GROUP[np_]}", f"output.metrics={metrics_path}", f"output.save_weights={weights}",
         "output.log_every=1000", *extra]
     cfg = f"{tmp}/empty.yaml"
     open(cfg, "w").close()
-    cmd = ["timeout", "300", "mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np_), APP, cfg]
-    for s in sets:
-        cmd += ["--set", s]
-    run_env = dict(env, FSDP_TEST_FAULT=fault) if fault else env
-    p = subprocess.run(cmd, env=run_env, capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"{model} {strategy} np={np_} exit {p.returncode}: {p.stderr.strip()[-400:]}")
-    rows = [json.loads(l) for l in open(metrics) if '"loss"' in l]
+    cmd = launch.app_command(APP, cfg, sets, np_, timeout=300, kill_after=None)
+    p = launch.run(cmd, env={"FSDP_TEST_FAULT": fault} if fault else None)
+    if p.rc != 0:
+        raise RuntimeError(f"{model} {strategy} np={np_} exit {p.rc}: {p.err.strip()[-400:]}")
+    rows = metrics.step_rows(metrics_path)
     # The transformer clips at norm 1.0: its pre-clip global norm must match the one-rank norm
     # too, so it is compared like a loss.
     losses = [r["loss"] for r in rows] + [r["grad_norm"] for r in rows if "grad_norm" in r]
@@ -105,9 +105,18 @@ def compare(base, other):
     return loss_rel, worst, loss_rel <= LOSS_RTOL
 
 
-passed = failed = 0
-print(f"{'model':12} {'strategy':19} {'np':>3} {'max rel loss diff':>18} {'max |param diff|':>17}  result")
-print("(transformer: the loss column covers the pre-clip gradient norm of every step too)")
+R = Report()
+print("(transformer: the loss difference covers the pre-clip gradient norm of every step too)")
+
+
+def name(model, what, np_):
+    return f"{model:12} {what:19} np {np_}"
+
+
+def diffs(loss_rel, pdiff):
+    return f"max rel loss diff {loss_rel:.2e}, max |param diff| {pdiff:.2e}"
+
+
 for model in MODELS:
     base = run(model, "NO_SHARD", 1, f"{model}_base")
     for strategy in STRATEGIES:
@@ -115,54 +124,37 @@ for model in MODELS:
             try:
                 r = run(model, strategy, np_, f"{model}_{strategy}_{np_}")
                 loss_rel, pdiff, ok = compare(base, r)
-                print(f"{model:12} {strategy:19} {np_:>3} {loss_rel:>18.2e} {pdiff:>17.2e}  {'PASS' if ok else 'FAIL'}")
+                R.check(name(model, strategy, np_), ok, diffs(loss_rel, pdiff))
             except RuntimeError as e:
-                ok = False
-                print(f"{model:12} {strategy:19} {np_:>3} {'error':>18} {'':>17}  FAIL  {e}")
-            passed += ok
-            failed += not ok
+                R.check(name(model, strategy, np_), False, f"error: {e}")
     # Repeated runs at the same np and backend are bitwise identical.
     np_rep = 3
     a = run(model, "FULL_SHARD", np_rep, f"{model}_rep_a")
     b = run(model, "FULL_SHARD", np_rep, f"{model}_rep_b")
     same = a[0] == b[0] and all(np.array_equal(a[1][k], b[1][k]) for k in a[1])
-    print(f"{model:12} {'repeat FULL_SHARD':19} {np_rep:>3} {'bitwise':>18} {'':>17}  {'PASS' if same else 'FAIL'}")
-    passed += same
-    failed += not same
+    R.check(name(model, "repeat FULL_SHARD", np_rep), same, "bitwise")
     # The UCX backend trains the same model to the same tolerance (when it is built); a variant
     # of a model adds nothing there.
     try:
         if model not in VARIANTS:
             u = run(model, "FULL_SHARD", np_rep, f"{model}_ucx", ["comm.backend=ucx"])
             loss_rel, pdiff, ok = compare(base, u)
-            print(f"{model:12} {'FULL_SHARD on ucx':19} {np_rep:>3} {loss_rel:>18.2e} {pdiff:>17.2e}  "
-                  f"{'PASS' if ok else 'FAIL'}")
-            passed += ok
-            failed += not ok
+            R.check(name(model, "FULL_SHARD on ucx", np_rep), ok, diffs(loss_rel, pdiff))
     except RuntimeError as e:
         if "not built" not in str(e):
             raise
-        print(f"{model:12} {'FULL_SHARD on ucx':19} {np_rep:>3} skipped: ucx backend not built")
+        R.skip(name(model, "FULL_SHARD on ucx", np_rep), "ucx backend not built")
     # Activation checkpointing recomputes the same arithmetic (same dropout masks): bitwise equal.
     c = run(model, "FULL_SHARD", np_rep, f"{model}_ckpt", ["fsdp.activation_checkpointing=true"])
     same = a[0] == c[0] and all(np.array_equal(a[1][k], c[1][k]) for k in a[1])
-    print(f"{model:12} {'activation ckpt':19} {np_rep:>3} {'bitwise':>18} {'':>17}  {'PASS' if same else 'FAIL'}")
-    passed += same
-    failed += not same
+    R.check(name(model, "activation ckpt", np_rep), same, "bitwise")
     # The bug PyTorch users hit: a gradient that never crosses the replicate group. It must show.
     if not QUICK and model not in VARIANTS:
         # fsdp_app leaves out the replicate all_reduce from outside the engine (apps/test_faults.h).
         bad = run(model, "HYBRID_SHARD", 4, f"{model}_noreplicate", fault="drop_replicate_reduce")
         loss_rel, pdiff, ok = compare(base, bad)
-        caught = not ok
-        print(f"{model:12} {'HYBRID no replicate':19} {4:>3} {loss_rel:>18.2e} {pdiff:>17.2e}  "
-              f"{'PASS (caught)' if caught else 'FAIL (not caught)'}")
-        passed += caught
-        failed += not caught
+        R.check(name(model, "HYBRID no replicate", 4), not ok,
+                diffs(loss_rel, pdiff) + (": caught" if not ok else ": NOT caught"))
 
 subprocess.run(["rm", "-rf", tmp])
-if passed:
-    print(f"  {passed} test case{'s' if passed != 1 else ''} out of {passed + failed} passed")
-if failed:
-    print(f"  {failed} test case{'s' if failed != 1 else ''} out of {passed + failed} failed")
-sys.exit(1 if failed else 0)
+R.finish()

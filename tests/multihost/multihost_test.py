@@ -17,8 +17,8 @@ rsh-agent.sh, as it would through ssh; the node groups are DETECTED (fsdp.hybrid
       the loss curve against the same one-rank run; params bytes = the whole model
 
 usage: multihost_test.py FSDP_APP MULTIHOST_PROBE   (root; Debian's /usr/bin/python3)
-Prints PASS/FAIL lines and "N checks out of M passed"; exit 0, 1 (a failure) or 77 (skipped: not
-root, or no network namespaces here). MULTIHOST_KEEP=1 keeps the hosts up afterwards for poking
+Prints PASS/FAIL/SKIP lines and the counts (pylib/report.py); exit 0, 1 (a failure) or 77
+(skipped: not root, or no network namespaces here). MULTIHOST_KEEP=1 keeps the hosts up afterwards for poking
 (then `tests/multihost/hosts.sh down`)."""
 import json
 import os
@@ -31,6 +31,11 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # tests/: pylib
+from pylib import launch  # noqa: E402
+from pylib import metrics  # noqa: E402
+from pylib.report import Report  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(HERE))
 HOSTS_SH = os.path.join(HERE, "hosts.sh")
 AGENT = os.path.join(HERE, "rsh-agent.sh")
@@ -44,9 +49,7 @@ GLOBAL_BATCH = 48  # splits evenly over 1, 2, 3 and 4 ranks
 LOSS_RTOL = 1e-5
 MPI_TIMEOUT = 120
 
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
-           OMPI_MCA_btl_vader_single_copy_mechanism="none")
+ENV = dict(launch.ENV, OMPI_MCA_btl_vader_single_copy_mechanism="none")
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 CONFIG = os.path.join(REPO, "input", "fashion_mnist.yaml")
@@ -78,20 +81,13 @@ def multihost_mpirun(hosts):
 
 def local_mpirun(np_):
     """The one-host reference runs: this machine's own namespaces, plain mpirun."""
-    return ["timeout", "-k", "10", str(MPI_TIMEOUT), "mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np_)]
+    return ["timeout", "-k", "10", str(MPI_TIMEOUT)] + launch.mpirun(np_)
 
 
-class Test:
+class Test(Report):
     def __init__(self):
+        super().__init__()
         self.tmp = tempfile.mkdtemp(prefix="fsdp_multihost_")
-        self.passed = self.failed = 0
-        self.t0 = time.time()
-
-    def check(self, name, ok, detail=""):
-        print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
-        self.passed += bool(ok)
-        self.failed += not ok
-        return ok
 
     def sh(self, cmd, what):
         t0 = time.time()
@@ -116,16 +112,12 @@ class Test:
 
     def app(self, launcher, tag, extra, plan=False):
         """fsdp_app on the given launcher; returns (stdout, metrics rows, seconds)."""
-        metrics = os.path.join(self.tmp, f"{tag}.jsonl")
-        cmd = launcher + [APP, CONFIG] + [a for s in SETS + extra + [f"output.metrics={metrics}"] for a in ("--set", s)]
+        metrics_path = os.path.join(self.tmp, f"{tag}.jsonl")
+        cmd = launcher + [APP, CONFIG] + launch.set_args(SETS + extra + [f"output.metrics={metrics_path}"])
         if plan:
             cmd.append("--plan")
         out, dt = self.sh(cmd, tag)
-        rows = []
-        if not plan:
-            with open(metrics) as f:
-                rows = [json.loads(l) for l in f if l.strip()]
-        return out, rows, dt
+        return out, [] if plan else metrics.rows(metrics_path), dt
 
     def probe(self, hosts):
         out, dt = self.sh(multihost_mpirun(hosts) + [PROBE, "HYBRID_SHARD", "0"], f"probe on {hosts}")
@@ -261,8 +253,7 @@ def main():
         print(__doc__)
         return 2
     if os.geteuid() != 0:
-        print("SKIP multihost: needs root (network namespaces)")
-        return 77
+        return skipped("needs root (network namespaces)")
     t = Test()
     print(f"hosts: {HOSTS_SH} (netns {PREFIX}-h1..h3, subnet {SUBNET}.0/24); data: "
           f"{'fashion_mnist' if os.path.isdir(FASHION) else 'synthetic'}, global batch {GLOBAL_BATCH}, {STEPS} steps",
@@ -270,8 +261,8 @@ def main():
     links_before = root_links()
     p = subprocess.run([HOSTS_SH, "up", "3"], capture_output=True, text=True)
     if p.returncode == 3:
-        print(f"SKIP multihost: {p.stderr.strip()}")
-        return 77
+        shutil.rmtree(t.tmp, ignore_errors=True)
+        return skipped(p.stderr.strip())
     if not t.check("hosts up", p.returncode == 0, (p.stdout + p.stderr).strip()):
         # Exit 2: refused because the names exist (maybe another run's): nothing of ours to remove.
         # Exit 1: hosts.sh removed what it had made itself.
@@ -296,14 +287,20 @@ def main():
                 not os.path.exists(f"/run/{PREFIX}") and root_links() == links_before
             t.check("hosts down", gone, "namespaces, bridge, veths, sleepers and state removed" if gone else
                     f"left over: {left.strip()} {d.stderr.strip()}")
-    total = t.passed + t.failed
-    print(f"  {t.passed} check{'s' if t.passed != 1 else ''} out of {total} passed, {t.failed} failed "
-          f"({time.time() - t.t0:.0f} s)", flush=True)
+    t.print_counts()
     if t.failed:
         print(f"  files kept in {t.tmp}")
     else:
         shutil.rmtree(t.tmp, ignore_errors=True)
-    return 1 if t.failed else 0
+    return t.exit_code()
+
+
+def skipped(why):
+    """The whole suite cannot run here: one skipped case, exit 77."""
+    r = Report()
+    r.skip("multihost", why)
+    r.print_counts()
+    return r.exit_code()
 
 
 def on_signal(signum, _frame):

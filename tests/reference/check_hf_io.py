@@ -30,12 +30,18 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from check_t5 import Fail, hf_python, losses_of, rel, run  # noqa: E402
+sys.path.insert(0, os.path.dirname(HERE))  # tests/: pylib
+from pylib import launch  # noqa: E402
+from pylib.launch import Fail  # noqa: E402
+from pylib.metrics import losses_by_step as losses_of  # noqa: E402
+from pylib.report import Report  # noqa: E402
+from pylib.venv import hf_python  # noqa: E402
+from reference.check_t5 import rel, run  # noqa: E402
 
 PYTHON = "/usr/bin/python3"
 LOSS_RTOL = 1e-5
-MPIRUN = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2"]
+MPIRUN = launch.mpirun(2)
+R = Report()
 
 
 def hf(py, args, log):
@@ -45,9 +51,8 @@ def hf(py, args, log):
 
 def check(fails, what, ours, theirs):
     r = rel(ours, theirs)
-    ok = r <= LOSS_RTOL
-    print(f"{what}: {'PASS' if ok else 'FAIL'}: fsdp_app {ours:.9g}, transformers {theirs:.9g}, rel diff {r:.2e} "
-          f"(tol {LOSS_RTOL:g})", flush=True)
+    ok = R.check(what, r <= LOSS_RTOL, f"fsdp_app {ours:.9g}, transformers {theirs:.9g}, rel diff {r:.2e} "
+                 f"(tol {LOSS_RTOL:g})")
     if not ok:
         fails.append(f"{what}: rel diff {r:.2e}")
 
@@ -79,7 +84,8 @@ def out_direction(build, py, out, pairs, cfg, fails):
             raise Fail(f"{folder} holds {sorted(os.listdir(folder))}, not config.json and model.safetensors")
     again = subprocess.run([ckpt_tool, "export-hf", ckpt, f32], capture_output=True, text=True, timeout=60)
     want = f"fsdp_ckpt: {f32}/model.safetensors exists (use --force to replace it)"
-    if again.returncode != 1 or again.stderr.strip() != want:
+    if not R.check(f"out {cfg}: export-hf into an exported folder refuses", again.returncode == 1 and
+                   again.stderr.strip() == want, f"exit {again.returncode}, {again.stderr.strip()!r}"):
         fails.append(f"export-hf into an exported folder: exit {again.returncode}, {again.stderr.strip()!r}, "
                      f"expected exit 1 and {want!r}")
     data = ["--data", pairs]
@@ -107,8 +113,8 @@ def transformer(build, out, fails):
     from_h5 = app_run(build, "transformer", ["train.steps=1", f"model.init_from={ckpt}"], os.path.join(d, "h5.log"))
     from_st = app_run(build, "transformer", ["train.steps=1", f"model.init_from={folder}"], os.path.join(d, "st.log"))
     ok = model_type == "fsdp_transformer" and from_h5[1] == from_st[1]
-    print(f"out transformer: {'PASS' if ok else 'FAIL'}: model_type {model_type}, first-step loss from the checkpoint "
-          f"{from_h5[1]!r}, from the exported folder {from_st[1]!r} (bitwise equal expected)", flush=True)
+    R.check("out transformer", ok, f"model_type {model_type}, first-step loss from the checkpoint {from_h5[1]!r}, "
+            f"from the exported folder {from_st[1]!r} (bitwise equal expected)")
     if not ok:
         fails.append(f"transformer export: model_type {model_type}, losses {from_h5[1]!r} vs {from_st[1]!r}")
 
@@ -143,7 +149,7 @@ def damaged(build, out, folder, shards, cfg, pairs, fails):
     lines = [line for line in open(log).read().splitlines() if line.startswith("fsdp_app:")]
     want = f"{victim}: tensor "
     ok = r.returncode == 1 and len(lines) == 1 and want in lines[0] and "runs past the end of the data" in lines[0]
-    print(f"damaged shard: {'PASS' if ok else 'FAIL'}: exit {r.returncode}, {lines}", flush=True)
+    R.check("damaged shard", ok, f"exit {r.returncode}, {lines}")
     if not ok:
         fails.append(f"a shard cut short: exit {r.returncode}, lines {lines} (log {log})")
 
@@ -170,7 +176,9 @@ def main():
         folder, shards = in_direction(build, py, out, pairs, "v1_1", "bf16", fails)
         damaged(build, out, folder, shards, "v1_1", pairs, fails)
     except Fail as e:
+        R.check("hf_io", False, str(e))
         fails.append(str(e))
+    R.print_counts()
     if fails:
         print(f"check_hf_io: FAIL: {'; '.join(fails)}")
         sys.exit(1)

@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import zlib
@@ -47,6 +46,11 @@ import h5py
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # tests/: pylib
+from pylib.launch import Fail, run_logged  # noqa: E402
+from pylib.metrics import losses_by_step as losses_of  # noqa: E402
+from pylib.report import Report  # noqa: E402
+
 PYTHON = "/usr/bin/python3"
 STEP_LOSS_RTOL = 1e-5
 STEP_UPDATE_RTOL = 1e-4
@@ -55,21 +59,8 @@ TRAJECTORY_RTOL = 1e-5
 CHAOTIC_RTOL = 1e-2
 
 
-def run(cmd, log, timeout=600):
-    with open(log, "w") as f:
-        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
-    if r.returncode != 0:
-        sys.stderr.write(open(log).read()[-4000:])
-        raise SystemExit(f"check_reference: {' '.join(cmd[:3])} ... exited {r.returncode} (log {log})")
-
-
-def losses_of(metrics_path):
-    out = {}
-    for line in open(metrics_path):
-        j = json.loads(line)
-        if "step" in j and "loss" in j:
-            out[j["step"]] = j["loss"]
-    return out
+R = Report()
+TIMEOUT = 600  # seconds, each command
 
 
 def rel(a, b):
@@ -88,18 +79,18 @@ def put_torch_state(template, torch_state, out):
     shutil.copyfile(template, out)
     with h5py.File(torch_state, "r") as src, h5py.File(out, "r+") as dst:
         if int(dst.attrs["optimizer_step"]) != int(src.attrs["optimizer_step"]):
-            raise SystemExit(f"{template}: optimizer_step {dst.attrs['optimizer_step']}, "
+            raise Fail(f"{template}: optimizer_step {dst.attrs['optimizer_step']}, "
                              f"torch's state {src.attrs['optimizer_step']}")
         ours, theirs = [], []
         dst.visit(lambda n: ours.append(n) if isinstance(dst[n], h5py.Dataset) else None)
         src.visit(lambda n: theirs.append(n) if isinstance(src[n], h5py.Dataset) else None)
         if sorted(ours) != sorted(theirs):
-            raise SystemExit(f"torch's state and our checkpoint hold other tensors: "
+            raise Fail(f"torch's state and our checkpoint hold other tensors: "
                              f"only torch {sorted(set(theirs) - set(ours))}, only ours {sorted(set(ours) - set(theirs))}")
         for name in ours:
             v = np.ascontiguousarray(src[name][...], dtype="<f4")
             if v.shape != dst[name].shape:
-                raise SystemExit(f"{name}: torch shape {v.shape}, ours {dst[name].shape}")
+                raise Fail(f"{name}: torch shape {v.shape}, ours {dst[name].shape}")
             dst[name][...] = v
             dst[name].attrs["crc32"] = np.uint32(zlib.crc32(v.tobytes()))
 
@@ -113,7 +104,7 @@ def check_model(app, kind, steps, tmp):
            "--states"]
     if kind == "mnist_cnn":
         cmd.append("--mkldnn-too")
-    run(cmd, os.path.join(d, "torch.log"))
+    run_logged(cmd, os.path.join(d, "torch.log"), TIMEOUT)
     ref = json.load(open(os.path.join(d, "torch_losses.json")))
     torch_losses = ref["losses"]
     spread = ref.get("losses_mkldnn")
@@ -121,9 +112,9 @@ def check_model(app, kind, steps, tmp):
 
     print(f"== {kind}: fsdp_app, free run with a checkpoint after every step", flush=True)
     ck = os.path.join(d, "ck")
-    run(app + [yaml, "--set", f"model.init_from={d}/init.h5", "--set", f"output.metrics={d}/ours.jsonl",
+    run_logged(app + [yaml, "--set", f"model.init_from={d}/init.h5", "--set", f"output.metrics={d}/ours.jsonl",
          "--set", f"train.steps={steps}", "--set", f"checkpoint.dir={ck}", "--set", "checkpoint.every_steps=1",
-         "--set", f"checkpoint.keep={steps}"], os.path.join(d, "app.log"))
+         "--set", f"checkpoint.keep={steps}"], os.path.join(d, "app.log"), TIMEOUT)
     ours_free = losses_of(os.path.join(d, "ours.jsonl"))
 
     print(f"== {kind}: fsdp_app, each step from torch's state", flush=True)
@@ -137,15 +128,15 @@ def check_model(app, kind, steps, tmp):
             put_torch_state(os.path.join(ck, f"ckpt_{s - 1:08d}.h5"), before, start)
             after = os.path.join(d, f"after_{s:03d}.h5")
             metrics = os.path.join(d, f"replay_{s:03d}.jsonl")
-            run(app + [yaml, "--set", f"checkpoint.resume={start}", "--set", f"train.steps={s}", "--set",
+            run_logged(app + [yaml, "--set", f"checkpoint.resume={start}", "--set", f"train.steps={s}", "--set",
                  f"output.metrics={metrics}", "--set", f"output.save_weights={after}"],
-                os.path.join(d, f"replay_{s:03d}.log"))
+                os.path.join(d, f"replay_{s:03d}.log"), TIMEOUT)
             loss = losses_of(metrics).get(s)
         step_loss[s] = loss
         w0, w1 = read_group(before, "model"), read_group(after, "model")
         wt = read_group(os.path.join(d, f"state_{s:03d}.h5"), "model")
         if sorted(w1) != sorted(wt):
-            raise SystemExit(f"{kind}: step {s}: our weights {sorted(w1)} vs torch's {sorted(wt)}")
+            raise Fail(f"{kind}: step {s}: our weights {sorted(w1)} vs torch's {sorted(wt)}")
         worst = (0.0, "")
         err_sq = norm_sq = 0.0
         for name in wt:
@@ -204,12 +195,11 @@ def check_model(app, kind, steps, tmp):
     worst_loss = max(rel(step_loss[s], torch_losses[s - 1]) for s in step_loss if step_loss[s] is not None)
     worst_update = max(step_update_all.values())
     worst_tensor = max(u for u, _ in step_update.values())
-    status = "PASS" if not bad else f"FAIL at steps {bad}"
-    print(f"{kind}: {status}: stepwise loss max {worst_loss:.2e} (tol {STEP_LOSS_RTOL:g}), stepwise update max "
-          f"{worst_update:.2e} (tol {STEP_UPDATE_RTOL:g}), one tensor's update max {worst_tensor:.2e} "
-          f"(tol {TENSOR_UPDATE_RTOL:g}), free run max "
-          f"{max(rel(ours_free[s], torch_losses[s - 1]) for s in ours_free):.2e} (tol {bound:g})", flush=True)
-    return not bad
+    return R.check(kind, not bad, (f"at steps {bad}: " if bad else "") +
+                   f"stepwise loss max {worst_loss:.2e} (tol {STEP_LOSS_RTOL:g}), stepwise update max "
+                   f"{worst_update:.2e} (tol {STEP_UPDATE_RTOL:g}), one tensor's update max {worst_tensor:.2e} "
+                   f"(tol {TENSOR_UPDATE_RTOL:g}), free run max "
+                   f"{max(rel(ours_free[s], torch_losses[s - 1]) for s in ours_free):.2e} (tol {bound:g})")
 
 
 def main():
@@ -229,12 +219,15 @@ def main():
                        "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
     if os.environ.get("OPENBLAS_CORETYPE"):
         print(f"OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']}")
-    ok = True
     with tempfile.TemporaryDirectory(prefix="check_reference.") as tmp:
         for kind in args.model or ["mnist_cnn", "transformer"]:
-            ok = check_model([app] + [a for kv in args.set for a in ("--set", kv)], kind, args.steps, tmp) and ok
-    print("torch_reference: " + ("PASS" if ok else "FAIL"))
-    sys.exit(0 if ok else 1)
+            try:
+                check_model([app] + [a for kv in args.set for a in ("--set", kv)], kind, args.steps, tmp)
+            except Fail as e:
+                R.check(kind, False, str(e))
+    R.print_counts()
+    print("torch_reference: " + ("PASS" if not R.failed else "FAIL"))
+    sys.exit(R.exit_code())
 
 
 if __name__ == "__main__":

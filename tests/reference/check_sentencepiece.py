@@ -26,6 +26,11 @@ import sys
 import sentencepiece as spm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # tests/: pylib
+from pylib.launch import Fail, run_logged  # noqa: E402
+from pylib.report import Report  # noqa: E402
+from pylib.venv import hf_python  # noqa: E402
+
 FORTUNES = "/usr/share/games/fortunes"
 TRAIN_FILES = ["computers", "cookie", "debian"]
 TEXT_FILES = ["fortunes", "linux", "science", "people"]
@@ -45,22 +50,10 @@ HAND_MADE = [
 ]
 
 
-class Fail(Exception):
-    """One line naming what failed."""
-
-
 def entries(name):
     """The fortune entries of one file (texts between % lines), as UTF-8 text."""
     with open(os.path.join(FORTUNES, name), encoding="utf-8") as f:
         return [e.strip("\n") for e in f.read().split("\n%\n") if e.strip()]
-
-
-def run(cmd, log, stdin=None):
-    with open(log, "w") as f:
-        r = subprocess.run(cmd, stdin=stdin, stdout=f, stderr=subprocess.STDOUT, timeout=600)
-    if r.returncode != 0:
-        lines = [line for line in open(log, errors="replace").read().splitlines() if line.strip()]
-        raise Fail(f"{os.path.basename(cmd[0])} exited {r.returncode}: {(lines or ['(no output)'])[-1][:300]} (log {log})")
 
 
 def ours(tool, model, requests, out):
@@ -83,10 +76,7 @@ def ours(tool, model, requests, out):
 
 def hf_decode(model, sequences, out_dir):
     """T5Tokenizer.decode(seq, skip_special_tokens=True) for each sequence, in the HF venv."""
-    r = subprocess.run(["bash", os.path.join(HERE, "hf_venv.sh")], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise Fail(f"no Hugging Face venv: {r.stderr.strip()[:300]}")
-    python = r.stdout.strip()
+    python = hf_python()
     seq_path, text_path = os.path.join(out_dir, "hf_ids.json"), os.path.join(out_dir, "hf_texts.json")
     with open(seq_path, "w") as f:
         json.dump(sequences, f)
@@ -97,7 +87,7 @@ def hf_decode(model, sequences, out_dir):
         "seqs = json.load(open(sys.argv[2]))\n"
         "json.dump([tok.decode(s, skip_special_tokens=True) for s in seqs], open(sys.argv[3], 'w'))\n"
     )
-    run([python, "-c", script, model, seq_path, text_path], os.path.join(out_dir, "hf_decode.log"))
+    run_logged([python, "-c", script, model, seq_path, text_path], os.path.join(out_dir, "hf_decode.log"), timeout=600)
     with open(text_path) as f:
         return json.load(f)
 
@@ -106,9 +96,9 @@ def check(tool, out_dir):
     os.makedirs(out_dir, exist_ok=True)
     prefix = os.path.join(out_dir, "fortunes")
     inputs = ",".join(os.path.join(FORTUNES, n) for n in TRAIN_FILES)
-    run(["spm_train", f"--input={inputs}", f"--model_prefix={prefix}", f"--vocab_size={VOCAB}",
+    run_logged(["spm_train", f"--input={inputs}", f"--model_prefix={prefix}", f"--vocab_size={VOCAB}",
          "--model_type=unigram", "--pad_id=0", "--eos_id=1", "--unk_id=2", "--bos_id=-1", "--num_threads=2"],
-        os.path.join(out_dir, "spm_train.log"))
+        os.path.join(out_dir, "spm_train.log"), timeout=600)
     model = prefix + ".model"
     sp = spm.SentencePieceProcessor(model_file=model)
     if (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id()) != (0, 1, 2, -1):
@@ -135,21 +125,25 @@ def check(tool, out_dir):
     for seq, mine, theirs in zip(sequences, decoded, hf):
         if mine["text"] != theirs:
             raise Fail(f"decode differs for {seq[:20]}: ours {mine['text']!r}, HF's {theirs!r}")
-    print(f"check_sentencepiece: PASS: {len(texts)} texts encode to Python sentencepiece's ids "
-          f"({sum(map(len, python_ids))} ids, model of {sp.get_piece_size()} pieces); "
-          f"{len(sequences)} id sequences decode as HF T5Tokenizer's decode(skip_special_tokens=True)")
+    return (f"{len(texts)} texts encode to Python sentencepiece's ids ({sum(map(len, python_ids))} ids, model of "
+            f"{sp.get_piece_size()} pieces); {len(sequences)} id sequences decode as HF T5Tokenizer's "
+            f"decode(skip_special_tokens=True)")
 
 
 def main():
     if len(sys.argv) != 3:
         print(__doc__.strip().split("\n\n")[-2], file=sys.stderr)
         return 2
+    r = Report()
     try:
-        check(os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2]))
+        verdict = "PASS: " + check(os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2]))
+        r.check("ids and decoding equal Python sentencepiece's and HF's", True)
     except Fail as e:
-        print(f"check_sentencepiece: FAIL: {e}")
-        return 1
-    return 0
+        verdict = f"FAIL: {e}"
+        r.check("ids and decoding equal Python sentencepiece's and HF's", False, str(e))
+    r.print_counts()
+    print(f"check_sentencepiece: {verdict}")
+    return r.exit_code()
 
 
 if __name__ == "__main__":

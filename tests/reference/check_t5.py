@@ -43,53 +43,29 @@ import numpy as np
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # tests/: pylib (and reference.t5_reference)
+from pylib.launch import Fail, run_logged  # noqa: E402
+from pylib.metrics import losses_by_step as losses_of  # noqa: E402
+from pylib.report import Report  # noqa: E402
+from pylib.venv import hf_python  # noqa: E402
+
 PYTHON = "/usr/bin/python3"
 LOSS_RTOL = 1e-5
 PARAM_RTOL = 1e-4
 LOAD_LOSS_RTOL = 1e-6
 GENERATE_N = 8
 CONFIGS = ["v1_0", "v1_1"]
-
-
-class Fail(Exception):
-    """One line naming what failed."""
-
-
-def what(cmd):
-    """The program a command line runs: the script for `python SCRIPT ...`."""
-    prog = os.path.basename(cmd[0])
-    return os.path.basename(cmd[1]) if prog.startswith("python") and len(cmd) > 1 else prog
+R = Report()  # one case per config
 
 
 def run(cmd, log, timeout=300):
-    """Runs cmd with its output in log; returns its wall seconds; raises Fail on a non-zero exit."""
-    t0 = time.time()
-    with open(log, "w") as f:
-        try:
-            r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise Fail(f"{what(cmd)} ran past {timeout} s (log {log})")
-    if r.returncode != 0:
-        text = open(log, errors="replace").read()
-        sys.stderr.write(text[-4000:])
-        lines = [line for line in text.splitlines() if line.strip()]
-        ours = [line for line in lines if line.startswith(("fsdp_app:", "t5_reference:", "t5_pairs.py:"))]
-        last = (ours or lines or ["(no output)"])[-1][:300]
-        raise Fail(f"{what(cmd)} exited {r.returncode}: {last} (log {log})")
-    return time.time() - t0
+    """Runs cmd with its output in log; returns its wall seconds; raises Fail on a non-zero exit
+    naming the last line of ours (fsdp_app, t5_reference.py, t5_pairs.py) in the log."""
+    return run_logged(cmd, log, timeout, prefixes=("fsdp_app:", "t5_reference:", "t5_pairs.py:"))
 
 
 def rel(a, b):
     return abs(a - b) / abs(b) if b != 0 else abs(a - b)
-
-
-def losses_of(metrics_path):
-    out = {}
-    for line in open(metrics_path):
-        j = json.loads(line)
-        if "step" in j and "loss" in j:
-            out[j["step"]] = j["loss"]
-    return out
 
 
 def read_group(path, group="model"):
@@ -101,20 +77,11 @@ def read_group(path, group="model"):
     return out
 
 
-def hf_python():
-    r = subprocess.run(["bash", os.path.join(HERE, "hf_venv.sh")], capture_output=True, text=True)
-    if r.returncode != 0 or not r.stdout.strip():
-        msg = (r.stderr.strip().splitlines() or ["no output"])[-1]
-        raise Fail(f"the Hugging Face venv: {msg}")
-    return r.stdout.strip().splitlines()[-1]
-
-
 # ---- the comparisons (no fsdp_app, no transformers: testable on the reference's own files) -----------
 
 def settings_of(cfg_name, doc, steps=None):
     """t5_reference.py's arguments from the yaml file; raises Fail when its model keys are not HF's."""
-    sys.path.insert(0, HERE)
-    from t5_reference import CONFIGS as HF, YAML_MODEL_KEYS
+    from reference.t5_reference import CONFIGS as HF, YAML_MODEL_KEYS
     model = dict(doc.get("model", {}))
     if model.pop("kind", None) != "t5":
         raise Fail(f"t5_{cfg_name}.yaml: model.kind is not t5")
@@ -288,9 +255,9 @@ def check_config(app, py, cfg_name, out, steps, sets):
     gen_fails = check_generate(app, py, cfg_name, d, yaml_path, pairs, common, t)
     fails += gen_fails
     times = ", ".join(f"{k} {v:.1f} s" for k, v in t.items())
-    print(f"{cfg_name}: {'PASS' if not fails else 'FAIL'}: loss max rel diff {worst_loss:.2e} (tol {LOSS_RTOL:g}), "
-          f"final weights worst rel L2 {worst_param[0]:.2e} (tol {PARAM_RTOL:g}), HF load loss rel diff "
-          f"{r_load:.2e} (tol {LOAD_LOSS_RTOL:g}); {times}", flush=True)
+    R.check(cfg_name, not fails, f"loss max rel diff {worst_loss:.2e} (tol {LOSS_RTOL:g}), final weights worst rel L2 "
+            f"{worst_param[0]:.2e} (tol {PARAM_RTOL:g}), HF load loss rel diff {r_load:.2e} (tol {LOAD_LOSS_RTOL:g}); "
+            f"{times}")
     return fails
 
 
@@ -316,6 +283,8 @@ def main():
     try:
         py = hf_python()
     except Fail as e:
+        R.check("Hugging Face venv", False, str(e))
+        R.print_counts()
         print(f"check_t5: FAIL: {e}")
         sys.exit(1)
     for cfg_name in args.config or CONFIGS:
@@ -323,9 +292,10 @@ def main():
         try:
             fails += check_config([app], py, cfg_name, os.path.abspath(args.out), args.steps, args.set)
         except Fail as e:
-            print(f"{cfg_name}: FAIL: {e}", flush=True)
+            R.check(cfg_name, False, str(e))
             fails.append(f"{cfg_name}: {e}")
         print(f"{cfg_name}: {time.time() - t1:.1f} s", flush=True)
+    R.print_counts()
     if fails:
         print(f"check_t5: FAIL: {'; '.join(fails)}")
         sys.exit(1)

@@ -25,7 +25,7 @@ compared with plain mpirun runs of the same configuration.
 
 usage: slurm_tests.py FSDP_APP     (Debian's /usr/bin/python3 with h5py, numpy)
 SLURM_TEST_ONLY=text runs only the cases whose name contains text. Prints one PASS/FAIL line per
-check and `N checks out of M passed`; exits non-zero on any failure."""
+check and the counts (pylib/report.py); exits non-zero on any failure."""
 import os
 import re
 import signal
@@ -35,13 +35,15 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests", "ckpt"))
+sys.path.insert(0, os.path.dirname(HERE))  # tests/: pylib (cluster.py is beside this script)
 from cluster import MARK, Cluster, ClusterError, missing_programs  # noqa: E402
-from common import ENV, Harness, bitwise_diff, ckpt_name, complete_ckpts, h5_attrs, metrics_rows  # noqa: E402
+from pylib.ckpt import bitwise_diff, ckpt_name, complete_ckpts, h5_attrs  # noqa: E402
+from pylib.harness import Harness  # noqa: E402
+from pylib.launch import ENV, mpirun, set_args  # noqa: E402
+from pylib.metrics import losses_by_step, step_losses  # noqa: E402
+from pylib.metrics import rows as metrics_rows  # noqa: E402
 
-os.environ.pop("CKPT_TEST_ONLY", None)  # Harness.case's filter; main() filters on SLURM_TEST_ONLY
-H = Harness(sys.argv[1], "fsdp_slurm_test_")
+H = Harness(sys.argv[1], "fsdp_slurm_test_", only_env=None)  # main() filters on SLURM_TEST_ONLY
 APP = H.app
 BUILD = os.path.dirname(os.path.dirname(APP))
 JOBS = os.path.join(ROOT, "jobs")
@@ -62,18 +64,13 @@ HYBRID_RTOL = 1e-5
 CROSS_NODE_ENV = {"OMPI_MCA_btl_tcp_if_include": "lo"}
 
 
-def sets(items):
-    out = []
-    for s in items:
-        out += ["--set", s]
-    return out
+sets = set_args  # ["--set", item, ...]
 
 
 def plain_mpirun(name, extra, np_=4):
     """The reference: fsdp_app under plain mpirun, outside Slurm. Returns the metrics path."""
     metrics = H.path(f"{name}.jsonl")
-    cmd = ["timeout", "-k", "10", "180", "mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np_), APP, INPUT]
-    cmd += sets(extra + [f"output.metrics={metrics}"])
+    cmd = ["timeout", "-k", "10", "180"] + mpirun(np_) + [APP, INPUT] + set_args(extra + [f"output.metrics={metrics}"])
     env = {k: v for k, v in ENV.items() if not k.startswith("SLURM_")}
     t0 = time.time()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=H.tmp)
@@ -83,13 +80,9 @@ def plain_mpirun(name, extra, np_=4):
     return metrics
 
 
-def losses(metrics):
-    """{step: loss} from the last row of each step (a relaunched job logs some steps twice)."""
-    return {r["step"]: r["loss"] for r in metrics_rows(metrics) if "loss" in r}
-
-
-def loss_rows(metrics):
-    return [(r["step"], r["loss"]) for r in metrics_rows(metrics) if "loss" in r]
+# {step: loss} from the last row of each step (a relaunched job logs some steps twice).
+losses = losses_by_step
+loss_rows = step_losses
 
 
 def log_of(jobdir, jobid):
