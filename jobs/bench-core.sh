@@ -34,8 +34,7 @@ if ! "$python" -c "import torch" 2>/dev/null; then
   echo "bench-core: $python cannot import torch (install python3-torch)" >&2
   exit 1
 fi
-[ -f "$build/build.ninja" ] || meson setup "$build" >/dev/null
-meson compile -C "$build" >/dev/null
+bash jobs/build.sh "$build" || exit 1  # errors shown, with what to do next
 
 # Same thread count everywhere; OpenBLAS and OpenMP pools sized before they start.
 export OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads

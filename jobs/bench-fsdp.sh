@@ -17,8 +17,7 @@ while [ $# -gt 0 ]; do
     *) echo "bench-fsdp: unknown argument $1 (try --help)" >&2; exit 1 ;;
   esac
 done
-[ -f "$build/build.ninja" ] || meson setup "$build" >/dev/null
-meson compile -C "$build" >/dev/null
+bash jobs/build.sh "$build" || exit 1  # errors shown, with what to do next
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/bench-fsdp.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT

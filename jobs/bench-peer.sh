@@ -76,8 +76,7 @@ out=$(cd "$out" && pwd)
 t0=$(date +%s)
 py=$(bash jobs/torch2_venv.sh)
 echo "bench-peer: PyTorch venv ready in $(($(date +%s) - t0)) s: $py ($(du -sh "$(dirname "$(dirname "$py")")" | cut -f1))"
-[ -f "$build/build.ninja" ] || meson setup "$build" >/dev/null
-meson compile -C "$build" apps/fsdp_app apps/sgemm_peak >/dev/null
+bash jobs/build.sh "$build" fsdp_app sgemm_peak || exit 1  # errors shown, with what to do next
 app=$build/apps/fsdp_app
 
 ncpu=$(nproc)  # before OMP_NUM_THREADS is set: nproc honours it
