@@ -24,13 +24,13 @@
 #include <utility>
 #include <vector>
 
+#include "models/t5_buckets.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/cuda/cuda_kernels.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/kernels.h"
 #include "tensor/memory.h"
-#include "models/t5_buckets.h"
 
 using namespace fsdp;
 

@@ -14,13 +14,13 @@
 #include <utility>
 #include <vector>
 
+#include "models/t5_buckets.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
 #include "tensor/kernels.h"
 #include "tensor/memory.h"
 #include "tensor/ops.h"
 #include "tensor/rng.h"
-#include "models/t5_buckets.h"
 #include "tensor/tensor.h"
 
 using namespace fsdp;

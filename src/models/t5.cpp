@@ -11,9 +11,9 @@
 #include <cmath>
 #include <utility>
 
+#include "models/t5_buckets.h"
 #include "nn/layers.h"
 #include "tensor/error.h"
-#include "models/t5_buckets.h"
 
 namespace fsdp {
 
