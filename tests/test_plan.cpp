@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/comm.h"
 #include "config/config.h"
 #include "models/model.h"
 #include "nn/layers.h"
@@ -457,4 +458,26 @@ BOOST_AUTO_TEST_CASE(meta_device_holds_no_values) {
   rt->deallocate(p, huge, MemCategory::gathered, rt->compute_stream());
   BOOST_TEST(tracker.current_bytes(MemCategory::gathered) == 0u);
   BOOST_TEST(tracker.peak_bytes(MemCategory::gathered) == huge);
+}
+
+// fsdp.node_shared_params in a plan: the node's copy is charged only where the run's backend maps
+// node-shared memory (the mpi backend); on another (ucx) the run all_gathers as usual, and so
+// does the plan (it charged the copy for every backend before).
+BOOST_AUTO_TEST_CASE(node_shared_params_planned_only_where_the_backend_maps_them) {
+  const std::vector<std::string> built = fsdp::built_backends();
+  for (const std::string& backend : built) {
+    const bool maps = fsdp::find_backend(backend)->maps_node_memory;
+    BOOST_TEST(maps == (backend == "mpi"), backend);
+    if (backend == "nccl") continue;  // a device backend: node_shared_params is a host run's
+    const fsdp::MemoryPlan off = fsdp::plan_memory(cfg(kOdd, {"comm.backend=" + backend}), req(4));
+    const fsdp::MemoryPlan on =
+        fsdp::plan_memory(cfg(kOdd, {"comm.backend=" + backend, "fsdp.node_shared_params=true"}), req(4));
+    BOOST_TEST_MESSAGE(backend << ": gathered " << off.peak(MemCategory::gathered) << " -> "
+                               << on.peak(MemCategory::gathered));
+    if (maps)
+      BOOST_TEST(on.peak(MemCategory::gathered) != off.peak(MemCategory::gathered), backend);
+    else
+      BOOST_TEST(on.peak(MemCategory::gathered) == off.peak(MemCategory::gathered), backend);
+    BOOST_TEST(on.all_gather.calls == (maps ? 0 : off.all_gather.calls), backend);
+  }
 }

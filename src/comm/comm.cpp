@@ -71,6 +71,12 @@ std::vector<std::string> built_backends() {
   return names;
 }
 
+std::optional<BackendEntry> find_backend(const std::string& backend) {
+  for (const BackendEntry& e : backend_table())
+    if (backend == e.name) return e;
+  return std::nullopt;
+}
+
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm bootstrap,
                                                 const CommOptions& options) {
   std::string built;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -245,7 +246,12 @@ struct BackendEntry {
   // device_aware() says it reads device memory (a CUDA-aware MPI), staging them otherwise.
   bool device_native = false;
   bool (*device_aware)() = nullptr;  // null: never
+  // share_node_memory can map memory the ranks of a node share (when they are on one node and
+  // there is room): what a plan of fsdp.node_shared_params assumes for this backend.
+  bool maps_node_memory = false;
 };
+// The registry's entry for `backend`, or nothing when this build has none of that name.
+std::optional<BackendEntry> find_backend(const std::string& backend);
 std::vector<BackendEntry> backend_table();
 
 }  // namespace fsdp

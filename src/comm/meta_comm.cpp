@@ -13,7 +13,8 @@ namespace {
 
 class MetaCommunicator final : public Communicator {
  public:
-  MetaCommunicator(int size, int rank, const CommOptions& options) : Communicator(options), size_(size), rank_(rank) {
+  MetaCommunicator(int size, int rank, const CommOptions& options, bool maps_node_memory)
+      : Communicator(options), size_(size), rank_(rank), maps_node_memory_(maps_node_memory) {
     if (size < 1 || rank < 0 || rank >= size)
       throw Error("meta communicator: rank " + std::to_string(rank) + " of " + std::to_string(size));
   }
@@ -32,7 +33,7 @@ class MetaCommunicator final : public Communicator {
     const auto first = color_of_rank.begin();
     const int group_rank = static_cast<int>(std::count(first, first + rank_, mine));
     const int group_size = static_cast<int>(std::count(color_of_rank.begin(), color_of_rank.end(), mine));
-    return std::make_unique<MetaCommunicator>(group_size, group_rank, options());
+    return std::make_unique<MetaCommunicator>(group_size, group_rank, options(), maps_node_memory_);
   }
   std::unique_ptr<Work> all_gather(const void*, void*, size_t, DType, Stream) override { return done(); }
   std::unique_ptr<Work> reduce_scatter(const void*, void*, size_t, DType, ReduceOp, Stream) override { return done(); }
@@ -41,7 +42,7 @@ class MetaCommunicator final : public Communicator {
   void barrier() override {}
   // Address space only (committed where written, which a plan never does); waits end at once.
   std::unique_ptr<NodeSharedMemory> share_node_memory(size_t bytes) override {
-    if (size_ < 2 || bytes == 0) return nullptr;
+    if (!maps_node_memory_ || size_ < 2 || bytes == 0) return nullptr;
     return std::make_unique<MetaNodeMemory>(bytes);
   }
 
@@ -67,12 +68,14 @@ class MetaCommunicator final : public Communicator {
 
   static std::unique_ptr<Work> done() { return std::make_unique<DoneWork>(); }
   int size_, rank_;
+  bool maps_node_memory_;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_meta_communicator(int size, int rank, const CommOptions& options) {
-  return std::make_unique<MetaCommunicator>(size, rank, options);
+std::unique_ptr<Communicator> make_meta_communicator(int size, int rank, const CommOptions& options,
+                                                     bool maps_node_memory) {
+  return std::make_unique<MetaCommunicator>(size, rank, options, maps_node_memory);
 }
 
 }  // namespace fsdp

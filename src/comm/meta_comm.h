@@ -9,6 +9,9 @@
 
 namespace fsdp {
 
-std::unique_ptr<Communicator> make_meta_communicator(int size, int rank = 0, const CommOptions& options = {});
+// maps_node_memory: whether share_node_memory gives memory (address space only), as the planned
+// backend's would (BackendEntry::maps_node_memory); groups split from it inherit it.
+std::unique_ptr<Communicator> make_meta_communicator(int size, int rank = 0, const CommOptions& options = {},
+                                                     bool maps_node_memory = true);
 
 }  // namespace fsdp

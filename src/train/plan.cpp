@@ -51,7 +51,9 @@ MemoryPlan plan_memory(const Config& config, const PlanRequest& request) {
   }
   if (nodes.size() != static_cast<size_t>(world))
     throw Error("memory plan: node colors of " + std::to_string(nodes.size()) + " ranks for " + std::to_string(world));
-  std::unique_ptr<Communicator> meta_world = make_meta_communicator(world, 0, {});
+  // Node-shared memory as the run's backend would give it (only some backends map it).
+  const std::optional<BackendEntry> backend = find_backend(config.comm.backend);
+  std::unique_ptr<Communicator> meta_world = make_meta_communicator(world, 0, {}, backend && backend->maps_node_memory);
   RunEnv env;
   env.rank = 0;
   env.world_size = world;
