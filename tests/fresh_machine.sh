@@ -58,6 +58,10 @@ if ls /etc/apt/sources.list.d/*.sources >/dev/null 2>&1; then
   cp /etc/apt/sources.list.d/*.sources "$root/etc/apt/sources.list.d/"
 fi
 cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+# The machine's own name resolves locally, as on the machine itself: debootstrap's /etc/hosts has
+# only localhost, and every mpirun then waited on DNS for this host's name (about 30 s a launch:
+# the e2e suites, hundreds of launches, ran for hours).
+cp -L /etc/hosts "$root/etc/hosts"
 [ -f /etc/pip.conf ] && cp /etc/pip.conf "$root/etc/pip.conf"
 # This machine's CA bundle (the image's, with any CA it adds for its network) as a local CA: apt's
 # ca-certificates regenerates /etc/ssl/certs/ca-certificates.crt from Debian's CAs and
