@@ -51,6 +51,9 @@ test_packages=(
   python3-venv
   # tests/multihost: simulated hosts (ip netns, veth, bridge; unshare and nsenter)
   iproute2 util-linux
+  # tests/fault: pgrep finds processes a fault left behind (not in a minimal Debian; found by
+  # tests/fresh_machine.sh)
+  procps
   # Slurm for tests/slurm, which starts its own private munged, slurmctld and slurmd (nothing
   # here configures a system-wide one; on a cluster, jobs/*.sbatch use the cluster's Slurm).
   # srun --mpi=pmix needs Slurm's mpi_pmix plugin (slurm-wlm-basic-plugins) and the PMIx

@@ -84,7 +84,10 @@ run() {
   echo "fresh_machine: bash $cmd ($log)"
   unshare -m --propagation private bash -c '
     r=$1 cuda=$2 cmd=$3
-    mount -t proc proc "$r/proc" && mount --rbind /sys "$r/sys" && mount --rbind /dev "$r/dev" &&
+    # The root a mount point of its own, as / is on a machine: the tests that unshare a mount
+    # namespace (front_door, gpu_bundle, multihost, fault) change its propagation.
+    mount --bind "$r" "$r" &&
+      mount -t proc proc "$r/proc" && mount --rbind /sys "$r/sys" && mount --rbind /dev "$r/dev" &&
       mount -t tmpfs -o mode=1777 shm "$r/dev/shm" || exit 90
     [ "$cuda" = 1 ] && [ -d /usr/local/cuda/ ] && mount --rbind -o ro /usr/local/cuda/ "$r/usr/local/cuda"
     exec chroot "$r" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
