@@ -338,17 +338,22 @@ void expect_grads_all_reduce(const Setup& s, int step, const std::vector<std::st
                       << ") after every reduce_scatter's wait (last line " << last_rs_wait << ")");
 }
 
+// The root unit, under every strategy that shards: gathered for forward and kept until its
+// backward is done, then its gradients reduce_scattered.
+void expect_root_kept(const Setup& s, int step, const std::vector<std::string>& log) {
+  expect(s, step, log, "root",
+         cat({{"pre_forward"},
+              gather(),
+              {"post_forward", "pre_backward", "post_backward"},
+              kReduceScatter,
+              {"sharded", "wait reduce_scatter"}}));
+}
+
 // FULL_SHARD-style units (FULL_SHARD, HYBRID_SHARD) over a shard group of more than one rank.
 void expect_full_shard(const Setup& s, const Run& r) {
   for (int step = 0; step < 2; ++step) {
     const auto& log = r.steps[static_cast<size_t>(step)];
-    // The root unit is gathered for forward and kept until its backward is done.
-    expect(s, step, log, "root",
-           cat({{"pre_forward"},
-                gather(),
-                {"post_forward", "pre_backward", "post_backward"},
-                kReduceScatter,
-                {"sharded", "wait reduce_scatter"}}));
+    expect_root_kept(s, step, log);
     for (const char* unit : {"fc1", "fc2"})
       expect(s, step, log, unit,
              cat({{"pre_forward"},
@@ -476,12 +481,7 @@ BOOST_AUTO_TEST_CASE(backward_prefetch_issues_the_next_gather_early) {
   const Run r = run_steps(s);
   for (int step = 0; step < 2; ++step) {
     const auto& log = r.steps[static_cast<size_t>(step)];
-    expect(s, step, log, "root",
-           cat({{"pre_forward"},
-                gather(),
-                {"post_forward", "pre_backward", "post_backward"},
-                kReduceScatter,
-                {"sharded", "wait reduce_scatter"}}));
+    expect_root_kept(s, step, log);
     for (const char* unit : {"fc1", "fc2"})
       expect(s, step, log, unit,
              cat({{"pre_forward"},
