@@ -18,6 +18,7 @@
 #include "tensor/device.h"
 
 #include "ckpt/h5.h"
+#include "models/mnist_cnn/mnist_cnn.h"
 #include "models/model.h"
 #include "nn/flat.h"
 

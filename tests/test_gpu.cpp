@@ -24,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-#include "models/t5_buckets.h"
+#include "models/t5/t5_buckets.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/cuda/cuda_kernels.h"
 #include "tensor/device.h"

@@ -14,7 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "models/mnist_cnn/mnist_cnn.h"
 #include "models/model.h"
+#include "models/transformer/transformer.h"
 #include "nn/flat.h"
 #include "nn/layers.h"
 #include "nn/loss.h"

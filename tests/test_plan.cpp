@@ -16,7 +16,9 @@
 
 #include "comm/comm.h"
 #include "config/config.h"
+#include "models/mnist_cnn/mnist_cnn.h"
 #include "models/model.h"
+#include "models/transformer/transformer.h"
 #include "nn/layers.h"
 #include "tensor/host_runtime.h"
 #include "tensor/meta_runtime.h"

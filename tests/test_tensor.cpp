@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "models/t5_buckets.h"
+#include "models/t5/t5_buckets.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
 #include "tensor/kernels.h"

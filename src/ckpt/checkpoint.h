@@ -50,7 +50,7 @@ struct CheckpointMeta {
   Strategy strategy = Strategy::full_shard;
   std::string backend;  // comm.backend: a name, since the backends are those a build has
   WrapPolicy wrap_policy = WrapPolicy::size_based;
-  ModelKind model_kind = ModelKind::mnist_cnn;
+  std::string model_kind = "mnist_cnn";  // model.kind: a family's name, as the families are those registered
   OptimizerKind optimizer = OptimizerKind::sgd;
   std::vector<std::string> optimizer_states;  // names stored per parameter, e.g. exp_avg
   int64_t optimizer_step = 0;

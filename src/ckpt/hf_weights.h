@@ -10,19 +10,11 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "models/family.h"  // HfNames
 
 namespace fsdp {
 
 // How a model's parameter names meet the names in a Hugging Face file.
-struct HfNames {
-  // Our name -> other names a file may hold it under, tried in order when it lacks ours (T5's
-  // shared.weight saved as encoder.embed_tokens.weight, its tied alias). Present aliases must
-  // have the parameter's shape; they are not read.
-  std::map<std::string, std::vector<std::string>> aliases;
-  // Names a file may hold that this model does not read (a tied T5's lm_head.weight).
-  std::set<std::string> ignored;
-};
-
 struct HfLoadStats {
   int64_t tensor_bytes = 0;     // the model's parameters as f32 (all ranks)
   uint64_t bytes_read = 0;      // file bytes this rank read: headers and its shards' ranges

@@ -10,6 +10,7 @@
 
 #include "config/enums.h"
 #include "config/optimizer_config.h"
+#include "models/family.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
 #include "tensor/matmul_precision.h"
@@ -23,33 +24,18 @@ class ConfigError : public Error {
 };
 
 struct ModelConfig {
-  ModelKind kind = ModelKind::mnist_cnn;
-  int64_t vocab = 256;  // transformer fields
-  int64_t d_model = 512;
-  int64_t n_layers = 8;
-  int64_t n_heads = 8;  // d_model % n_heads == 0
-  int64_t d_ff = 2048;
-  int64_t seq_len = 256;
-  AttentionMode attention = AttentionMode::materialized;  // transformer only
+  std::string kind = "mnist_cnn";  // a registered family's name (models/family.h)
   // "" = none; an HDF5 file with /model/<state_dict name> datasets, a .safetensors file, or a
   // Hugging Face model folder (config.json fills the model keys: config/hf_config.h)
   std::string init_from;
-  // t5, by HF's config.json names (d_model and d_ff above are shared). model.preset (t5-small,
-  // t5-base, ..., google/t5-v1_1-xxl) sets them all; keys given beside it override.
+  // A Hugging Face hub model of the family whose keys this sets (ModelFamily::presets); keys given
+  // beside it override. "" = none.
   std::string preset;
-  int64_t vocab_size = 32128;
-  int64_t d_kv = 64;
-  int64_t num_layers = 6;
-  int64_t num_decoder_layers = 6;  // num_layers unless given
-  int64_t num_heads = 8;
-  int64_t relative_attention_num_buckets = 32;
-  int64_t relative_attention_max_distance = 128;
-  FeedForwardProj feed_forward_proj = FeedForwardProj::relu;
-  bool tie_word_embeddings = true;
-  double dropout_rate = 0.1;
-  double layer_norm_epsilon = 1e-6;
-  double initializer_factor = 1.0;
+  // Every key of the family, set (given, from init_from's config.json or a preset, or its
+  // default) and of its type; no key of another family.
+  ModelArgs args;
   bool operator==(const ModelConfig&) const = default;
+  const ModelFamily& family() const { return family_of(kind); }
 };
 
 struct DataConfig {

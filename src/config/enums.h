@@ -38,15 +38,6 @@ std::string names_of(const NameTable<E, N>& table) {
   return out;
 }
 
-enum class ModelKind { mnist_cnn, transformer, t5 };
-inline constexpr NameTable<ModelKind, 3> kModelKinds{
-    {{ModelKind::mnist_cnn, "mnist_cnn"}, {ModelKind::transformer, "transformer"}, {ModelKind::t5, "t5"}}};
-
-// T5's feed_forward_proj (HF's names): T5 v1.0's relu, v1.1's gated-gelu (gelu_new).
-enum class FeedForwardProj { relu, gated_gelu };
-inline constexpr NameTable<FeedForwardProj, 2> kFeedForwardProjs{
-    {{FeedForwardProj::relu, "relu"}, {FeedForwardProj::gated_gelu, "gated-gelu"}}};
-
 // The transformer's attention (nn/layers.h, MultiheadAttention): keep the (B, H, T, T)
 // probabilities for the backward, or only each row's max and 1/sum and recompute the scores, or
 // (a GPU's) cuDNN's fused flash attention in bf16, which keeps each row's log-sum-exp.
@@ -110,7 +101,6 @@ constexpr bool reshards_after_forward(Strategy s) {
 }
 
 // Each enum's name table, by overload: generic code (the checkpoint attributes) converts both ways.
-constexpr const auto& name_table(ModelKind) { return kModelKinds; }
 constexpr const auto& name_table(OptimizerKind) { return kOptimizerKinds; }
 constexpr const auto& name_table(SchedulerKind) { return kSchedulerKinds; }
 constexpr const auto& name_table(Strategy) { return kStrategies; }
@@ -124,10 +114,8 @@ constexpr std::optional<E> parse_enum(std::string_view text) {
 }
 
 // Each enum's name, by overload: for messages and tests.
-inline std::string_view enum_name(ModelKind e) { return name_of(kModelKinds, e); }
 inline std::string_view enum_name(DataKind e) { return name_of(kDataKinds, e); }
 inline std::string_view enum_name(TextClean e) { return name_of(kTextCleans, e); }
-inline std::string_view enum_name(FeedForwardProj e) { return name_of(kFeedForwardProjs, e); }
 inline std::string_view enum_name(AttentionMode e) { return name_of(kAttentionModes, e); }
 inline std::string_view enum_name(OptimizerKind e) { return name_of(kOptimizerKinds, e); }
 inline std::string_view enum_name(SchedulerKind e) { return name_of(kSchedulerKinds, e); }

@@ -198,6 +198,7 @@ void Reader::convert(const Field& f, const YAML::Node& v) const {
                    *dst.first = *step(0);
                    *dst.last = *step(1);
                  },
+                 [&](const ArgSlot& dst) { dst.model->args.set(dst.key, convert_arg(f.path, dst, v)); },
                  [&](EvalEvery* dst) {
                    const std::string s = v.IsScalar() ? v.Scalar() : "";
                    if (s == "epoch" || s == "never") {
@@ -212,6 +213,16 @@ void Reader::convert(const Field& f, const YAML::Node& v) const {
              f.target);
 }
 
+// A model family's key, by the ArgSpec of model.kind's family (schema.h: arg_spec).
+ArgValue Reader::convert_arg(const std::string& path, const ArgSlot& slot, const YAML::Node& v) const {
+  const ArgSpec& spec = *arg_spec(slot.model->kind, slot.key);  // the table has only keys some family has
+  ArgValue out = spec.fallback;
+  Field f = arg_field(spec, out);
+  f.path = path;
+  convert(f, v);
+  return out;
+}
+
 void Reader::read(const YAML::Node& root, Config& c) {
   const std::vector<Field> table = schema(c);
   std::set<std::string> fields, sections;
@@ -221,10 +232,15 @@ void Reader::read(const YAML::Node& root, Config& c) {
       sections.insert(f.path.substr(0, dot));
   }
   walk(root, "", fields, sections);
+  // A family's keys wait for model.kind, which a model folder's config.json may still set: each
+  // is converted by its own family's spec.
+  auto is_arg = [](const Field& f) { return std::holds_alternative<ArgSlot>(f.target); };
   for (const Field& f : table)
-    if (const auto it = given_.find(f.path); it != given_.end()) convert(f, it->second.value);
+    if (const auto it = given_.find(f.path); it != given_.end() && !is_arg(f)) convert(f, it->second.value);
   check_optimizer(c.train.optimizer);
   read_init_from_config(c, table);
+  for (const Field& f : table)
+    if (const auto it = given_.find(f.path); it != given_.end() && is_arg(f)) convert(f, it->second.value);
   check_model(c.model);
   check_rules(c);
 }

@@ -53,6 +53,7 @@ class Reader {
   void walk(const YAML::Node& map, const std::string& prefix, const std::set<std::string>& fields,
             const std::set<std::string>& sections);
   void convert(const Field& f, const YAML::Node& v) const;
+  ArgValue convert_arg(const std::string& path, const ArgSlot& slot, const YAML::Node& v) const;
   void check_optimizer(OptimizerConfig& o) const;
   void read_init_from_config(Config& c, const std::vector<Field>& table);
   void check_model(ModelConfig& m) const;

@@ -4,7 +4,6 @@
 #include <filesystem>
 
 #include "config/hf_config.h"
-#include "config/presets.h"
 #include "config/reader.h"
 #include "config/yaml_text.h"
 
@@ -24,39 +23,39 @@ void Reader::check_optimizer(OptimizerConfig& o) const {
     fail(p + "nesterov", "requires momentum > 0 and dampening 0");
 }
 
+// The keys of model.kind's family: one another family takes is an error (unless this family
+// ignores it); the others come from the preset or the defaults, in that order.
 void Reader::check_model(ModelConfig& m) const {
   const std::string p = "model.";
-  const std::vector<std::string> own = model_keys(m.kind);
-  // mnist_cnn has always ignored the transformer's keys (inputs set them for either kind); a
-  // key of the other LM, though, is a mistake worth a line.
-  const std::vector<std::string> t5_keys = model_keys(ModelKind::t5), lm_keys = model_keys(ModelKind::transformer);
+  const ModelFamily& family = m.family();
+  const std::vector<std::string> own = model_keys(family);
   for (const auto& [path, g] : given_) {
     if (!path.starts_with(p) || path == p + "kind" || path == p + "init_from") continue;
     const std::string key = path.substr(p.size());
     if (std::ranges::find(own, key) != own.end()) continue;
-    const bool t5_key =
-        std::ranges::find(t5_keys, key) != t5_keys.end() && std::ranges::find(lm_keys, key) == lm_keys.end();
-    if (m.kind == ModelKind::t5 || t5_key)
-      fail(path, "not a setting of model " + std::string(enum_name(m.kind)) + " (it takes " +
-                     (own.empty() ? std::string("none") : join(own)) + ")");
+    if (std::ranges::find(family.ignores, key) != family.ignores.end()) {
+      m.args.erase(key);
+      continue;
+    }
+    fail(path, "not a setting of model " + family.name + " (it takes " +
+                   (own.empty() ? std::string("none") : join(own)) + ")");
   }
-  if (m.kind != ModelKind::t5) return;
-  for (const T5Preset& t : kT5Presets) {
-    if (m.preset != t.name) continue;
-    auto set = [&](const char* key, auto& field, auto value) {
-      if (!given(p + key)) field = value;
-    };
-    set("d_model", m.d_model, t.d_model);
-    set("d_kv", m.d_kv, t.d_kv);
-    set("d_ff", m.d_ff, t.d_ff);
-    set("num_layers", m.num_layers, t.layers);
-    set("num_heads", m.num_heads, t.heads);
-    set("feed_forward_proj", m.feed_forward_proj, t.v1_1 ? FeedForwardProj::gated_gelu : FeedForwardProj::relu);
-    set("tie_word_embeddings", m.tie_word_embeddings, !t.v1_1);
+  const ModelPreset* preset = nullptr;
+  for (const ModelPreset& candidate : family.presets)
+    if (candidate.name == m.preset) preset = &candidate;
+  if (!m.preset.empty() && !preset) fail(p + "preset", "'" + m.preset + "' is not a preset of model " + family.name);
+  auto preset_value = [&](const std::string& key) -> const ArgValue* {
+    if (!preset) return nullptr;
+    const auto it = std::ranges::find(preset->values, key, &std::pair<std::string, ArgValue>::first);
+    return it == preset->values.end() ? nullptr : &it->second;
+  };
+  for (const ArgSpec& spec : family.args) {  // default_from names an earlier key
+    if (m.args.find(spec.key)) continue;     // given, or from model.init_from's config.json
+    if (const ArgValue* v = preset_value(spec.key))
+      m.args.set(spec.key, *v);
+    else
+      m.args.set(spec.key, spec.default_from.empty() ? spec.fallback : *m.args.find(spec.default_from));
   }
-  const bool from_file =
-      std::ranges::any_of(from_init_from_, [&](const auto& kv) { return kv.first == p + "num_decoder_layers"; });
-  if (!given(p + "num_decoder_layers") && !from_file) m.num_decoder_layers = m.num_layers;
 }
 
 // model.init_from as a Hugging Face folder: its config.json fills the model keys (model.kind
@@ -72,10 +71,9 @@ void Reader::read_init_from_config(Config& c, const std::vector<Field>& table) {
   } catch (const Error& e) {
     fail("model.init_from", e.what());
   }
-  const std::string kind(name_of(kModelKinds, hf.kind));
+  const std::string& kind = hf.kind;
   if (given("model.kind") && c.model.kind != hf.kind)
-    fail("model.kind", "is " + std::string(name_of(kModelKinds, c.model.kind)) + ", but " + hf.path + " describes a " +
-                           kind + " model");
+    fail("model.kind", "is " + c.model.kind + ", but " + hf.path + " describes a " + kind + " model");
   if (!given("model.kind")) from_init_from_.emplace_back("model.kind", kind);
   c.model.kind = hf.kind;
   if (given("model.preset"))
@@ -95,6 +93,7 @@ void Reader::read_init_from_config(Config& c, const std::vector<Field>& table) {
       continue;
     }
     Config in_file, in_yaml;
+    in_file.model.kind = in_yaml.model.kind = kind;
     file.convert(field(schema(in_file), path), value);
     convert(field(schema(in_yaml), path), given_.at(path).value);
     if (key == "dropout_rate" || in_file.model == in_yaml.model) continue;
@@ -107,39 +106,36 @@ void Reader::check_rules(const Config& c) const {
   // The later key of a pair is the one more likely just edited.
   auto blame = [&](const std::string& a, const std::string& b) { return given(b) ? b : a; };
   const ModelConfig& m = c.model;
-  if (m.kind != ModelKind::t5 && m.d_model % m.n_heads != 0)
-    fail(blame("model.d_model", "model.n_heads"), "model.d_model (" + std::to_string(m.d_model) +
-                                                      ") must be divisible by model.n_heads (" +
-                                                      std::to_string(m.n_heads) + ")");
-  if (m.kind != ModelKind::transformer && m.attention != AttentionMode::materialized)
-    fail(blame("model.kind", "model.attention"), "model.attention: " + std::string(enum_name(m.attention)) +
-                                                     " is for model.kind transformer (model.kind is " +
-                                                     std::string(enum_name(m.kind)) + ")");
+  const ModelFamily& family = m.family();
+  if (family.check)
+    if (const auto problem = family.check(m.args, {c.data.kind, c.train.device, c.train.matmul_precision}))
+      fail(problem->other.empty() ? problem->key : blame(problem->key, problem->other), problem->message);
+  const bool seq2seq = family.task == ModelTask::seq2seq;
+  const std::string seq2seq_kinds = family_names(ModelTask::seq2seq);
   const bool pairs = c.data.kind == DataKind::seq2seq || c.data.kind == DataKind::synthetic;
-  if (m.kind != ModelKind::t5)
+  if (!seq2seq)
     for (const auto& [path, g] : given_)
       if (path.starts_with("generate."))
-        fail(path, "text generation needs a sequence-to-sequence model (model.kind t5); model.kind is " +
-                       std::string(enum_name(m.kind)));
-  if ((c.data.kind == DataKind::seq2seq && m.kind != ModelKind::t5) || (m.kind == ModelKind::t5 && !pairs))
-    fail(blame("model.kind", "data.kind"), "model.kind t5 reads data.kind seq2seq (or synthetic); got model.kind " +
-                                               std::string(enum_name(m.kind)) + " with data.kind " +
-                                               std::string(enum_name(c.data.kind)));
+        fail(path, "text generation needs a sequence-to-sequence model (model.kind " + seq2seq_kinds +
+                       "); model.kind is " + m.kind);
+  if ((c.data.kind == DataKind::seq2seq && !seq2seq) || (seq2seq && !pairs))
+    fail(blame("model.kind", "data.kind"), "model.kind " + (seq2seq ? m.kind : seq2seq_kinds) +
+                                               " reads data.kind seq2seq (or synthetic); got model.kind " + m.kind +
+                                               " with data.kind " + std::string(enum_name(c.data.kind)));
   // With data.tokenizer the model's size is checked against the model file when it is read.
-  if (m.kind == ModelKind::t5 && c.data.tokenizer.empty() && m.vocab_size < 259)
-    fail("model.vocab_size", "must be >= 259 for t5's byte tokens (ids 3..258), got " + std::to_string(m.vocab_size));
+  if (seq2seq && c.data.tokenizer.empty() && family.outputs(m.args) < 259)
+    fail("model." + family.vocab_key,
+         "must be >= 259 for " + m.kind + "'s byte tokens (ids 3..258), got " + std::to_string(family.outputs(m.args)));
   if (c.data.kind == DataKind::seq2seq && c.data.path.empty())
     fail("data.path", "data.kind seq2seq needs data.path (a CSV or JSON-lines file)");
-  if (!c.data.tokenizer.empty() && m.kind != ModelKind::t5)
+  if (!c.data.tokenizer.empty() && !seq2seq)
     fail("data.tokenizer",
-         "is for model.kind t5 (SentencePiece ids); model.kind " + std::string(enum_name(m.kind)) + " reads bytes");
+         "is for model.kind " + seq2seq_kinds + " (SentencePiece ids); model.kind " + m.kind + " reads bytes");
   if (!c.data.eval_path.empty() && c.data.kind != DataKind::seq2seq)
     fail("data.eval_path", "is for data.kind seq2seq (a validation file beside data.path)");
   if (!c.data.eval_path.empty() && given("data.eval_fraction"))
     fail(blame("data.eval_path", "data.eval_fraction"),
          "data.eval_path and data.eval_fraction both given: the validation rows come from one of them");
-  if (c.data.kind == DataKind::text && m.vocab > 256)
-    fail("model.vocab", "must be <= 256 when data.kind is text (tokens are bytes), got " + std::to_string(m.vocab));
   if (c.train.epochs == 0 && c.train.steps == 0)
     fail(blame("train.epochs", "train.steps"),
          "train.epochs and train.steps are both 0; one of them must bound the run");
@@ -151,22 +147,6 @@ void Reader::check_rules(const Config& c) const {
   if (c.comm.backend == "nccl" && c.train.device != Device::cuda)
     fail(blame("comm.backend", "train.device"),
          "comm.backend nccl needs train.device: cuda (NCCL moves device memory)");
-  // Fused attention is cuDNN's flash attention: a GPU's, with bf16 operands (what medium already
-  // does to every GEMM operand), head dims in multiples of 8.
-  if (m.attention == AttentionMode::fused && m.kind == ModelKind::transformer) {
-    if (c.train.device != Device::cuda)
-      fail(blame("model.attention", "train.device"),
-           "model.attention: fused needs train.device: cuda (cuDNN's flash attention); on the CPU, recompute keeps "
-           "the same memory");
-    else if (c.train.matmul_precision != MatmulPrecision::medium)
-      fail(blame("model.attention", "train.matmul_precision"),
-           "model.attention: fused multiplies bf16 operands; it needs train.matmul_precision: medium (is " +
-               std::string(matmul_precision_name(c.train.matmul_precision)) + ")");
-    else if (m.d_model % m.n_heads == 0 && (m.d_model / m.n_heads) % 8 != 0)
-      fail(blame("model.attention", "model.n_heads"),
-           "model.attention: fused needs a head dim (d_model / n_heads) that is a multiple of 8, got " +
-               std::to_string(m.d_model / m.n_heads));
-  }
   // Checkpoints and output.save_weights take any device: device shards, optimizer state and
   // gathered units are staged through host memory for HDF5 (train/checkpointing.h, trainer.cpp).
   if (c.fsdp.wrap_policy == WrapPolicy::manual && c.fsdp.wrap_modules.empty())

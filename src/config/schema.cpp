@@ -2,10 +2,13 @@
 // description: splitting it would scatter the schema.
 #include "config/schema.h"
 
+#include <iterator>
+#include <set>
+
 #include "config/backends.h"
 #include "config/hf_config.h"
-#include "config/presets.h"
-#include "tensor/device.h"  // device_name
+#include "config/yaml_text.h"  // Overload
+#include "tensor/device.h"     // device_name
 
 namespace fsdp::config_internal {
 
@@ -29,14 +32,65 @@ Choice choice(std::string* dst, std::vector<std::string> names) {
   return c;
 }
 
-// The model keys each kind reads (model.kind and model.init_from: every kind): those its
-// config.json sets, and t5's preset.
-std::vector<std::string> model_keys(ModelKind kind) {
-  std::vector<std::string> keys = hf_config_keys(kind);
-  if (kind == ModelKind::t5) keys.insert(keys.begin(), "preset");
-  if (kind == ModelKind::transformer) keys.emplace_back("attention");
+std::vector<std::string> model_keys(const ModelFamily& family) {
+  std::vector<std::string> keys = family.keys();
+  if (!family.presets.empty()) keys.insert(keys.begin(), "preset");
   return keys;
 }
+
+const ArgSpec* arg_spec(const std::string& kind, const std::string& key) {
+  if (const ModelFamily* own = find_family(kind))
+    if (const ArgSpec* spec = own->spec(key)) return spec;
+  for (const ModelFamily* f : model_families())
+    if (const ArgSpec* spec = f->spec(key)) return spec;
+  return nullptr;
+}
+
+Field arg_field(const ArgSpec& spec, ArgValue& value) {
+  Field f{"model." + spec.key, {}, spec.bound, spec.doc.c_str()};
+  std::visit(
+      Overload{
+          [&](int64_t& x) { f.target = &x; },
+          [&](double& x) { f.target = &x; },
+          [&](bool& x) { f.target = &x; },
+          [&](std::string& x) { f.target = spec.choices.empty() ? Target(&x) : Target(choice(&x, spec.choices)); },
+      },
+      value);
+  return f;
+}
+
+namespace {
+
+// model.kind, model.init_from, model.preset, then every family's keys (each once, in registration
+// order): the reader converts them by the family's ArgSpec, the key reference lists them by family.
+std::vector<Field> model_fields(ModelConfig& m) {
+  std::vector<std::string> kinds, presets;
+  for (const ModelFamily* f : model_families()) {
+    kinds.push_back(f->name);
+    for (const ModelPreset& p : f->presets) presets.push_back(p.name);
+  }
+  std::string summaries;
+  for (const ModelFamily* f : model_families())
+    summaries += (summaries.empty() ? "" : ", ") + ("`" + f->name + "` " + f->summary);
+  static const std::string kind_doc = "The model (a registered family; Keys by model kind, below): " + summaries;
+  std::vector<Field> fields = {
+      {"model.kind", choice(&m.kind, kinds), unbounded(), kind_doc.c_str()},
+      {"model.init_from", &m.init_from, unbounded(),
+       "Initial weights, any kind: an HDF5 file with `/model/<state_dict name>` (a consolidated checkpoint, "
+       "output.save_weights), a `.safetensors` file, or a Hugging Face model folder whose config.json also sets the "
+       "model keys (`from_pretrained`); empty: the model's own initialisation"},
+      {"model.preset", choice(&m.preset, presets), unbounded(),
+       "A Hugging Face hub model whose keys this sets (Presets, below; t5 has them); keys given beside it override "
+       "it; empty: none"},
+  };
+  std::set<std::string> seen;
+  for (const ModelFamily* f : model_families())
+    for (const ArgSpec& spec : f->args)
+      if (seen.insert(spec.key).second) fields.push_back({"model." + spec.key, ArgSlot{&m, spec.key}});
+  return fields;
+}
+
+}  // namespace
 
 // The one list of known keys; sections are the prefixes of these paths. Long because it is a
 // table, one entry per key with its description: splitting it would scatter the schema.
@@ -53,61 +107,8 @@ std::vector<Field> schema(Config& c) {
   OutputConfig& out = c.output;
   GenerateConfig& g = c.generate;
   const std::vector<DType> precisions = {DType::f32, DType::bf16, DType::f16};
-  std::vector<std::string> preset_names;
-  for (const T5Preset& p : kT5Presets) preset_names.emplace_back(p.name);
-  return {
-      {"model.kind", choice(&m.kind, kModelKinds), unbounded(),
-       "The model: `mnist_cnn` PyTorch's MNIST example Net (28x28 images, 10 classes), `transformer` a decoder-only "
-       "LM (embeddings, model.n_layers blocks, a final LayerNorm, a head), `t5` Hugging Face's "
-       "T5ForConditionalGeneration (its state_dict names)"},
-      {"model.vocab", &m.vocab, at_least(1),
-       "transformer: the token vocabulary (embedding rows, head outputs); at most 256 with `data.kind: text` (bytes)"},
-      {"model.d_model", &m.d_model, at_least(1),
-       "transformer and t5: the hidden width, that of the residual stream (`embed_dim`, HF's d_model)"},
-      {"model.n_layers", &m.n_layers, at_least(1), "transformer: the number of blocks"},
-      {"model.n_heads", &m.n_heads, at_least(1),
-       "transformer: attention heads per block (`nn.MultiheadAttention`'s num_heads); must divide model.d_model"},
-      {"model.d_ff", &m.d_ff, at_least(1),
-       "transformer and t5: the inner width of each feed-forward layer (`dim_feedforward`, HF's d_ff)"},
-      {"model.seq_len", &m.seq_len, at_least(1),
-       "transformer: tokens per sample, the context length (learned positions); a text sample is this many bytes"},
-      {"model.attention", choice(&m.attention, kAttentionModes), unbounded(),
-       "transformer: what attention keeps for the backward: `materialized` the (B, H, T, T) probabilities (as "
-       "`nn.MultiheadAttention`), `recompute` each row's max and 1/sum (the backward recomputes the scores), `fused` "
-       "cuDNN's flash attention (needs `train.device: cuda`, `train.matmul_precision: medium` and a head dim that is "
-       "a multiple of 8)"},
-      {"model.init_from", &m.init_from, unbounded(),
-       "Initial weights, any kind: an HDF5 file with `/model/<state_dict name>` (a consolidated checkpoint, "
-       "output.save_weights), a `.safetensors` file, or a Hugging Face model folder whose config.json also sets the "
-       "model keys (`from_pretrained`); empty: the model's own initialisation"},
-      {"model.preset", choice(&m.preset, preset_names), unbounded(),
-       "t5: a Hugging Face hub model whose sizes this sets (T5 presets, below); keys given beside it override it; "
-       "empty: none"},
-      {"model.vocab_size", &m.vocab_size, at_least(1),
-       "t5: the vocabulary (rows of `shared`, outputs of the head; HF's vocab_size); at least 259 for byte tokens, "
-       "and at least data.tokenizer's pieces"},
-      {"model.d_kv", &m.d_kv, at_least(1),
-       "t5: the width of each head's q, k and v (HF's d_kv); attention's inner width is num_heads x d_kv"},
-      {"model.num_layers", &m.num_layers, at_least(1), "t5: encoder blocks (HF's num_layers)"},
-      {"model.num_decoder_layers", &m.num_decoder_layers, at_least(1),
-       "t5: decoder blocks (HF's num_decoder_layers); when not given, model.num_layers"},
-      {"model.num_heads", &m.num_heads, at_least(1), "t5: attention heads (HF's num_heads)"},
-      {"model.relative_attention_num_buckets", &m.relative_attention_num_buckets, at_least(2),
-       "t5: buckets of the relative position bias (HF's relative_attention_num_buckets)"},
-      {"model.relative_attention_max_distance", &m.relative_attention_max_distance, at_least(1),
-       "t5: the distance from which relative positions share the last bucket (HF's relative_attention_max_distance)"},
-      {"model.feed_forward_proj", choice(&m.feed_forward_proj, kFeedForwardProjs), unbounded(),
-       "t5: the feed-forward layer (HF's feed_forward_proj): `relu` T5 v1.0's (wi, wo), `gated-gelu` v1.1's "
-       "(wi_0, wi_1, wo; gelu_new)"},
-      {"model.tie_word_embeddings", &m.tie_word_embeddings, unbounded(),
-       "t5: the head is `shared.weight`, its input scaled by d_model^-0.5 (HF's tie_word_embeddings); false: a head "
-       "of its own, `lm_head.weight` (v1.1)"},
-      {"model.dropout_rate", &m.dropout_rate, closed_open(0, 1),
-       "t5: the probability of every dropout (HF's dropout_rate); `train.dropout: false` turns them off"},
-      {"model.layer_norm_epsilon", &m.layer_norm_epsilon, above(0),
-       "t5: epsilon of the RMS norms (T5LayerNorm; HF's layer_norm_epsilon)"},
-      {"model.initializer_factor", &m.initializer_factor, above(0),
-       "t5: the scale of HF's initialisation (HF's initializer_factor; 1 is HF's own)"},
+  std::vector<Field> fields = model_fields(m);
+  std::vector<Field> rest = {
       {"data.kind", choice(&d.kind, kDataKinds), unbounded(),
        "The data: `fashion_mnist` Fashion-MNIST images (mnist_cnn), `text` byte tokens from a file or folder "
        "(transformer), `synthetic` generated samples of the model's shape (images, tokens or t5's pairs), `seq2seq` "
@@ -310,6 +311,8 @@ std::vector<Field> schema(Config& c) {
        "t5: validation samples decoded and scored with ROUGE-1/2/L at each evaluation, the first N; -1: all for "
        "data.kind seq2seq, none for synthetic pairs; 0: none"},
   };
+  fields.insert(fields.end(), std::make_move_iterator(rest.begin()), std::make_move_iterator(rest.end()));
+  return fields;
 }
 
 // The settings each optimizer takes, as in PyTorch's constructors (which reject the others).

@@ -15,28 +15,8 @@
 
 namespace fsdp::config_internal {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-struct Bound {
-  double lo = -kInf, hi = kInf;
-  bool lo_open = false, hi_open = false;
-
-  bool contains(double v) const { return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi); }
-  std::string text() const {
-    std::ostringstream s;
-    if (hi == kInf)
-      s << (lo_open ? "> " : ">= ") << lo;
-    else
-      s << "in " << (lo_open ? '(' : '[') << lo << ", " << hi << (hi_open ? ')' : ']');
-    return s.str();
-  }
-};
-inline Bound at_least(double lo) { return {lo}; }
-inline Bound above(double lo) { return {lo, kInf, true}; }
-inline Bound closed(double lo, double hi) { return {lo, hi}; }                    // [lo, hi]
-inline Bound closed_open(double lo, double hi) { return {lo, hi, false, true}; }  // [lo, hi)
-inline Bound open_open(double lo, double hi) { return {lo, hi, true, true}; }     // (lo, hi)
-inline Bound unbounded() { return {}; }
+// Bounds are models/args.h's: the model families' keys carry the same ones.
+constexpr double kInf = Bound::kInf;
 
 // Targets that need more than one scalar conversion.
 struct Betas {
@@ -55,8 +35,14 @@ struct Choice {
   std::function<std::string()> current;
   bool per_build = false;  // `names` depend on the build: the key reference describes them instead
 };
+// A model family's key (models/family.h): converted by the ArgSpec of model.kind's family (of the
+// first family that has the key, for a key the kind does not take: Reader::check_model names it).
+struct ArgSlot {
+  ModelConfig* model;
+  std::string key;
+};
 using Target = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*, Betas,
-                            EvalEvery*, StepWindow, Choice>;
+                            EvalEvery*, StepWindow, Choice, ArgSlot>;
 
 // The choice of one enum's name table (config/enums.h).
 template <class E, size_t N>
@@ -90,8 +76,15 @@ struct Field {
 
 // The one list of known keys, bound to c's members.
 std::vector<Field> schema(Config& c);
-// The model keys each kind reads (model.kind and model.init_from: every kind).
-std::vector<std::string> model_keys(ModelKind kind);
+// The model keys a family reads (model.kind and model.init_from: every kind): model.preset when
+// it has presets, then its ArgSpecs' keys.
+std::vector<std::string> model_keys(const ModelFamily& family);
+// A Field over `value` (set to the spec's default first) that converts and describes model.<key>
+// as `spec` types and bounds it: the reader's and the key reference's view of a family's key.
+Field arg_field(const ArgSpec& spec, ArgValue& value);
+// The spec of model.<key> for model.kind `kind`: its family's, or for a key it does not take the
+// first registered family's that has one; nullptr when no family has the key.
+const ArgSpec* arg_spec(const std::string& kind, const std::string& key);
 // The settings each optimizer takes, as in PyTorch's constructors (which reject the others).
 std::vector<std::string> optimizer_keys(OptimizerKind kind);
 

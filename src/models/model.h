@@ -53,13 +53,4 @@ class Model : public Module {
   Tensor output_;
 };
 
-// The PyTorch MNIST example's Net: conv1 1->32 3x3, ReLU, conv2 32->64 3x3, ReLU, max_pool 2,
-// dropout 0.25, flatten, fc1 9216->128, ReLU, dropout 0.5, fc2 128->10, log_softmax; NLL loss.
-std::unique_ptr<Model> make_mnist_cnn();
-
-// Decoder-only LM: tok_emb + pos_emb, n_layers TransformerBlock ("blocks.i"), ln_f, head;
-// cross-entropy over every position. attention: MultiheadAttention's mode (model.attention).
-std::unique_ptr<Model> make_transformer(int64_t vocab, int64_t d_model, int64_t n_layers, int64_t n_heads, int64_t d_ff,
-                                        int64_t seq_len, AttentionMode attention = AttentionMode::materialized);
-
 }  // namespace fsdp

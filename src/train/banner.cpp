@@ -21,7 +21,7 @@ void Trainer::print_banner() const {
     std::printf(
         "fsdp_app: %s, %lld parameters, %s on %d rank%s (%s, %zu units), %s, %lld train / %lld eval samples, %lld "
         "steps (%lld per epoch)\n",
-        std::string(enum_name(c.model.kind)).c_str(), static_cast<long long>(s.model->num_params()),
+        c.model.kind.c_str(), static_cast<long long>(s.model->num_params()),
         std::string(enum_name(c.fsdp.sharding_strategy)).c_str(), env.world_size, env.world_size == 1 ? "" : "s",
         c.comm.backend.c_str(), engine.units().size(), std::string(enum_name(c.data.kind)).c_str(),
         static_cast<long long>(s.data.train->size()), static_cast<long long>(s.data.eval->size()),

@@ -12,44 +12,58 @@ namespace fsdp {
 
 namespace {
 
+// Pairs for a sequence-to-sequence family; synthetic ones when data.kind is synthetic.
+Datasets load_pairs(const Config& c) {
+  const DataConfig& d = c.data;
+  const ModelFamily& family = c.model.family();
+  Seq2SeqOptions o;
+  o.path = d.kind == DataKind::seq2seq ? d.path : "";
+  o.source = d.source;
+  o.target = d.target;
+  o.source_len = d.source_len;
+  o.target_len = d.target_len;
+  o.eval_path = d.kind == DataKind::seq2seq ? d.eval_path : "";
+  o.eval_fraction = d.eval_fraction;
+  o.clean = d.clean;
+  o.loss_on_padding = d.loss_on_padding;
+  o.synthetic_samples = d.synthetic_samples;
+  o.seed = c.train.seed;
+  o.tokenizer = load_tokenizer(d.tokenizer);  // one for both parts
+  const int64_t vocab = family.outputs(c.model.args);
+  if (o.tokenizer->vocab_size() > vocab)
+    throw Error("data.tokenizer " + d.tokenizer + " has " + std::to_string(o.tokenizer->vocab_size()) +
+                " pieces, more than model." + family.vocab_key + " " + std::to_string(vocab));
+  return {load_seq2seq(o, true), load_seq2seq(o, false)};
+}
+
+// What the model's family reads (ModelTask): images, token sequences or pairs.
 Datasets load_data(const Config& c) {
   const DataConfig& d = c.data;
-  const bool lm = c.model.kind == ModelKind::transformer;
-  if (c.model.kind == ModelKind::t5) {  // seq2seq pairs; synthetic ones when data.kind is synthetic
-    Seq2SeqOptions o;
-    o.path = d.kind == DataKind::seq2seq ? d.path : "";
-    o.source = d.source;
-    o.target = d.target;
-    o.source_len = d.source_len;
-    o.target_len = d.target_len;
-    o.eval_path = d.kind == DataKind::seq2seq ? d.eval_path : "";
-    o.eval_fraction = d.eval_fraction;
-    o.clean = d.clean;
-    o.loss_on_padding = d.loss_on_padding;
-    o.synthetic_samples = d.synthetic_samples;
-    o.seed = c.train.seed;
-    o.tokenizer = load_tokenizer(d.tokenizer);  // one for both parts
-    if (o.tokenizer->vocab_size() > c.model.vocab_size)
-      throw Error("data.tokenizer " + d.tokenizer + " has " + std::to_string(o.tokenizer->vocab_size()) +
-                  " pieces, more than model.vocab_size " + std::to_string(c.model.vocab_size));
-    return {load_seq2seq(o, true), load_seq2seq(o, false)};
-  }
+  const ModelFamily& family = c.model.family();
+  if (family.task == ModelTask::seq2seq) return load_pairs(c);
+  const bool lm = family.task == ModelTask::causal_lm;
   if (d.kind == DataKind::fashion_mnist) {
-    if (lm) throw Error("data.kind fashion_mnist gives images; model.kind transformer needs tokens (data.kind text)");
+    if (lm)
+      throw Error("data.kind fashion_mnist gives images; model.kind " + c.model.kind +
+                  " needs tokens (data.kind text)");
     std::string dir = d.path.empty() ? kFashionMnistDir : d.path;
     return {load_fashion_mnist(dir, true), load_fashion_mnist(dir, false)};
   }
   if (d.kind == DataKind::text) {
-    if (!lm)
-      throw Error("data.kind text gives tokens; model.kind " + std::string(enum_name(c.model.kind)) + " needs images");
-    TextCorpusOptions o{d.path.empty() ? kTextCorpusDir : d.path, c.model.seq_len, d.eval_fraction};
+    if (!lm) throw Error("data.kind text gives tokens; model.kind " + c.model.kind + " needs images");
+    TextCorpusOptions o{d.path.empty() ? kTextCorpusDir : d.path, c.model.args.i64(family.seq_len_key),
+                        d.eval_fraction};
     return {load_text_corpus(o, true), load_text_corpus(o, false)};
   }
   SyntheticOptions o;
   o.kind = lm ? "tokens" : "images";
   o.samples = d.synthetic_samples;
-  o.vocab = c.model.vocab;
-  o.seq_len = c.model.seq_len;
+  if (lm) {
+    o.vocab = family.outputs(c.model.args);
+    o.seq_len = c.model.args.i64(family.seq_len_key);
+  } else {
+    o.classes = family.classes;
+  }
   o.seed = c.train.seed;
   SyntheticOptions eval_o = o;
   eval_o.samples = std::max<int64_t>(1, o.samples / 4);

@@ -42,6 +42,13 @@ std::vector<int> gather_node_colors(const RunEnv& env) {
   return {colors.begin(), colors.end()};
 }
 
+// The validation pairs of a sequence-to-sequence family, whose data is pairs by construction
+// (batches.cpp loads them for ModelTask::seq2seq); nullptr for the other tasks. The one downcast.
+const Seq2SeqDataset* eval_pairs(const ModelConfig& model, const Datasets& data) {
+  if (model.family().task != ModelTask::seq2seq) return nullptr;
+  return &dynamic_cast<const Seq2SeqDataset&>(*data.eval);
+}
+
 }  // namespace
 
 Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_unique<State>(config, env_in.world_size)) {
@@ -78,9 +85,7 @@ Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_uniq
                     *s.runtime);
   }
   s.model = make_model(c.model);
-  const int64_t outputs = c.model.kind == ModelKind::transformer ? c.model.vocab
-                          : c.model.kind == ModelKind::t5        ? c.model.vocab_size
-                                                                 : 10;
+  const int64_t outputs = c.model.family().outputs(c.model.args);
   if (s.data.train->num_classes() > outputs)
     throw Error("data has " + std::to_string(s.data.train->num_classes()) + " classes, more than the model's outputs");
 
@@ -132,7 +137,7 @@ GenerationOptions Trainer::generation_options() const {
 
 int64_t Trainer::rouge_samples() const {
   const State& s = *s_;
-  if (!dynamic_cast<const Seq2SeqDataset*>(s.data.eval.get())) return 0;
+  if (!eval_pairs(s.c.model, s.data)) return 0;
   const int64_t n = s.c.generate.rouge_samples;
   const int64_t all = s.data.eval->size();
   if (n < 0) return s.c.data.kind == DataKind::seq2seq ? all : 0;  // synthetic pairs: no text to score
@@ -141,8 +146,9 @@ int64_t Trainer::rouge_samples() const {
 
 void Trainer::generate(int64_t count) {
   State& s = *s_;
-  const auto* data = dynamic_cast<const Seq2SeqDataset*>(s.data.eval.get());
-  if (!data) throw Error("--generate needs a sequence-to-sequence model and data (model.kind t5)");
+  const Seq2SeqDataset* data = eval_pairs(s.c.model, s.data);
+  if (!data)
+    throw Error("--generate needs a sequence-to-sequence model (model.kind " + family_names(ModelTask::seq2seq) + ")");
   count = std::min(count, data->size());
   const std::vector<std::vector<int32_t>> ids =
       generate_samples(*s.model, *s.engine, *data, count, generation_options(), s.mem);
@@ -233,8 +239,8 @@ MemoryPlan Trainer::plan() {
     // ROUGE decodes with every unit gathered: one decoding batch per rank reaches its peak.
     if (const int64_t n = rouge_samples(); n > 0) {
       const GenerationOptions g = generation_options();
-      rouge_of_samples(*s.model, engine, dynamic_cast<const Seq2SeqDataset&>(*s.data.eval),
-                       std::min(n, g.batch_size * s.env.world_size), g, s.mem);
+      rouge_of_samples(*s.model, engine, *eval_pairs(s.c.model, s.data), std::min(n, g.batch_size * s.env.world_size),
+                       g, s.mem);
     }
   };
   while (step < std::min<int64_t>(s.total_steps, 2)) step_once();
@@ -253,7 +259,7 @@ MemoryPlan Trainer::plan() {
   if (saves) save("", step, lr);
   if (!c.output.save_weights.empty()) write_weights();
 
-  plan.model = std::string(enum_name(c.model.kind));
+  plan.model = c.model.kind;
   plan.strategy = std::string(name_of(kStrategies, engine.options().strategy));
   plan.world_size = s.env.world_size;
   plan.shard_group_size = engine.mesh().shard->size();
@@ -335,7 +341,7 @@ void Trainer::report_step(int64_t step, const StepResult& r, double step_s, cons
   p.summary.steps = done;
   p.summary.last_loss = r.loss;
   if (s.env.rank != 0) return;
-  const bool lm = c.model.kind != ModelKind::mnist_cnn;
+  const bool lm = c.model.family().task != ModelTask::image_classification;
   const int64_t elems_per_sample = shape_numel(s.data.train->target_shape());
   const double rate = static_cast<double>(s.global_batch) / step_s;
   JsonLine j;
@@ -384,8 +390,7 @@ void Trainer::evaluate_and_report(int64_t step_done, int64_t epoch) {
     const auto span = s.tracer->scope(Track::host, "evaluate");
     r = evaluate();
     if (const int64_t n = rouge_samples(); n > 0)
-      rouge = rouge_of_samples(*s.model, *s.engine, dynamic_cast<const Seq2SeqDataset&>(*s.data.eval), n,
-                               generation_options(), s.mem);
+      rouge = rouge_of_samples(*s.model, *s.engine, *eval_pairs(s.c.model, s.data), n, generation_options(), s.mem);
   }
   p.summary.eval_loss = r.loss;
   p.summary.eval_accuracy = r.accuracy;

@@ -70,7 +70,7 @@ inline fsdp::CheckpointMeta toy_meta(const std::string& format) {
   m.strategy = fsdp::Strategy::full_shard;
   m.backend = "mpi";
   m.wrap_policy = fsdp::WrapPolicy::size_based;
-  m.model_kind = fsdp::ModelKind::mnist_cnn;
+  m.model_kind = "mnist_cnn";
   m.optimizer = fsdp::OptimizerKind::adamw;
   m.optimizer_states = {"exp_avg", "exp_avg_sq"};
   m.optimizer_step = 17;

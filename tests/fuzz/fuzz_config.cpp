@@ -20,8 +20,9 @@ std::string num(double v) {
 std::string summary(const fsdp::Config& c) {
   std::ostringstream s;
   const auto& m = c.model;
-  s << fsdp::enum_name(m.kind) << ' ' << m.vocab << ' ' << m.d_model << ' ' << m.n_layers << ' ' << m.n_heads << ' '
-    << m.d_ff << ' ' << m.seq_len << ' ' << m.init_from << '|';
+  s << m.kind << ' ' << m.preset << ' ' << m.init_from;
+  for (const auto& [key, value] : m.args.values()) s << ' ' << key << '=' << fsdp::arg_text(value);
+  s << '|';
   s << fsdp::enum_name(c.data.kind) << ' ' << c.data.path << ' ' << num(c.data.eval_fraction) << ' '
     << c.data.synthetic_samples << '|';
   const auto& t = c.train;

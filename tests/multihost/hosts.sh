@@ -156,7 +156,10 @@ cmd_run() {
   shift
   ns_exists "$PREFIX-$h" || die "no host '$h' (network namespace $PREFIX-$h missing; run 'hosts.sh up' first)"
   pid=$(sleeper_pid "$h") || die "the sleeper holding $h's hostname is gone"
-  exec nsenter --net=/run/netns/"$PREFIX-$h" --uts=/proc/"$pid"/ns/uts --mount=/proc/"$pid"/ns/mnt --wd="$PWD" -- "$@"
+  # --root: entering a mount namespace moves the root to the namespace's own; inside a chroot (a
+  # container, tests/fresh_machine.sh) that is the host's /, so keep the sleeper's root instead.
+  exec nsenter --net=/run/netns/"$PREFIX-$h" --uts=/proc/"$pid"/ns/uts --mount=/proc/"$pid"/ns/mnt \
+    --root=/proc/"$pid"/root --wd="$PWD" -- "$@"
 }
 
 cmd_status() {

@@ -1,4 +1,4 @@
-#include "models/t5_buckets.h"
+#include "models/t5/t5_buckets.h"
 
 #include <algorithm>
 #include <cmath>

@@ -4,14 +4,14 @@
 // the encoder's output) and the gradients several blocks add up travel in its stack's
 // StackState. Shapes: B batch, S source length, L target length, T a stack's length, C d_model,
 // H heads, I = H * d_kv the inner attention width, F d_ff, V vocab.
-#include "models/t5.h"
+#include "models/t5/t5.h"
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <utility>
 
-#include "models/t5_buckets.h"
+#include "models/t5/t5_buckets.h"
 #include "nn/layers.h"
 #include "tensor/error.h"
 
