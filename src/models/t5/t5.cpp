@@ -28,16 +28,30 @@ Tensor upload(RunCtx& ctx, const Tensor& host) {
   return host;
 }
 
+// Decoding (generate()): the decoder runs one position per running sequence per step, against the
+// keys and values of the positions before it (HF's past_key_values). N sequences, I = H * d_kv.
+struct DecodeCache {
+  struct Layer {
+    Tensor k, v;              // (Tmax, N, I) self-attention keys and values, position-major: a
+                              // step writes one contiguous (N, I) slab
+    Tensor cross_k, cross_v;  // (N, S, I) of the encoder output, computed at the first step
+  };
+  int64_t t = 0;              // the position this step feeds
+  int64_t Tmax = 0;           // positions at most
+  std::vector<Layer> layers;  // per decoder block
+};
+
 struct StackState {
   bool decoder = false;
-  Tensor key_valid;        // (B, S) i32, 1 = a real source token: the encoder's keys, the cross-attention's
-  Tensor bucket;           // (T, T) i32 relative position buckets of the self-attention
-  int64_t bucket_T = -1;   // the length `bucket` was made for
-  Tensor position_bias;    // (H, T, T) from block 0's relative_attention_bias, read by every block
-  Tensor d_position_bias;  // (H, T, T) the score gradients summed over blocks and samples
-  Tensor encoder_out;      // decoder: (B, S, C), every cross-attention's keys and values
-  Tensor d_encoder_out;    // decoder: (B, S, C) its gradient, summed over the cross-attentions
-  Tensor ones;             // (B) ones: sums score gradients over samples with one GEMM
+  DecodeCache* cache = nullptr;  // set while decoding (decoder only); training: null
+  Tensor key_valid;              // (B, S) i32, 1 = a real source token: the encoder's keys, the cross-attention's
+  Tensor bucket;                 // (T, T) i32 relative position buckets of the self-attention
+  int64_t bucket_T = -1;         // the length `bucket` was made for
+  Tensor position_bias;          // (H, T, T) from block 0's relative_attention_bias, read by every block
+  Tensor d_position_bias;        // (H, T, T) the score gradients summed over blocks and samples
+  Tensor encoder_out;            // decoder: (B, S, C), every cross-attention's keys and values
+  Tensor d_encoder_out;          // decoder: (B, S, C) its gradient, summed over the cross-attentions
+  Tensor ones;                   // (B) ones: sums score gradients over samples with one GEMM
 };
 
 // T5LayerNorm: y = w * x / sqrt(mean(x^2) + eps); no mean subtraction, no bias.
@@ -92,7 +106,8 @@ class T5LayerNorm : public Layer {
 // x (B, Tq, C) -> (B, Tq, C).
 class T5Attention : public Layer {
  public:
-  T5Attention(const std::string& name, const T5Config& c, bool cross, bool relative_bias, StackState& state)
+  T5Attention(const std::string& name, const T5Config& c, bool cross, bool relative_bias, StackState& state,
+              size_t block)
       : Layer(name, "T5Attention"),
         q(add_child<Linear>(child_name("q"), c.d_model, c.num_heads * c.d_kv, false)),
         k(add_child<Linear>(child_name("k"), c.d_model, c.num_heads * c.d_kv, false)),
@@ -102,6 +117,7 @@ class T5Attention : public Layer {
         H_(c.num_heads),
         dkv_(c.d_kv),
         cross_(cross),
+        block_(block),
         state_(state) {
     const double f = c.initializer_factor, d_model = static_cast<double>(c.d_model);
     const double inner = static_cast<double>(c.num_heads * c.d_kv);
@@ -117,11 +133,10 @@ class T5Attention : public Layer {
   }
 
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
-    const Tensor& kv = cross_ ? state_.encoder_out : x;
-    const int64_t B = x.dim(0), Tq = x.dim(1), Tk = kv.dim(1), I = H_ * dkv_, P = Tq * Tk;
+    const int64_t B = x.dim(0), Tq = x.dim(1), I = H_ * dkv_;
     Q_ = q.forward(ctx, x);
-    K_ = k.forward(ctx, kv);
-    V_ = v.forward(ctx, kv);
+    const Keys keys = state_.cache ? cached_keys(ctx, x) : projected_keys(ctx, x);
+    const int64_t Tk = keys.count, P = Tq * Tk;
     Kernels& kernels = ctx.kernels();
     if (relative_attention_bias) {  // block 0 of the stack: the bias every block adds
       // The embedding is read here, not called: its hooks run here (size_based may make it a unit).
@@ -134,21 +149,25 @@ class T5Attention : public Layer {
     ctx.ensure(probs_, {B, H_, Tq, Tk}, DType::f32);
     for (int64_t b = 0; b < B; ++b)  // scores (H, Tq, Tk) = q k^T per head, unscaled
       kernels.gemm_strided_batched(false, true, Tq, Tk, dkv_, 1.0f, Q_.f32() + b * Tq * I, I, dkv_,
-                                   K_.f32() + b * Tk * I, I, dkv_, 0.0f, probs_.f32() + b * H_ * P, Tk, P, H_);
-    const bool causal = state_.decoder && !cross_;
+                                   keys.k + b * keys.sample_stride, keys.ld, dkv_, 0.0f, probs_.f32() + b * H_ * P, Tk,
+                                   P, H_);
+    // A decoding step's query is the last position: every cached key is at or before it.
+    const bool causal = state_.decoder && !cross_ && !state_.cache;
     const float* bias = cross_ ? nullptr : state_.position_bias.f32();
-    const int32_t* key_valid = causal ? nullptr : state_.key_valid.i32();
+    const int32_t* key_valid = cross_ || !state_.decoder ? state_.key_valid.i32() : nullptr;  // the source's pads
     kernels.attention_softmax_forward(probs_.f32(), bias, key_valid, causal, B, H_, Tq, Tk);
     dropped_ = dropout.forward(ctx, probs_);
     ctx.ensure(y_, {B, Tq, I}, DType::f32);
     for (int64_t b = 0; b < B; ++b)  // y_h (Tq, dkv) = P (Tq, Tk) @ v_h (Tk, dkv), heads side by side
       kernels.gemm_strided_batched(false, false, Tq, dkv_, Tk, 1.0f, dropped_.f32() + b * H_ * P, Tk, P,
-                                   V_.f32() + b * Tk * I, I, dkv_, 0.0f, y_.f32() + b * Tq * I, I, dkv_, H_);
+                                   keys.v + b * keys.sample_stride, keys.ld, dkv_, 0.0f, y_.f32() + b * Tq * I, I, dkv_,
+                                   H_);
     out_ = o.forward(ctx, y_);
     return out_;
   }
 
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
+    if (state_.cache) throw Error(name() + ": no backward while decoding");
     const int64_t B = Q_.dim(0), Tq = Q_.dim(1), Tk = K_.dim(1), I = H_ * dkv_, P = Tq * Tk;
     Kernels& kernels = ctx.kernels();
     const Tensor dY = o.backward(ctx, dy);  // (B, Tq, I)
@@ -215,8 +234,53 @@ class T5Attention : public Layer {
   Embedding* relative_attention_bias = nullptr;
 
  private:
+  // Where the keys and values the queries read are: sample b's key j at k + b * sample_stride +
+  // j * ld (values alike at v).
+  struct Keys {
+    const float* k;
+    const float* v;
+    int64_t count, ld, sample_stride;
+  };
+
+  // Training and evaluation: the projections of the input (self) or of the encoder output (cross).
+  Keys projected_keys(RunCtx& ctx, const Tensor& x) {
+    const Tensor& kv = cross_ ? state_.encoder_out : x;
+    const int64_t Tk = kv.dim(1), I = H_ * dkv_;
+    K_ = k.forward(ctx, kv);
+    V_ = v.forward(ctx, kv);
+    return {K_.f32(), V_.f32(), Tk, I, Tk * I};
+  }
+
+  // Decoding: self-attention appends this position's key and value (N, 1, I) to the cache and
+  // reads positions 0..t; cross-attention projects the encoder output at the first step only.
+  Keys cached_keys(RunCtx& ctx, const Tensor& x) {
+    DecodeCache& cache = *state_.cache;
+    DecodeCache::Layer& layer = cache.layers.at(block_);
+    Kernels& kernels = ctx.kernels();
+    const int64_t N = x.dim(0), I = H_ * dkv_;
+    if (cross_) {
+      const int64_t S = state_.encoder_out.dim(1);
+      if (cache.t == 0)
+        for (auto [proj, dst] : {std::pair{&k, &layer.cross_k}, std::pair{&v, &layer.cross_v}}) {
+          const Tensor y = proj->forward(ctx, state_.encoder_out);
+          ctx.ensure(*dst, y.shape(), DType::f32);
+          kernels.cast(dst->raw(), DType::f32, y.raw(), DType::f32, y.numel());
+        }
+      return {layer.cross_k.f32(), layer.cross_v.f32(), S, I, S * I};
+    }
+    if (x.dim(1) != 1 || cache.t >= cache.Tmax)
+      throw Error(name() + ": a decoding step takes one position (" + std::to_string(cache.Tmax) + " at most)");
+    for (auto [proj, dst] : {std::pair{&k, &layer.k}, std::pair{&v, &layer.v}}) {
+      ctx.ensure(*dst, {cache.Tmax, N, I}, DType::f32);
+      const Tensor y = proj->forward(ctx, x);  // (N, 1, I)
+      kernels.cast(dst->f32() + cache.t * N * I, DType::f32, y.raw(), DType::f32, N * I);
+    }
+    return {layer.k.f32(), layer.v.f32(), cache.t + 1, N * I, I};
+  }
+
   int64_t H_, dkv_;
   bool cross_;
+  size_t block_;  // the block's index in its stack: its layer of the decoding cache
   StackState& state_;
   Tensor Q_, K_, V_;  // (B, Tq, I), (B, Tk, I), (B, Tk, I): the projections' outputs
   Tensor probs_;      // (B, H, Tq, Tk) softmax probabilities
@@ -336,13 +400,13 @@ class DenseActDense : public Layer {
 // The transformer_layer wrap policy's unit.
 class T5Block : public Layer {
  public:
-  T5Block(const std::string& name, const T5Config& c, bool first, StackState& state) : Layer(name, "T5Block") {
+  T5Block(const std::string& name, const T5Config& c, size_t index, StackState& state) : Layer(name, "T5Block") {
     const std::string layer = child_name("layer");
     sub_.push_back(&add_child<Residual>(layer + ".0", "T5LayerSelfAttention", c, "SelfAttention",
-                                        std::in_place_type<T5Attention>, c, false, first, state));
+                                        std::in_place_type<T5Attention>, c, false, index == 0, state, index));
     if (state.decoder)
       sub_.push_back(&add_child<Residual>(layer + ".1", "T5LayerCrossAttention", c, "EncDecAttention",
-                                          std::in_place_type<T5Attention>, c, true, false, state));
+                                          std::in_place_type<T5Attention>, c, true, false, state, index));
     sub_.push_back(&add_child<Residual>(layer + "." + std::to_string(sub_.size()), "T5LayerFF", c, "DenseReluDense",
                                         std::in_place_type<DenseActDense>, c));
   }
@@ -360,8 +424,6 @@ class T5Block : public Layer {
     y_ = dx_ = Tensor();
     for (Layer* l : sub_) l->release_activations();
   }
-  // layer.0 self-attention, (decoder) layer.1 cross-attention, then the feed-forward.
-  Residual& sublayer(size_t i) const { return *sub_.at(i); }
 
  private:
   std::vector<Residual*> sub_;
@@ -379,7 +441,8 @@ class T5Stack : public Layer {
     use_param(shared.weight);  // HF: embed_tokens is the model's `shared` module
     const int64_t n = decoder ? c.num_decoder_layers : c.num_layers;
     for (int64_t i = 0; i < n; ++i)
-      blocks_.push_back(&add_child<T5Block>(child_name("block." + std::to_string(i)), c, i == 0, state_));
+      blocks_.push_back(
+          &add_child<T5Block>(child_name("block." + std::to_string(i)), c, static_cast<size_t>(i), state_));
     final_layer_norm = &add_child<T5LayerNorm>(child_name("final_layer_norm"), c);
     // HF calls one dropout module twice (after the embedding and after the final norm); two
     // here, each with its own mask stream.
@@ -392,11 +455,25 @@ class T5Stack : public Layer {
     state_.encoder_out = encoder_out;
   }
   const Tensor& d_encoder_out() const { return state_.d_encoder_out; }
+  // Decoding: forward takes one position per sequence, (N, 1) ids at position cache->t, and the
+  // blocks read and extend `cache`; null ends it. The decoder stack's only.
+  void set_decode_cache(DecodeCache* cache) {
+    state_.cache = cache;
+    state_.bucket_T = -1;  // the buckets of a step are one row: training's are made again
+    if (cache) cache->layers.resize(blocks_.size());
+  }
 
   const Tensor& do_forward(RunCtx& ctx, const Tensor& ids) override {
     ids_ = ids;
     const int64_t B = ids.dim(0), T = ids.dim(1), C = c_.d_model;
-    if (state_.bucket_T != T) {  // the same for every batch of one length: made once
+    if (state_.cache) {  // the buckets of query t against keys 0..t (causal)
+      const int64_t t = state_.cache->t;
+      Tensor host = Tensor::empty({1, t + 1}, DType::i32, MemCategory::activations, ctx.mem);
+      for (int64_t j = 0; j <= t; ++j)
+        host.i32()[j] =
+            t5_relative_bucket(j - t, false, c_.relative_attention_num_buckets, c_.relative_attention_max_distance);
+      state_.bucket = upload(ctx, host);
+    } else if (state_.bucket_T != T) {  // the same for every batch of one length: made once
       Tensor host = Tensor::empty({T, T}, DType::i32, MemCategory::activations, ctx.mem);
       t5_relative_buckets(host.i32(), T, T, !state_.decoder, c_.relative_attention_num_buckets,
                           c_.relative_attention_max_distance);
@@ -435,7 +512,6 @@ class T5Stack : public Layer {
     for (Layer* l : std::array<Layer*, 3>{final_layer_norm, dropout_, final_dropout_}) l->release_activations();
   }
 
-  const std::vector<T5Block*>& blocks() const { return blocks_; }
   T5LayerNorm* final_layer_norm = nullptr;
 
  private:
@@ -495,208 +571,87 @@ class LmHead : public Layer {
   Tensor xs_, scaled_, y_, dx_;
 };
 
-// Incremental decoding for generate(): one position per running sequence per step. N = batch *
-// beams sequences; each decoder block keeps its self-attention keys and values of the positions
-// so far, (Tmax, N, I) position-major so a step writes one contiguous (N, I) slab, and the
-// cross-attention's keys and values of the encoder output, (N, S, I), computed once. The math is
-// the training forward's (t5.cpp above) restricted to the last query: the position bias of
-// query t against keys 0..t (causal buckets), no dropout.
+// generate()'s steps: the decoder's own forward, one position per running sequence per step, its
+// blocks keeping the keys and values of the positions so far (DecodeCache; HF's
+// past_key_values), then lm_head. N = batch * beams sequences; no dropout (not training).
 class T5Decoding final : public DecodeSteps {
  public:
   // enc (B, S, C): the encoder's output; valid (B, S) i32 the source mask on the host.
-  T5Decoding(RunCtx& ctx, const T5Config& c, const Embedding& shared, const T5Stack& decoder, const LmHead& head,
-             const Tensor& enc, const Tensor& valid, int64_t beams, int64_t max_steps)
-      : ctx_(ctx),
-        c_(c),
-        shared_(shared),
-        decoder_(decoder),
-        head_(head),
-        N_(enc.dim(0) * beams),
-        S_(enc.dim(1)),
-        Tmax_(max_steps),
-        I_(c.num_heads * c.d_kv) {
-    const int64_t C = c.d_model;
-    Kernels& k = ctx.kernels();
+  T5Decoding(RunCtx& ctx, const T5Config& c, T5Stack& decoder, LmHead& head, const Tensor& enc, const Tensor& valid,
+             int64_t beams, int64_t max_steps)
+      : ctx_(ctx), c_(c), decoder_(decoder), head_(head), N_(enc.dim(0) * beams) {
+    const int64_t S = enc.dim(1), C = c.d_model;
     // Sequence i = b * beams + j reads sample b's encoder output and mask.
     Tensor rows = Tensor::empty({N_}, DType::i32, MemCategory::activations, ctx.mem);
-    Tensor mask = Tensor::empty({N_, S_}, DType::i32, MemCategory::activations, ctx.mem);
+    Tensor mask = Tensor::empty({N_, S}, DType::i32, MemCategory::activations, ctx.mem);
     for (int64_t i = 0; i < N_; ++i) {
       rows.i32()[i] = static_cast<int32_t>(i / beams);
-      std::copy_n(valid.i32() + (i / beams) * S_, S_, mask.i32() + i * S_);
+      std::copy_n(valid.i32() + (i / beams) * S, S, mask.i32() + i * S);
     }
-    key_valid_ = upload(ctx, mask);
-    ctx.ensure(enc_, {N_, S_, C}, DType::f32);
-    k.embedding_forward(enc_.f32(), upload(ctx, rows).i32(), enc.f32(), nullptr, 1, N_, S_ * C);
-    const std::vector<T5Block*>& blocks = decoder.blocks();
-    layers_.resize(blocks.size());
-    for (size_t l = 0; l < blocks.size(); ++l) {
-      Layer& cross = blocks[l]->sublayer(1).sub();
-      auto& att = dynamic_cast<T5Attention&>(cross);
-      Cache& cache = layers_[l];
-      ctx.ensure(cache.cross_k, {N_, S_, I_}, DType::f32);
-      ctx.ensure(cache.cross_v, {N_, S_, I_}, DType::f32);
-      k.linear_forward(cache.cross_k.f32(), enc_.f32(), att.k.weight.data, nullptr, N_ * S_, C, I_);
-      k.linear_forward(cache.cross_v.f32(), enc_.f32(), att.v.weight.data, nullptr, N_ * S_, C, I_);
-      ctx.ensure(cache.k, {Tmax_, N_, I_}, DType::f32);
-      ctx.ensure(cache.v, {Tmax_, N_, I_}, DType::f32);
-    }
-    ctx.ensure(h_, {N_, C}, DType::f32);
-    ctx.ensure(n_, {N_, C}, DType::f32);
-    ctx.ensure(rstd_, {N_}, DType::f32);
-    ctx.ensure(q_, {N_, I_}, DType::f32);
-    ctx.ensure(y_, {N_, I_}, DType::f32);
-    ctx.ensure(out_, {N_, C}, DType::f32);
-    ctx.ensure(probs_, {N_, c.num_heads, std::max(Tmax_, S_)}, DType::f32);
-    ctx.ensure(ff_, {N_, c.d_ff}, DType::f32);
-    if (c.gated_gelu) ctx.ensure(ff_gate_, {N_, c.d_ff}, DType::f32);
-    ctx.ensure(bias_, {c.num_heads, Tmax_}, DType::f32);
-    ctx.ensure(logits_, {N_, c.vocab_size}, DType::f32);
+    ctx.ensure(enc_, {N_, S, C}, DType::f32);
+    ctx.kernels().embedding_forward(enc_.f32(), upload(ctx, rows).i32(), enc.f32(), nullptr, 1, N_, S * C);
+    cache_.Tmax = max_steps;
+    decoder_.set_inputs(upload(ctx, mask), enc_);
+    decoder_.set_decode_cache(&cache_);
   }
+  ~T5Decoding() override {
+    decoder_.set_decode_cache(nullptr);
+    decoder_.release_activations();
+    head_.release_activations();
+  }
+  T5Decoding(const T5Decoding&) = delete;
+  T5Decoding& operator=(const T5Decoding&) = delete;
 
   int64_t vocab_size() const override { return c_.vocab_size; }
 
   const float* step(std::span<const int32_t> tokens, std::span<const int32_t> origin) override {
-    if (t_ >= Tmax_) throw Error("t5 generate: more steps than the " + std::to_string(Tmax_) + " it was set up for");
-    Kernels& k = ctx_.kernels();
-    const int64_t C = c_.d_model, T = t_ + 1;
+    if (cache_.t >= cache_.Tmax)
+      throw Error("t5 generate: more steps than the " + std::to_string(cache_.Tmax) + " it was set up for");
     reorder(origin);
-    Tensor ids = Tensor::empty({N_}, DType::i32, MemCategory::activations, ctx_.mem);
+    Tensor ids = Tensor::empty({N_, 1}, DType::i32, MemCategory::activations, ctx_.mem);
     for (int64_t i = 0; i < N_; ++i) {
       if (tokens[static_cast<size_t>(i)] < 0 || tokens[static_cast<size_t>(i)] >= c_.vocab_size)
         throw Error("t5 generate: token " + std::to_string(tokens[static_cast<size_t>(i)]) + " outside the vocab");
       ids.i32()[i] = tokens[static_cast<size_t>(i)];
     }
-    k.embedding_forward(h_.f32(), upload(ctx_, ids).i32(), shared_.weight.data, nullptr, 1, N_, C);
-    position_bias(T);
-    const std::vector<T5Block*>& blocks = decoder_.blocks();
-    for (size_t l = 0; l < blocks.size(); ++l) {
-      Cache& cache = layers_[l];
-      // Self-attention: this position's key and value join the cache, the query reads 0..t.
-      const Residual& self = blocks[l]->sublayer(0);
-      const auto& sa = dynamic_cast<const T5Attention&>(self.sub());
-      norm(self.norm());
-      k.linear_forward(q_.f32(), n_.f32(), sa.q.weight.data, nullptr, N_, C, I_);
-      k.linear_forward(cache.k.f32() + t_ * N_ * I_, n_.f32(), sa.k.weight.data, nullptr, N_, C, I_);
-      k.linear_forward(cache.v.f32() + t_ * N_ * I_, n_.f32(), sa.v.weight.data, nullptr, N_, C, I_);
-      attend(cache.k.f32(), cache.v.f32(), N_ * I_, T, bias_.f32(), nullptr);
-      add_projection(sa.o);
-      // Cross-attention over the encoder output, under the source mask.
-      const Residual& cross = blocks[l]->sublayer(1);
-      const auto& ca = dynamic_cast<const T5Attention&>(cross.sub());
-      norm(cross.norm());
-      k.linear_forward(q_.f32(), n_.f32(), ca.q.weight.data, nullptr, N_, C, I_);
-      attend(cache.cross_k.f32(), cache.cross_v.f32(), I_, S_, nullptr, key_valid_.i32());
-      add_projection(ca.o);
-      feed_forward(blocks[l]->sublayer(2));
-    }
-    norm(*decoder_.final_layer_norm);
-    if (head_.scale() != 1.0f) k.scale(n_.f32(), head_.scale(), N_ * C);
-    k.linear_forward(logits_.f32(), n_.f32(), head_.weight().data, nullptr, N_, C, c_.vocab_size);
-    ++t_;
-    if (logits_.device() == Device::cpu) return logits_.f32();
-    host_logits_ = to_host(*ctx_.runtime, logits_, MemCategory::activations, ctx_.mem);
+    const Tensor logits = head_.forward(ctx_, decoder_.forward(ctx_, upload(ctx_, ids)));  // (N, 1, V)
+    ++cache_.t;
+    if (logits.device() == Device::cpu) return logits.f32();
+    host_logits_ = to_host(*ctx_.runtime, logits, MemCategory::activations, ctx_.mem);
     return host_logits_.f32();
   }
 
  private:
-  struct Cache {
-    Tensor k, v;              // (Tmax, N, I) self-attention keys and values, position-major
-    Tensor cross_k, cross_v;  // (N, S, I) of the encoder output
-  };
-
   // Beam search moved sequences: sequence i continues sequence origin[i]. One row gather over
-  // the positions so far, per cache (the embedding kernel gathers rows of a table).
+  // the positions so far, per self-attention cache (the embedding kernel gathers rows of a
+  // table); the cross-attention's rows are the sample's, the same for its beams.
   void reorder(std::span<const int32_t> origin) {
     bool identity = true;
     for (int64_t i = 0; i < N_; ++i) identity = identity && origin[static_cast<size_t>(i)] == i;
-    if (identity || t_ == 0) return;
-    Tensor rows = Tensor::empty({t_ * N_}, DType::i32, MemCategory::activations, ctx_.mem);
-    for (int64_t p = 0; p < t_; ++p)
+    const int64_t t = cache_.t;
+    if (identity || t == 0) return;
+    Tensor rows = Tensor::empty({t * N_}, DType::i32, MemCategory::activations, ctx_.mem);
+    for (int64_t p = 0; p < t; ++p)
       for (int64_t i = 0; i < N_; ++i)
         rows.i32()[p * N_ + i] = static_cast<int32_t>(p * N_ + origin[static_cast<size_t>(i)]);
     const Tensor dev_rows = upload(ctx_, rows);
-    for (Cache& cache : layers_)
-      for (Tensor* t : {&cache.k, &cache.v}) {
-        ctx_.ensure(scratch_, t->shape(), DType::f32);
-        ctx_.kernels().embedding_forward(scratch_.f32(), dev_rows.i32(), t->f32(), nullptr, 1, t_ * N_, I_);
-        std::swap(*t, scratch_);
+    const int64_t I = c_.num_heads * c_.d_kv;
+    for (DecodeCache::Layer& layer : cache_.layers)
+      for (Tensor* kv : {&layer.k, &layer.v}) {
+        ctx_.ensure(scratch_, kv->shape(), DType::f32);
+        ctx_.kernels().embedding_forward(scratch_.f32(), dev_rows.i32(), kv->f32(), nullptr, 1, t * N_, I);
+        std::swap(*kv, scratch_);
       }
-  }
-
-  // bias (H, T) of query position t against keys 0..t, from block 0's relative_attention_bias.
-  void position_bias(int64_t T) {
-    Tensor bucket = Tensor::empty({T}, DType::i32, MemCategory::activations, ctx_.mem);
-    for (int64_t j = 0; j < T; ++j)
-      bucket.i32()[j] =
-          t5_relative_bucket(j - t_, false, c_.relative_attention_num_buckets, c_.relative_attention_max_distance);
-    const auto& sa = dynamic_cast<const T5Attention&>(decoder_.blocks().at(0)->sublayer(0).sub());
-    ctx_.kernels().relative_bias_forward(bias_.f32(), sa.relative_attention_bias->weight.data,
-                                         upload(ctx_, bucket).i32(), c_.num_heads, 1, T);
-  }
-
-  void norm(const T5LayerNorm& ln) {
-    ctx_.kernels().rmsnorm_forward(n_.f32(), rstd_.f32(), h_.f32(), ln.weight.data, N_, c_.d_model,
-                                   c_.layer_norm_epsilon);
-  }
-
-  // y (N, I) = softmax(q K^T + bias, masked) V per sequence and head; keys 0..Tk-1 of sequence i
-  // at K + i * I + j * key_ld (the self cache: stride N*I; the cross cache: (N, S, I)).
-  void attend(const float* K, const float* V, int64_t key_ld, int64_t Tk, const float* bias, const int32_t* key_valid) {
-    Kernels& k = ctx_.kernels();
-    const int64_t H = c_.num_heads, dkv = c_.d_kv;
-    const int64_t seq_stride = key_ld == I_ ? Tk * I_ : I_;  // where sequence i's first key is
-    // Per sequence, H heads in one batch: head h's q, keys, values and output start h * d_kv
-    // further on (head_step); its scores are a (1, Tk) row of probs_.
-    const int64_t head_step = dkv, score_step = Tk;
-    for (int64_t i = 0; i < N_; ++i)
-      k.gemm_strided_batched(false, true, 1, Tk, dkv, 1.0f, q_.f32() + i * I_, I_, head_step, K + i * seq_stride,
-                             key_ld, head_step, 0.0f, probs_.f32() + i * H * Tk, Tk, score_step, H);
-    k.attention_softmax_forward(probs_.f32(), bias, key_valid, false, N_, H, 1, Tk);
-    for (int64_t i = 0; i < N_; ++i)
-      k.gemm_strided_batched(false, false, 1, dkv, Tk, 1.0f, probs_.f32() + i * H * Tk, Tk, score_step,
-                             V + i * seq_stride, key_ld, head_step, 0.0f, y_.f32() + i * I_, I_, head_step, H);
-  }
-
-  // h += y W_o^T
-  void add_projection(const Linear& o) {
-    ctx_.kernels().linear_forward(out_.f32(), y_.f32(), o.weight.data, nullptr, N_, I_, c_.d_model);
-    ctx_.kernels().add_inplace(h_.f32(), out_.f32(), N_ * c_.d_model);
-  }
-
-  // h += wo(relu(wi n)) or wo(gelu_new(wi_0 n) * wi_1 n)
-  void feed_forward(const Residual& ff_layer) {
-    Kernels& k = ctx_.kernels();
-    const auto& ff = dynamic_cast<const DenseActDense&>(ff_layer.sub());
-    const int64_t C = c_.d_model, F = c_.d_ff;
-    norm(ff_layer.norm());
-    k.linear_forward(ff_.f32(), n_.f32(), ff.wi->weight.data, nullptr, N_, C, F);
-    if (c_.gated_gelu) {
-      k.gelu_tanh_forward(ff_.f32(), ff_.f32(), N_ * F);
-      k.linear_forward(ff_gate_.f32(), n_.f32(), ff.wi_1->weight.data, nullptr, N_, C, F);
-      k.mul(ff_.f32(), ff_.f32(), ff_gate_.f32(), N_ * F);
-    } else {
-      k.relu_forward(ff_.f32(), ff_.f32(), N_ * F);
-    }
-    k.linear_forward(out_.f32(), ff_.f32(), ff.wo->weight.data, nullptr, N_, F, C);
-    k.add_inplace(h_.f32(), out_.f32(), N_ * C);
   }
 
   RunCtx& ctx_;
   const T5Config& c_;
-  const Embedding& shared_;
-  const T5Stack& decoder_;
-  const LmHead& head_;
-  int64_t N_, S_, Tmax_, I_;
-  int64_t t_ = 0;     // the position the next step feeds
-  Tensor enc_;        // (N, S, C) the encoder output, per sequence
-  Tensor key_valid_;  // (N, S) i32
-  std::vector<Cache> layers_;
-  Tensor h_, n_, rstd_;  // (N, C) hidden state, its norm; (N)
-  Tensor q_, y_, out_;   // (N, I), (N, I), (N, C)
-  Tensor probs_;         // (N, H, max(Tmax, S))
-  Tensor ff_, ff_gate_;  // (N, F)
-  Tensor bias_;          // (H, Tmax)
-  Tensor logits_, host_logits_, scratch_;
+  T5Stack& decoder_;
+  LmHead& head_;
+  int64_t N_;
+  DecodeCache cache_;
+  Tensor enc_;  // (N, S, C) the encoder output, per sequence
+  Tensor host_logits_, scratch_;
 };
 
 class T5Model : public Model {
@@ -716,10 +671,13 @@ class T5Model : public Model {
     const Tensor valid = source_mask(ctx, inputs);
     encoder_->set_inputs(upload(ctx, valid), Tensor());
     const Tensor enc = encoder_->forward(ctx, inputs);
-    T5Decoding steps(ctx, c_, *shared_, *decoder_, *lm_head_, enc, valid, o.num_beams, o.max_new_tokens);
     GenerateOptions t5 = o;
     t5.decoder_start_id = static_cast<int32_t>(c_.decoder_start_token_id);
-    auto out = o.num_beams == 1 ? greedy_search(steps, inputs.dim(0), t5) : beam_search(steps, inputs.dim(0), t5);
+    std::vector<std::vector<int32_t>> out;
+    {
+      T5Decoding steps(ctx, c_, *decoder_, *lm_head_, enc, valid, o.num_beams, o.max_new_tokens);
+      out = o.num_beams == 1 ? greedy_search(steps, inputs.dim(0), t5) : beam_search(steps, inputs.dim(0), t5);
+    }
     encoder_->release_activations();
     return out;
   }
