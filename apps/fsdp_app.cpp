@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cli.h"
 #include "comm/agree.h"
 #include "comm/comm.h"
 #include "comm/mpi_env.h"
@@ -25,67 +26,53 @@
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: fsdp_app INPUT.yaml [--set dotted.key=value ...] [--plan [--world-size N]]\n"
-    "  trains the model described by INPUT.yaml (see input/ and the README)\n"
-    "  --plan          print the predicted per-rank memory by category and the bytes each\n"
-    "                  collective moves per step, then exit without training\n"
-    "  --world-size N  plan for N ranks instead of the ranks of this launch\n"
-    "  --generate N    decode the first N validation samples (sequence-to-sequence models) and\n"
-    "                  print one JSON line each (index, source, reference, generated); no training\n"
-    "  --keys          print the reference of every input file key (Markdown: docs/input-file.md)\n"
-    "                  and exit; takes no input file\n";
-
 struct Args {
   std::string input;
   std::vector<std::string> overrides;
-  bool help = false;
-  bool keys = false;  // --keys: print the key reference
+  bool help = false;      // -h/--help: print help_text
+  std::string help_text;  // CLI11's, from the options below
+  bool keys = false;      // --keys: print the key reference
   bool plan = false;
   int plan_world_size = 0;  // 0: this launch's
   int64_t generate = 0;     // --generate N: samples to decode instead of training
 };
 
+// Every rank parses the same argv; an error is an fsdp::Error, reported through main's agreement.
 Args parse_args(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string s = argv[i];
-    if (s == "-h" || s == "--help") {
-      a.help = true;
-    } else if (s == "--set") {
-      if (i + 1 >= argc) throw fsdp::Error("--set needs a dotted.key=value argument");
-      a.overrides.emplace_back(argv[++i]);
-    } else if (s == "--plan") {
-      a.plan = true;
-    } else if (s == "--keys") {
-      a.keys = true;
-    } else if (s == "--world-size") {
-      if (i + 1 >= argc) throw fsdp::Error("--world-size needs a number of ranks");
-      std::string v = argv[++i];
-      if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos || v.size() > 7 || std::stoi(v) < 1)
-        throw fsdp::Error("--world-size '" + v + "': expected a positive number of ranks");
-      a.plan_world_size = std::stoi(v);
-    } else if (s == "--generate") {
-      if (i + 1 >= argc) throw fsdp::Error("--generate needs a number of samples");
-      std::string v = argv[++i];
-      if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos || v.size() > 9 || std::stoll(v) < 1)
-        throw fsdp::Error("--generate '" + v + "': expected a positive number of samples");
-      a.generate = std::stoll(v);
-    } else if (s.rfind("--set=", 0) == 0) {
-      a.overrides.push_back(s.substr(6));
-    } else if (s.rfind('-', 0) == 0) {
-      throw fsdp::Error("unknown option '" + s + "' (try --help)");
-    } else if (a.input.empty()) {
-      a.input = s;
-    } else {
-      throw fsdp::Error("unexpected argument '" + s + "': one input file only");
-    }
+  CLI::App app{"Trains the model described by INPUT.yaml (see input/ and the README).", "fsdp_app"};
+  fsdp_cli::configure(app);
+  app.add_option("INPUT.yaml", a.input, "the input file (one); --keys takes none")->type_name("");
+  app.add_option("--set", a.overrides,
+                 "set an input file key, overriding the file; repeatable,\n"
+                 "also spelt --set=dotted.key=value")
+      ->type_name("dotted.key=value")
+      ->take_all()
+      ->allow_extra_args(false);  // one value per --set: a later word is the input file
+  app.add_flag("--plan", a.plan,
+               "print the predicted per-rank memory by category and the bytes each\n"
+               "collective moves per step, then exit without training");
+  app.add_option("--world-size", a.plan_world_size, "plan for N ranks instead of the ranks of this launch")
+      ->type_name("N")
+      ->check(fsdp_cli::integer_in(1, 9'999'999, "a positive number of ranks"));
+  app.add_option("--generate", a.generate,
+                 "decode the first N validation samples (sequence-to-sequence models) and\n"
+                 "print one JSON line each (index, source, reference, generated); no training")
+      ->type_name("N")
+      ->check(fsdp_cli::integer_in(1, 999'999'999, "a positive number of samples"));
+  app.add_flag("--keys", a.keys,
+               "print the reference of every input file key (Markdown: docs/input-file.md)\n"
+               "and exit; takes no input file");
+  if (fsdp_cli::parse(app, argc, argv)) {
+    a.help = true;
+    a.help_text = app.help();
+    return a;
   }
   if (a.plan_world_size > 0 && !a.plan) throw fsdp::Error("--world-size goes with --plan");
   if (a.plan && a.generate > 0) throw fsdp::Error("--plan and --generate do not go together");
   if (a.keys && (!a.input.empty() || !a.overrides.empty() || a.plan || a.generate > 0))
     throw fsdp::Error("--keys prints the key reference and goes alone (no input file or other options)");
-  if (!a.help && !a.keys && a.input.empty())
+  if (!a.keys && a.input.empty())
     throw fsdp::Error("no input file given (usage: fsdp_app INPUT.yaml [--set key=value ...])");
   return a;
 }
@@ -100,7 +87,7 @@ int main(int argc, char** argv) {
   try {
     Args args = parse_args(argc, argv);
     if (args.help) {
-      if (mpi.rank() == 0) std::fputs(kUsage, stdout);
+      if (mpi.rank() == 0) std::fputs(args.help_text.c_str(), stdout);
       return 0;
     }
     if (args.keys) {

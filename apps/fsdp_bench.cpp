@@ -23,9 +23,7 @@
 // for the check after the timed loop. Backends without native device buffers (mpi, ucx) take
 // them through comm/device_comm.h (staged through pinned host memory unless the MPI is
 // CUDA-aware), so their rows include those copies. mpi-raw always runs on host buffers.
-#include <getopt.h>
 #include <mpi.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -42,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "cli.h"
 #include "comm/agree.h"
 #include "comm/comm.h"
 #include "comm/mpi_env.h"
@@ -56,13 +55,12 @@ namespace {
 using fsdp::DType;
 using fsdp::Error;
 
-constexpr const char* kUsage =
-    "usage: fsdp_bench [--backend mpi,ucx,nccl|all] [--op all_gather,reduce_scatter,all_reduce|all]\n"
-    "                  [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
-    "                  [-d f32|bf16|f16|f64|i32|i64|u8] [--csv FILE] [--timeout S] [--device cpu|cuda]\n"
-    "  sizes take K, M, G suffixes (powers of 1024); defaults: -b 1K -e 64M -f 2 -n 20 -w 5 -d f32\n"
-    "  --timeout 60 --device cpu; every built backend; every op. Run under mpirun/srun for more than\n"
-    "  one rank. --device cuda: the backends' buffers live on the rank's GPU (mpi-raw stays on the host).\n";
+constexpr const char* kDescription =
+    "Measures the collectives of every built backend and of the MPI library called directly, in\n"
+    "nccl-tests' terms: time, algorithm and bus bandwidth, wrong elements.";
+constexpr const char* kFooter =
+    "Sizes take K, M, G suffixes (powers of 1024). Run under mpirun/srun for more than one rank.\n"
+    "--device cuda: the backends' buffers live on the rank's GPU (mpi-raw stays on the host).";
 
 // ---- values: every dtype through double (all values used here are exact in it) ----
 
@@ -191,7 +189,8 @@ struct Args {
   std::string csv;
   double timeout_s = 60;
   fsdp::Device device = fsdp::Device::cpu;
-  bool help = false;
+  bool help = false;      // -h/--help: print help_text
+  std::string help_text;  // CLI11's, from the options in parse_args
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -212,9 +211,10 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-size_t parse_bytes(const std::string& opt, const std::string& v) {
+// "1K" -> 1024 (K, M, G: powers of 1024); the option's text as CLI11 then reads it.
+std::string parse_bytes(const std::string& v) {
   if (v.empty() || !std::isdigit(static_cast<unsigned char>(v[0])))
-    throw Error(opt + " " + v + ": expected a size in bytes like 1024, 1K, 64M or 1G");
+    throw Error("expected a size in bytes like 1024, 1K, 64M or 1G, got '" + v + "'");
   errno = 0;
   char* end = nullptr;
   unsigned long long n = std::strtoull(v.c_str(), &end, 10);
@@ -227,92 +227,82 @@ size_t parse_bytes(const std::string& opt, const std::string& v) {
   else if (suffix == "G" || suffix == "g")
     shift = 30;
   else if (!suffix.empty())
-    throw Error(opt + " " + v + ": unknown size suffix '" + suffix + "' (use K, M or G)");
-  if (errno == ERANGE || n > (~0ull >> shift)) throw Error(opt + " " + v + ": too large");
-  return static_cast<size_t>(n << shift);
+    throw Error("unknown size suffix '" + suffix + "' in '" + v + "' (use K, M or G)");
+  if (errno == ERANGE || n > (~0ull >> shift)) throw Error("'" + v + "' is too large");
+  return std::to_string(n << shift);
 }
 
-long parse_int(const std::string& opt, const std::string& v, long lo, long hi) {
-  errno = 0;
+std::string parse_timeout(const std::string& v) {
   char* end = nullptr;
-  long n = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || errno == ERANGE || n < lo || n > hi)
-    throw Error(opt + " " + v + ": expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return n;
+  const double s = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || !(s > 0) || !std::isfinite(s))
+    throw Error("expected a positive number of seconds, got '" + v + "'");
+  return v;
 }
 
-// Long-only options' getopt codes: past every char, so they never collide with a short option.
-enum LongOnly : int { kBackend = 256, kOp, kCsv, kTimeout, kDevice };
-
-// The option as the user typed it ("-b", "--minbytes"), for messages: getopt_long has just
-// consumed it with its value attached ("--minbytes=1K", "-b1K") or as the next argument.
-std::string typed_option(char** argv, int optind_now, const char* value) {
-  const char* last = argv[optind_now - 1];
-  if (value == last) return argv[optind_now - 2];
-  std::string opt(last, static_cast<size_t>(value - last));
-  if (!opt.empty() && opt.back() == '=') opt.pop_back();
-  return opt;
+// The options, their checks and help. Values of the library's own types (dtype, device) are
+// checked by the library's parsers here and converted after parsing.
+void add_options(CLI::App& app, Args& a, std::string& backends, std::string& ops, std::string& dtype,
+                 std::string& device) {
+  app.add_option("--backend", backends, "comma-separated mpi, ucx, nccl, or all (every built one)")
+      ->type_name("LIST")
+      ->capture_default_str();
+  app.add_option("--op", ops, "comma-separated all_gather, reduce_scatter, all_reduce, or all")
+      ->type_name("LIST")
+      ->capture_default_str();
+  app.add_option("-b,--minbytes", a.min_bytes, "smallest size (the whole array, bytes)")
+      ->type_name("SIZE")
+      ->capture_default_str()
+      ->transform(fsdp_cli::parsed_by(parse_bytes));
+  app.add_option("-e,--maxbytes", a.max_bytes, "largest size")
+      ->type_name("SIZE")
+      ->capture_default_str()
+      ->transform(fsdp_cli::parsed_by(parse_bytes));
+  app.add_option("-f,--stepfactor", a.factor, "multiply the size by this from one size to the next")
+      ->capture_default_str()
+      ->check(fsdp_cli::integer_in(2, 1 << 20));
+  app.add_option("-n,--iters", a.iters, "timed iterations per size")
+      ->capture_default_str()
+      ->check(fsdp_cli::integer_in(1, 1 << 30));
+  app.add_option("-w,--warmup_iters", a.warmup, "untimed iterations before them")
+      ->capture_default_str()
+      ->check(fsdp_cli::integer_in(0, 1 << 30));
+  app.add_option("-d,--datatype", dtype, "element type")
+      ->type_name("f32|bf16|f16|f64|i32|i64|u8")
+      ->capture_default_str()
+      ->check(fsdp_cli::parsed_by([](const std::string& v) {
+        fsdp::parse_dtype(v);
+        return v;
+      }));
+  app.add_option("--csv", a.csv, "also write the rows to FILE as CSV (jobs/plot-bench.sh draws it)")->type_name("FILE");
+  app.add_option("--timeout", a.timeout_s, "seconds a collective may take before the job ends")
+      ->type_name("S")
+      ->capture_default_str()
+      ->check(fsdp_cli::parsed_by(parse_timeout));
+  app.add_option("--device", device, "where the backends' buffers live (mpi-raw stays on the host)")
+      ->type_name("cpu|cuda")
+      ->capture_default_str()
+      ->check(fsdp_cli::parsed_by([](const std::string& v) {
+        fsdp::parse_device(v);
+        return v;
+      }));
 }
 
-// Why getopt_long returned '?': an unknown option (optopt: its char; 0: a long one, as typed
-// in argv), or --help given a value.
-std::string rejected_option(char** argv, int optind_now, int optopt_now) {
-  if (optopt_now == 'h') return std::string(argv[optind_now - 1]) + ": takes no value (try --help)";
-  std::string opt = optopt_now != 0 ? std::string("-") + static_cast<char>(optopt_now) : argv[optind_now - 1];
-  return "unknown option '" + opt.substr(0, opt.find('=')) + "' (try --help)";
-}
-
-// getopt_long over the option table; over 80 lines because each option's check and message
-// sits beside its case.
+// CLI11 over the options above, then the checks that span options and the lists' names.
 Args parse_args(int argc, char** argv) {
-  static const option kLong[] = {{"backend", required_argument, nullptr, kBackend},
-                                 {"op", required_argument, nullptr, kOp},
-                                 {"minbytes", required_argument, nullptr, 'b'},
-                                 {"maxbytes", required_argument, nullptr, 'e'},
-                                 {"stepfactor", required_argument, nullptr, 'f'},
-                                 {"iters", required_argument, nullptr, 'n'},
-                                 {"warmup_iters", required_argument, nullptr, 'w'},
-                                 {"datatype", required_argument, nullptr, 'd'},
-                                 {"csv", required_argument, nullptr, kCsv},
-                                 {"timeout", required_argument, nullptr, kTimeout},
-                                 {"device", required_argument, nullptr, kDevice},
-                                 {"help", no_argument, nullptr, 'h'},
-                                 {nullptr, 0, nullptr, 0}};
   Args a;
-  std::string backend_list = "all", op_list = "all";
-  opterr = 0;  // every rank parses; the caller prints one line, on rank 0
-  // Leading ':': a missing value returns ':', told apart from an unknown option ('?').
-  int c = 0;
-  while ((c = getopt_long(argc, argv, ":hb:e:f:n:w:d:", kLong, nullptr)) != -1) {
-    if (c == '?') throw Error(rejected_option(argv, optind, optopt));
-    if (c == ':') throw Error(std::string(argv[optind - 1]) + " needs a value (try --help)");
-    if (c == 'h') {
-      a.help = true;
-      continue;
-    }
-    const std::string value = optarg, opt = typed_option(argv, optind, optarg);
-    switch (c) {
-      case kBackend: backend_list = value; break;
-      case kOp: op_list = value; break;
-      case 'b': a.min_bytes = parse_bytes(opt, value); break;
-      case 'e': a.max_bytes = parse_bytes(opt, value); break;
-      case 'f': a.factor = static_cast<uint64_t>(parse_int(opt, value, 2, 1 << 20)); break;
-      case 'n': a.iters = static_cast<int>(parse_int(opt, value, 1, 1 << 30)); break;
-      case 'w': a.warmup = static_cast<int>(parse_int(opt, value, 0, 1 << 30)); break;
-      case 'd': a.dtype = fsdp::parse_dtype(value); break;
-      case kCsv: a.csv = value; break;
-      case kDevice: a.device = fsdp::parse_device(value); break;
-      case kTimeout: {
-        char* end = nullptr;
-        a.timeout_s = std::strtod(value.c_str(), &end);
-        if (value.empty() || *end != '\0' || !(a.timeout_s > 0) || !std::isfinite(a.timeout_s))
-          throw Error("--timeout " + value + ": expected a positive number of seconds");
-        break;
-      }
-      default: throw Error("unknown option (try --help)");  // not in kLong: unreachable
-    }
+  std::string backend_list = "all", op_list = "all", dtype = "f32", device = "cpu";
+  CLI::App app{kDescription, "fsdp_bench"};
+  fsdp_cli::configure(app);
+  app.footer(kFooter);
+  add_options(app, a, backend_list, op_list, dtype, device);
+  if (fsdp_cli::parse(app, argc, argv)) {
+    a.help = true;
+    a.help_text = app.help();
+    return a;
   }
-  if (optind < argc) throw Error("unexpected argument '" + std::string(argv[optind]) + "' (try --help)");
+  a.dtype = fsdp::parse_dtype(dtype);
+  a.device = fsdp::parse_device(device);
   if (a.min_bytes == 0) throw Error("-b 0: the smallest size must be at least 1 byte");
   if (a.max_bytes < a.min_bytes)
     throw Error("-e " + std::to_string(a.max_bytes) + " is smaller than -b " + std::to_string(a.min_bytes));
@@ -597,7 +587,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (args.help) {
-    if (rank == 0) std::fputs(kUsage, stdout);
+    if (rank == 0) std::fputs(args.help_text.c_str(), stdout);
     return 0;
   }
   // --device cuda: every rank needs its GPU. The lowest rank without one says why, in one line;

@@ -26,6 +26,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/tools.h"
+#include "cli.h"
 #include "comm/agree.h"
 #include "comm/mpi_env.h"
 #include "tensor/error.h"
@@ -35,99 +36,101 @@ namespace {
 
 using fsdp::Error;
 
-constexpr const char* kUsage =
-    "usage: fsdp_ckpt COMMAND ARGS\n"
-    "  inspect FILE        print the root attributes (step, epoch, world size, optimizer, the\n"
-    "                      input file's text, ...), every dataset with its shape, dtype, bytes\n"
-    "                      and crc32, and a sharded file's index; any HDF5 file is listed\n"
-    "  verify FILE         recompute the CRC-32 of every tensor dataset (and in a sharded file of\n"
-    "                      every parameter and optimizer state in its unit) against the stored\n"
-    "                      ones, reading in 4 MiB chunks; exit 1 on any mismatch\n"
-    "  consolidate IN OUT [--force]\n"
-    "                      write sharded checkpoint IN as a consolidated one: /model/<name> and\n"
-    "                      /optim/<name>/<state> at full shape, for h5py and PyTorch users\n"
-    "  reshard IN OUT [--format sharded|consolidated] [--force]\n"
-    "                      write IN (either format) in the given format (default sharded). A\n"
-    "                      consolidated IN becomes one unit per parameter; a sharded IN keeps\n"
-    "                      its units and their padding\n"
-    "  export-hf CKPT DIR [--dtype f32|bf16|f16] [--force]\n"
-    "                      write the parameters of checkpoint CKPT (either format) as a Hugging\n"
-    "                      Face model folder: DIR/model.safetensors (default f32) and\n"
-    "                      DIR/config.json from the model keys of the checkpoint's config_yaml.\n"
-    "                      t5: T5ForConditionalGeneration.from_pretrained(DIR) loads it; the\n"
-    "                      transformer: our names, model_type fsdp_transformer (no HF class)\n"
-    "\n"
+// Each command's description in --help: its arguments, then what it does.
+constexpr const char* kInspect =
+    "FILE: print the root attributes (step, epoch, world size, optimizer,\n"
+    "the input file's text, ...), every dataset with its shape, dtype,\n"
+    "bytes and crc32, and a sharded file's index; any HDF5 file is listed";
+constexpr const char* kVerify =
+    "FILE: recompute the CRC-32 of every tensor dataset (and in a sharded\n"
+    "file of every parameter and optimizer state in its unit) against the\n"
+    "stored ones, reading in 4 MiB chunks; exit 1 on any mismatch";
+constexpr const char* kConsolidate =
+    "IN OUT [--force]: write sharded checkpoint IN as a consolidated one:\n"
+    "/model/<name> and /optim/<name>/<state> at full shape, for h5py and\n"
+    "PyTorch users";
+constexpr const char* kReshard =
+    "IN OUT [--format sharded|consolidated] [--force]: write IN (either\n"
+    "format) in the given format (default sharded). A consolidated IN\n"
+    "becomes one unit per parameter; a sharded IN keeps its units and\n"
+    "their padding";
+constexpr const char* kExportHf =
+    "CKPT DIR [--dtype f32|bf16|f16] [--force]: write the parameters of\n"
+    "checkpoint CKPT (either format) as a Hugging Face model folder:\n"
+    "DIR/model.safetensors (default f32) and DIR/config.json from the model\n"
+    "keys of the checkpoint's config_yaml. t5:\n"
+    "T5ForConditionalGeneration.from_pretrained(DIR) loads it; the\n"
+    "transformer: our names, model_type fsdp_transformer (no HF class)";
+constexpr const char* kFooter =
     "consolidate, reshard and export-hf run alone or under mpirun -np K for any K (each rank\n"
     "holds 1/K of the state). fsdp_app itself loads either format at any world size, strategy and wrap\n"
     "policy (checkpoint.resume), so these two only matter for handing files to other tools.\n"
     "OUT is written as OUT.tmp and renamed when complete and verified; an existing OUT is\n"
-    "replaced only with --force. Exit status: 0 ok, 1 bad file or failed check, 2 bad arguments.\n";
+    "replaced only with --force. Exit status: 0 ok, 1 bad file or failed check, 2 bad arguments.";
 
 struct Args {
   std::string command;
-  std::vector<std::string> files;
+  std::string in, out;                           // the command's file(s): out is empty for inspect, verify
   std::optional<fsdp::CheckpointFormat> format;  // reshard's --format (consolidate: consolidated)
   fsdp::DType dtype = fsdp::DType::f32;          // export-hf's --dtype
-  bool dtype_given = false;
   bool force = false;
-  bool help = false;
+  bool help = false;      // -h/--help: print help_text
+  std::string help_text;  // CLI11's, of the app or of the command whose --help was given
 };
 
-// The dtypes export-hf writes (safetensors' F32, BF16, F16).
-std::optional<fsdp::DType> export_dtype(const std::string& name) {
-  for (fsdp::DType d : {fsdp::DType::f32, fsdp::DType::bf16, fsdp::DType::f16})
-    if (fsdp::dtype_name(d) == name) return d;
-  return std::nullopt;
+// The options belong to the app, not to a command, and commands fall through to them, so they
+// are accepted before or after the command as they always were; which command each goes with is
+// checked after parsing, in the project's words.
+struct Options {
+  bool force = false;
+  std::string format, dtype;  // empty: not given (the checks below reject an empty value)
+};
+
+void add_options(CLI::App& app, Options& o) {
+  app.fallthrough();
+  app.add_flag("--force", o.force, "consolidate, reshard, export-hf: replace an existing OUT (or DIR)");
+  app.add_option("--format", o.format, "reshard: the output format (default sharded)")
+      ->check(CLI::IsMember({"sharded", "consolidated"}));
+  app.add_option("--dtype", o.dtype, "export-hf: the dtype of model.safetensors (default f32)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
 }
 
+// One subcommand per command; `in` and `out` are shared, since one command runs.
+void add_commands(CLI::App& app, Args& a) {
+  app.add_subcommand("inspect", kInspect)->add_option("FILE", a.in, "the checkpoint (any HDF5 file)")->required();
+  app.add_subcommand("verify", kVerify)->add_option("FILE", a.in, "the checkpoint")->required();
+  for (const auto& [name, text] : {std::pair{"consolidate", kConsolidate}, std::pair{"reshard", kReshard}}) {
+    CLI::App* command = app.add_subcommand(name, text);
+    command->add_option("IN", a.in, "the checkpoint to read")->required();
+    command->add_option("OUT", a.out, "the checkpoint file to write")->required();
+  }
+  CLI::App* command = app.add_subcommand("export-hf", kExportHf);
+  command->add_option("CKPT", a.in, "the checkpoint to read")->required();
+  command->add_option("DIR", a.out, "the model folder to write")->required();
+}
+
+// Every rank parses the same argv; main prints an error once and exits 2.
 Args parse_args(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string s = argv[i];
-    if (s == "-h" || s == "--help") {
-      a.help = true;
-    } else if (s == "--force") {
-      a.force = true;
-    } else if (s == "--format" || s.rfind("--format=", 0) == 0) {
-      if (s == "--format" && i + 1 >= argc) throw Error("--format needs sharded or consolidated");
-      const std::string name = s == "--format" ? argv[++i] : s.substr(9);
-      a.format = fsdp::parse_enum<fsdp::CheckpointFormat>(name);
-      if (!a.format) throw Error("--format '" + name + "': expected sharded or consolidated");
-    } else if (s == "--dtype" || s.rfind("--dtype=", 0) == 0) {
-      if (s == "--dtype" && i + 1 >= argc) throw Error("--dtype needs f32, bf16 or f16");
-      const std::string name = s == "--dtype" ? argv[++i] : s.substr(8);
-      const std::optional<fsdp::DType> dtype = export_dtype(name);
-      if (!dtype) throw Error("--dtype '" + name + "': expected f32, bf16 or f16");
-      a.dtype = *dtype;
-      a.dtype_given = true;
-    } else if (s.rfind('-', 0) == 0 && s.size() > 1) {
-      throw Error("unknown option '" + s + "' (try --help)");
-    } else if (a.command.empty()) {
-      a.command = s;
-    } else {
-      a.files.push_back(s);
-    }
+  Options o;
+  CLI::App app{"Looks into, checks and converts fsdp_app's training checkpoints.", "fsdp_ckpt"};
+  fsdp_cli::configure(app);
+  app.footer(kFooter);
+  add_options(app, o);
+  add_commands(app, a);
+  if (fsdp_cli::parse(app, argc, argv)) {
+    a.help = true;
+    a.help_text = app.help();
+    return a;
   }
-  if (a.help) return a;
-  if (a.command.empty())
-    throw Error("no command given: inspect, verify, consolidate, reshard or export-hf (try --help)");
-  size_t files = 0;
-  if (a.command == "inspect" || a.command == "verify")
-    files = 1;
-  else if (a.command == "consolidate" || a.command == "reshard" || a.command == "export-hf")
-    files = 2;
-  else
-    throw Error("unknown command '" + a.command + "': expected inspect, verify, consolidate, reshard or export-hf");
-  if (a.files.size() != files)
-    throw Error(a.command + " takes " +
-                (files == 1                 ? "one file"
-                 : a.command == "export-hf" ? "a checkpoint and an output folder"
-                                            : "an input and an output file") +
-                ", got " + std::to_string(a.files.size()) + " (try --help)");
-  if (a.dtype_given && a.command != "export-hf") throw Error("--dtype goes with export-hf");
-  if (a.format && a.command != "reshard") throw Error("--format goes with reshard");
+  a.command = app.get_subcommands().front()->get_name();
+  a.force = o.force;
+  if (!o.dtype.empty() && a.command != "export-hf") throw Error("--dtype goes with export-hf");
+  if (!o.format.empty() && a.command != "reshard") throw Error("--format goes with reshard");
   if (a.force && a.command != "consolidate" && a.command != "reshard" && a.command != "export-hf")
     throw Error("--force goes with consolidate, reshard or export-hf");
+  if (!o.dtype.empty()) a.dtype = fsdp::parse_dtype(o.dtype);
+  if (!o.format.empty()) a.format = fsdp::parse_enum<fsdp::CheckpointFormat>(o.format);
   if (a.command == "consolidate") a.format = fsdp::CheckpointFormat::consolidated;
   if (a.command == "reshard" && !a.format) a.format = fsdp::CheckpointFormat::sharded;
   return a;
@@ -155,8 +158,8 @@ int verify(const std::string& path) {
 // ---- consolidate / reshard -------------------------------------------------------------
 
 int convert(const Args& args, const fsdp::MpiSession& mpi) {
-  const std::string& in = args.files[0];
-  const std::string& out = args.files[1];
+  const std::string& in = args.in;
+  const std::string& out = args.out;
   std::unique_ptr<fsdp::CheckpointSlice> slice;
   std::string setup_error;
   try {
@@ -218,8 +221,8 @@ bool all_ok(const std::string& error, const fsdp::MpiSession& mpi) {
 }
 
 int export_hf(const Args& args, const fsdp::MpiSession& mpi) {
-  const std::string& in = args.files[0];
-  const std::string& dir = args.files[1];
+  const std::string& in = args.in;
+  const std::string& dir = args.out;
   std::unique_ptr<fsdp::HfExport> job;
   std::string error;
   try {
@@ -280,7 +283,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (args.help) {
-    if (mpi.rank() == 0) std::fputs(kUsage, stdout);
+    if (mpi.rank() == 0) std::fputs(args.help_text.c_str(), stdout);
     return 0;
   }
   if (args.command == "consolidate" || args.command == "reshard") return convert(args, mpi);
@@ -290,7 +293,7 @@ int main(int argc, char** argv) {
   int rc = 0;
   if (mpi.rank() == 0) {
     try {
-      rc = args.command == "inspect" ? inspect(args.files[0]) : verify(args.files[0]);
+      rc = args.command == "inspect" ? inspect(args.in) : verify(args.in);
     } catch (const std::exception& e) {
       std::fflush(stdout);
       std::fprintf(stderr, "fsdp_ckpt: %s\n", fsdp::describe(e).c_str());

@@ -3,7 +3,7 @@
 # are skipped; the dpkg lock is waited on, not fought.
 #   bash jobs/install-deps.sh          what building and running need (the compiler, Meson,
 #                                      OpenMPI, UCX, parallel HDF5, yaml-cpp, OpenBLAS, JSON,
-#                                      SentencePiece, the data, plotting)
+#                                      CLI11, SentencePiece, the data, plotting)
 #   bash jobs/install-deps.sh --tests  that, and what the tests and quality gates add (Boost.Test,
 #                                      clang with its fuzzer and sanitizer runtimes, clang-tidy,
 #                                      cppcheck, clang-format, PyTorch and h5py for the reference
@@ -17,6 +17,8 @@ run_packages=(
   # libraries found by dependency() in meson.build
   openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools libucx-dev ucx-utils
   libyaml-cpp-dev zlib1g-dev
+  # CLI11 (header-only): the apps' command lines and --help (apps/cli.h)
+  libcli11-dev
   # JSON (seq2seq data rows; Hugging Face config.json and safetensors headers)
   nlohmann-json3-dev
   # SentencePiece (data.tokenizer: the spiece.model of HF T5 folders): the library, and

@@ -86,6 +86,13 @@ void expect_error(const Run& r, const std::string& what) {
   BOOST_TEST(std::count(r.err.begin(), r.err.end(), '\n') == 1, "stderr is not one line: '" << r.err << "'");
 }
 
+// The whole stderr line of a bad command line (apps/cli.h): exit 1 through the agreement path.
+void expect_line(const Run& r, const std::string& line) {
+  BOOST_TEST(r.exit_code == 1);
+  BOOST_TEST(r.err == "fsdp_app: " + line + "\n");
+  BOOST_TEST(r.out.empty(), r.out);
+}
+
 const char* kTinyCnn =
     "model: {kind: mnist_cnn}\n"
     "data: {kind: synthetic, synthetic_samples: 256}\n"
@@ -94,16 +101,74 @@ const char* kTinyCnn =
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(no_arguments_and_bad_options) {
-  expect_error(run(""), "no input file given");
-  expect_error(run("a.yaml --bogus"), "unknown option '--bogus'");
-  expect_error(run("a.yaml b.yaml"), "one input file only");
-  expect_error(run("a.yaml --set"), "--set needs");
-  expect_error(run("a.yaml --generate"), "--generate needs a number of samples");
-  expect_error(run("a.yaml --generate 0"), "--generate '0': expected a positive number of samples");
-  expect_error(run("a.yaml --generate 3 --plan"), "--plan and --generate do not go together");
-  Run help = run("--help");
-  BOOST_TEST(help.exit_code == 0);
-  BOOST_TEST(help.out.find("usage: fsdp_app") != std::string::npos);
+  expect_line(run(""), "no input file given (usage: fsdp_app INPUT.yaml [--set key=value ...])");
+  expect_line(run("a.yaml --bogus"), "unknown option '--bogus' (try --help)");
+  expect_line(run("a.yaml --bogus=3"), "unknown option '--bogus' (try --help)");
+  expect_line(run("-x a.yaml"), "unknown option '-x' (try --help)");
+  expect_line(run("a.yaml b.yaml"), "unexpected argument 'b.yaml' (try --help)");
+  expect_line(run("a.yaml -- --plan"), "unexpected argument '--plan' (try --help)");  // after --: a word
+  expect_line(run("a.yaml --set"), "--set: 1 required dotted.key=value missing (try --help)");
+  expect_line(run("a.yaml --plan=2"), "plan was given a disallowed flag override (try --help)");
+  expect_line(run("a.yaml --generate"), "--generate: 1 required N missing (try --help)");
+  expect_line(run("a.yaml --generate 0"), "--generate: expected a positive number of samples, got '0' (try --help)");
+  expect_line(run("a.yaml --generate 1e3"),
+              "--generate: expected a positive number of samples, got '1e3' (try --help)");
+  expect_line(run("a.yaml --generate 3 --plan"), "--plan and --generate do not go together");
+}
+
+// --world-size N: a whole number in [1, 9999999], and only with --plan.
+BOOST_AUTO_TEST_CASE(world_size_is_a_positive_number_with_plan) {
+  for (const char* bad : {"0", "x", "-3", "+3", "2.5", "10000000", "''"})
+    expect_line(run(std::string("a.yaml --plan --world-size ") + bad),
+                std::string("--world-size: expected a positive number of ranks, got '") +
+                    (std::string(bad) == "''" ? "" : bad) + "' (try --help)");
+  expect_line(run("a.yaml --plan --world-size"), "--world-size: 1 required N missing (try --help)");
+  expect_line(run("a.yaml --world-size 3"), "--world-size goes with --plan");
+  // Every value of a repeated option is checked and the last one counts, as before CLI11.
+  expect_line(run("a.yaml --plan --world-size 0 --world-size 3"),
+              "--world-size: expected a positive number of ranks, got '0' (try --help)");
+  const std::string big = std::string(FSDP_SOURCE_DIR) + "/input/transformer_70b.yaml";
+  const Run r = run(big + " --plan --world-size 3 --world-size 512");
+  BOOST_TEST(r.exit_code == 0, r.err);
+  BOOST_TEST(r.out.find("FULL_SHARD on 512 ranks") != std::string::npos, r.out);
+}
+
+// CLI11's --help: exit 0, stdout only, every option with its explanation; once under mpirun.
+BOOST_AUTO_TEST_CASE(help_lists_every_option) {
+  for (const std::string& args : {std::string("--help"), std::string("-h"), std::string("a.yaml --bogus --help")}) {
+    const Run help = run(args);
+    BOOST_TEST(help.exit_code == 0, args);
+    BOOST_TEST(help.err.empty(), help.err);
+    BOOST_TEST(help.out.find("Usage: fsdp_app [OPTIONS] [INPUT.yaml]\n") != std::string::npos, help.out);
+    for (const char* option :
+         {"-h,--help", "--set dotted.key=value", "--plan ", "--world-size N", "--generate N", "--keys ",
+          "plan for N ranks instead of the ranks of this launch", "print the reference of every input file key"})
+      BOOST_TEST(help.out.find(option) != std::string::npos, option << " missing from --help: " << help.out);
+  }
+  const Run once = run_with("mpirun --oversubscribe --bind-to none -np 2 ", "--help", 120);
+  BOOST_TEST(once.exit_code == 0, once.err);
+  BOOST_TEST(once.out == run("--help").out, "rank 0 alone prints the help: " << once.out);
+}
+
+// --set KEY=VALUE and --set=KEY=VALUE, repeated; the word after --set's value is the input file.
+BOOST_AUTO_TEST_CASE(set_takes_one_value_in_either_spelling) {
+  TempDir d;
+  const std::string cfg = d.file("c.yaml", kTinyCnn);
+  expect_line(run(cfg + " --set=train.nosuch=1"), "--set train.nosuch: unknown key 'train.nosuch'");
+  expect_line(run("--set train.steps=2 --set=train.nosuch=1 " + cfg), "--set train.nosuch: unknown key 'train.nosuch'");
+  expect_line(run("--set train.steps=1 /nonexistent/in.yaml"),
+              "/nonexistent/in.yaml: cannot read input file (No such file or directory)");
+}
+
+// An argument error under mpirun goes through main's agreement: one line, from rank 0.
+BOOST_AUTO_TEST_CASE(a_bad_option_under_mpirun_is_one_line) {
+  const Run r = run_with("mpirun --oversubscribe --bind-to none -np 2 ", "a.yaml --world-size x --plan", 120);
+  BOOST_TEST(r.exit_code == 1, r.err);
+  const std::string line = "fsdp_app: --world-size: expected a positive number of ranks, got 'x' (try --help)\n";
+  BOOST_TEST(r.err.find(line) != std::string::npos, r.err);
+  size_t ours = 0;
+  for (size_t at = r.err.find("fsdp_app:"); at != std::string::npos; at = r.err.find("fsdp_app:", at + 1)) ++ours;
+  BOOST_TEST(ours == 1u, "one line from rank 0 only: " << r.err);
 }
 
 BOOST_AUTO_TEST_CASE(generate_needs_a_seq2seq_model) {
@@ -383,9 +448,11 @@ BOOST_AUTO_TEST_CASE(keys_lists_every_key_and_goes_alone) {
   BOOST_TEST(r.exit_code == 0, r.err);
   for (const std::string& key : fsdp::input_file_keys())
     BOOST_TEST(r.out.find("\n| `" + key + "` | ") != std::string::npos, key << " has no row in fsdp_app --keys");
-  expect_error(run("--keys --bogus"), "unknown option '--bogus'");
-  expect_error(run("--keys a.yaml"), "--keys prints the key reference and goes alone");
-  expect_error(run("a.yaml --keys --set train.epochs=2"), "--keys prints the key reference and goes alone");
+  expect_line(run("--keys --bogus"), "unknown option '--bogus' (try --help)");
+  const std::string alone = "--keys prints the key reference and goes alone (no input file or other options)";
+  expect_line(run("--keys a.yaml"), alone);
+  expect_line(run("a.yaml --keys --set train.epochs=2"), alone);
+  expect_line(run("--keys --plan"), alone);
   Run help = run("--help");
   BOOST_TEST(help.out.find("--keys") != std::string::npos, help.out);
 }

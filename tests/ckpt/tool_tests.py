@@ -300,7 +300,7 @@ def main():
               one_error_line(p) and p.stdout == "", f"rc {p.returncode} stdout {p.stdout[:100]!r} stderr {p.stderr!r}")
     p = ckpt("--help")
     check("--help: usage on stdout, exit 0, says fsdp_app loads any checkpoint itself",
-          p.returncode == 0 and "usage: fsdp_ckpt" in p.stdout and "fsdp_app itself loads" in p.stdout, p.stderr)
+          p.returncode == 0 and "Usage: fsdp_ckpt" in p.stdout and "fsdp_app itself loads" in p.stdout, p.stderr)
 
     R.print_counts()
     if not R.failed:

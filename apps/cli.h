@@ -1,0 +1,38 @@
+#pragma once
+// The command-line glue the three apps (fsdp_app, fsdp_bench, fsdp_ckpt) share: CLI11 does the
+// parsing and writes --help; this turns what it reports into the project's error contract, one
+// line naming the problem (the caller prefixes the program's name and picks the exit status).
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+
+namespace fsdp_cli {
+
+// The settings every program here shares, applied to a fresh app before its options are added:
+// a repeated option takes its last value and a flag takes no value (as the hand-written parsers
+// had it), and arguments CLI11 does not recognise are left for parse() to name the way those
+// parsers did ("unknown option '--x'") instead of CLI11's "The following argument was not
+// expected".
+void configure(CLI::App& app);
+
+// Parses argv into the variables bound to `app`. Returns true when -h/--help was given: the
+// caller prints app.help() (rank 0 only under MPI; it is the subcommand's help when the --help
+// came after a subcommand) and exits 0. A bad command line throws
+// fsdp::Error with one line ending in "(try --help)": CLI11's own message, or "unknown option
+// '--x'", "unexpected argument 'x'"; for an app with subcommands also "no command given" and
+// "unknown command 'x'", both listing the commands.
+bool parse(CLI::App& app, int argc, char** argv);
+
+// A check that runs one of the project's parsers (fsdp::parse_dtype, ...) on an option's text:
+// the parser's fsdp::Error becomes the option's error, in the parser's own words. Installed with
+// ->transform(), the text is replaced by what `parse` returns (sizes: "1K" -> "1024"); with
+// ->check() it stays as typed.
+CLI::Validator parsed_by(std::function<std::string(const std::string&)> parse);
+
+// A check for a whole decimal integer in [lo, hi] (std::from_chars over all of it: no '+',
+// spaces or fraction). Its message is "expected <what>, got '<text>'"; `what` defaults to
+// "an integer in [lo, hi]".
+CLI::Validator integer_in(long long lo, long long hi, const std::string& what = "");
+
+}  // namespace fsdp_cli
