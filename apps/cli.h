@@ -29,6 +29,15 @@ bool parse(CLI::App& app, int argc, char** argv);
 // ->transform(), the text is replaced by what `parse` returns (sizes: "1K" -> "1024"); with
 // ->check() it stays as typed.
 CLI::Validator parsed_by(std::function<std::string(const std::string&)> parse);
+// The same for a parser whose result the caller converts again later (fsdp::parse_dtype): the
+// text stays as typed when `parse` accepts it.
+template <class Parse>
+CLI::Validator accepted_by(Parse parse) {
+  return parsed_by([parse](const std::string& text) {
+    parse(text);
+    return text;
+  });
+}
 
 // A check for a whole decimal integer in [lo, hi] (std::from_chars over all of it: no '+',
 // spaces or fraction). Its message is "expected <what>, got '<text>'"; `what` defaults to

@@ -270,10 +270,7 @@ void add_options(CLI::App& app, Args& a, std::string& backends, std::string& ops
   app.add_option("-d,--datatype", dtype, "element type")
       ->type_name("f32|bf16|f16|f64|i32|i64|u8")
       ->capture_default_str()
-      ->check(fsdp_cli::parsed_by([](const std::string& v) {
-        fsdp::parse_dtype(v);
-        return v;
-      }));
+      ->check(fsdp_cli::accepted_by([](const std::string& v) { fsdp::parse_dtype(v); }));
   app.add_option("--csv", a.csv, "also write the rows to FILE as CSV (jobs/plot-bench.sh draws it)")->type_name("FILE");
   app.add_option("--timeout", a.timeout_s, "seconds a collective may take before the job ends")
       ->type_name("S")
@@ -282,10 +279,7 @@ void add_options(CLI::App& app, Args& a, std::string& backends, std::string& ops
   app.add_option("--device", device, "where the backends' buffers live (mpi-raw stays on the host)")
       ->type_name("cpu|cuda")
       ->capture_default_str()
-      ->check(fsdp_cli::parsed_by([](const std::string& v) {
-        fsdp::parse_device(v);
-        return v;
-      }));
+      ->check(fsdp_cli::accepted_by([](const std::string& v) { fsdp::parse_device(v); }));
 }
 
 // CLI11 over the options above, then the checks that span options and the lists' names.

@@ -15,15 +15,26 @@ H5Quiet::H5Quiet() {
 
 H5Quiet::~H5Quiet() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
 
+namespace {
+
+// H5Literate's and H5Aiterate2's callback: appends each name to the std::vector<std::string> at out.
+template <class Info>
+herr_t collect_name(hid_t, const char* name, const Info*, void* out) {
+  static_cast<std::vector<std::string>*>(out)->push_back(name);
+  return 0;
+}
+
+}  // namespace
+
 std::vector<std::string> link_names(hid_t group) {
   std::vector<std::string> names;
-  H5Literate(
-      group, H5_INDEX_NAME, H5_ITER_INC, nullptr,
-      [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
-        static_cast<std::vector<std::string>*>(out)->push_back(name);
-        return 0;
-      },
-      &names);
+  H5Literate(group, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_name<H5L_info_t>, &names);
+  return names;
+}
+
+std::vector<std::string> attr_names(hid_t obj) {
+  std::vector<std::string> names;
+  H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_name<H5A_info_t>, &names);
   return names;
 }
 

@@ -57,6 +57,8 @@ class H5Quiet {
 
 // The names of a group's links (its datasets and subgroups), in name order.
 std::vector<std::string> link_names(hid_t group);
+// The names of obj's attributes, in name order (HDF5's H5Aiterate2).
+std::vector<std::string> attr_names(hid_t obj);
 
 // A weight file opened for reading: /model/<name> datasets. check() is strict like PyTorch's
 // load_state_dict (a missing, extra or mis-shaped tensor is an Error naming the file and the

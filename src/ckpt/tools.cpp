@@ -97,18 +97,6 @@ std::string attr_text(hid_t attr) {
   return s + "]";
 }
 
-std::vector<std::string> attr_names(hid_t obj) {
-  std::vector<std::string> names;
-  H5Aiterate2(
-      obj, H5_INDEX_NAME, H5_ITER_INC, nullptr,
-      [](hid_t, const char* name, const H5A_info_t*, void* out) -> herr_t {
-        static_cast<std::vector<std::string>*>(out)->push_back(name);
-        return 0;
-      },
-      &names);
-  return names;
-}
-
 void print_table(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right) {
   std::vector<size_t> width;
   for (const auto& r : rows)

@@ -7,17 +7,23 @@
 
 namespace fsdp {
 
-const ModelFamily& mnist_cnn_family();
-const ModelFamily& transformer_family();
-const ModelFamily& t5_family();
+ModelFamily mnist_cnn_family();
+ModelFamily transformer_family();
+ModelFamily t5_family();
 
 const std::vector<const ModelFamily*>& model_families() {
-  static const std::vector<const ModelFamily*> families = {
-      &mnist_cnn_family(),
-      &transformer_family(),
-      &t5_family(),
+  // Made once, on first use (no static initialisation order between the families' files).
+  static const std::vector<ModelFamily> families = {
+      mnist_cnn_family(),
+      transformer_family(),
+      t5_family(),
   };
-  return families;
+  static const std::vector<const ModelFamily*> pointers = [] {
+    std::vector<const ModelFamily*> out;
+    for (const ModelFamily& f : families) out.push_back(&f);
+    return out;
+  }();
+  return pointers;
 }
 
 const ArgSpec* ModelFamily::spec(std::string_view key) const {

@@ -4,9 +4,7 @@
 
 namespace fsdp {
 
-namespace {
-
-ModelFamily make_family() {
+ModelFamily mnist_cnn_family() {
   ModelFamily f;
   f.name = "mnist_cnn";
   f.summary = "PyTorch's MNIST example Net (28x28 images, 10 classes)";
@@ -16,13 +14,6 @@ ModelFamily make_family() {
   f.ignores = {"vocab", "d_model", "n_layers", "n_heads", "d_ff", "seq_len"};
   f.make = [](const ModelArgs&) { return make_mnist_cnn(); };
   return f;
-}
-
-}  // namespace
-
-const ModelFamily& mnist_cnn_family() {
-  static const ModelFamily family = make_family();
-  return family;
 }
 
 }  // namespace fsdp

@@ -155,7 +155,9 @@ HfNames hf_names(const ModelArgs& a) {
   return names;
 }
 
-ModelFamily make_family() {
+}  // namespace
+
+ModelFamily t5_family() {
   ModelFamily f;
   f.name = "t5";
   f.summary = "Hugging Face's T5ForConditionalGeneration (its state_dict names)";
@@ -168,13 +170,6 @@ ModelFamily make_family() {
   f.hf_extra_json = hf_extra_json;
   f.hf_names = hf_names;
   return f;
-}
-
-}  // namespace
-
-const ModelFamily& t5_family() {
-  static const ModelFamily family = make_family();
-  return family;
 }
 
 }  // namespace fsdp

@@ -48,7 +48,9 @@ std::string hf_extra_json(const ModelArgs&) {
   return j.dump();
 }
 
-ModelFamily make_family() {
+}  // namespace
+
+ModelFamily transformer_family() {
   ModelFamily f;
   f.name = "transformer";
   f.summary = "A decoder-only LM (embeddings, model.n_layers blocks, a final LayerNorm, a head)";
@@ -109,13 +111,6 @@ ModelFamily make_family() {
   f.hf_extra_json = hf_extra_json;
   f.check = check;
   return f;
-}
-
-}  // namespace
-
-const ModelFamily& transformer_family() {
-  static const ModelFamily family = make_family();
-  return family;
 }
 
 }  // namespace fsdp
