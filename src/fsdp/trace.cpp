@@ -252,10 +252,7 @@ StepBreakdown Tracer::end_step() {
   resolve();
   const StepBreakdown b = breakdown(events_, step_first_event_);
   // The step span (its first event) carries the breakdown, for jobs/plot-trace.py.
-  char args[256];
-  std::snprintf(args, sizeof args, R"("compute_s": %.9g, "exposed_comm_s": %.9g, "optimizer_s": %.9g, "comm_s": %.9g)",
-                b.compute_s, b.exposed_comm_s, b.optimizer_s, b.comm_s);
-  events_[step_first_event_].args_json = args;
+  events_[step_first_event_].breakdown = b;
   return b;
 }
 

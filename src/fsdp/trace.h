@@ -73,8 +73,8 @@ struct TraceEvent {
   DType dtype = DType::f32;
   uint64_t seq = 0;
   bool scalar = false;
-  std::string args_json;  // extra args: the step span's breakdown
-  bool complete = false;  // both times known (a run that stopped early leaves some open)
+  std::optional<StepBreakdown> breakdown;  // the step span's (its first event's)
+  bool complete = false;                   // both times known (a run that stopped early leaves some open)
 };
 
 class Tracer {

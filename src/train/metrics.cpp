@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
@@ -11,47 +12,95 @@
 namespace fsdp {
 
 namespace {
-std::string escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-      continue;
+
+using Json = nlohmann::ordered_json;
+
+// One line, ", " and ": " between fields; scalars as nlohmann writes them.
+void append(std::string& out, const Json& v) {
+  if (v.is_object()) {
+    out += '{';
+    bool first = true;
+    for (const auto& [key, value] : v.items()) {
+      if (!first) out += ", ";
+      first = false;
+      out += Json(key).dump(-1, ' ', false, Json::error_handler_t::replace) + ": ";
+      append(out, value);
     }
-    out += c;
+    out += '}';
+  } else if (v.is_array()) {
+    out += '[';
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i > 0) out += ", ";
+      append(out, v[i]);
+    }
+    out += ']';
+  } else {
+    out += v.dump(-1, ' ', false, Json::error_handler_t::replace);
   }
-  return out;
 }
+
 }  // namespace
 
 JsonLine& JsonLine::num(const std::string& k, double value) {
-  if (!std::isfinite(value)) return raw(k, "null");
+  if (!std::isfinite(value)) {
+    obj_[k] = nullptr;
+    return *this;
+  }
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", value);
-  return raw(k, buf);
-}
-
-JsonLine& JsonLine::integer(const std::string& k, int64_t value) { return raw(k, std::to_string(value)); }
-
-JsonLine& JsonLine::str(const std::string& k, const std::string& value) { return raw(k, "\"" + escape(value) + "\""); }
-
-JsonLine& JsonLine::raw(const std::string& k, const std::string& json) {
-  if (!body_.empty()) body_ += ", ";
-  body_ += "\"" + escape(k) + "\": " + json;
+  std::snprintf(buf, sizeof buf, "%.9g", value);  // rounded to 9 digits; written shortest
+  obj_[k] = std::strtod(buf, nullptr);
   return *this;
 }
 
-std::string mem_peaks_json(const MemoryTracker& mem) {
+JsonLine& JsonLine::integer(const std::string& k, int64_t value) {
+  obj_[k] = value;
+  return *this;
+}
+
+JsonLine& JsonLine::str(const std::string& k, const std::string& value) {
+  obj_[k] = value;
+  return *this;
+}
+
+JsonLine& JsonLine::boolean(const std::string& k, bool value) {
+  obj_[k] = value;
+  return *this;
+}
+
+JsonLine& JsonLine::object(const std::string& k, const JsonLine& value) {
+  obj_[k] = value.obj_;
+  return *this;
+}
+
+JsonLine& JsonLine::exact(const std::string& k, double value) {
+  obj_[k] = std::isfinite(value) ? Json(value) : Json(nullptr);
+  return *this;
+}
+
+JsonLine& JsonLine::integers(const std::string& k, const std::vector<int64_t>& values) {
+  obj_[k] = values;
+  return *this;
+}
+
+JsonLine& JsonLine::numbers(const std::string& k, const std::vector<double>& values) {
+  obj_[k] = values;
+  return *this;
+}
+
+std::string JsonLine::text() const {
+  std::string out;
+  append(out, obj_);
+  return out;
+}
+
+JsonLine mem_peaks_json(const MemoryTracker& mem) {
   JsonLine j;
   for (size_t c = 0; c < kMemCategoryCount; ++c) {
     auto cat = static_cast<MemCategory>(c);
     j.integer(std::string(mem_category_name(cat)), static_cast<int64_t>(mem.peak_bytes(cat)));
   }
   j.integer("total", static_cast<int64_t>(mem.peak_total_bytes()));
-  return j.text();
+  return j;
 }
 
 MetricsFile::MetricsFile(const std::string& path, bool append) : path_(path) {

@@ -6,25 +6,33 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "tensor/memory.h"
 
 namespace fsdp {
 
-// A flat JSON object built field by field; numbers print with 9 significant digits (exact for
-// f32), non-finite numbers as null (JSON has no NaN).
+// A JSON object built field by field (nlohmann's values and escaping: invalid UTF-8 in a string is
+// replaced, not thrown). num() keeps 9 significant digits (exact for f32), non-finite numbers are
+// null (JSON has no NaN). text() is one line with ", " and ": " between fields, as the metrics
+// files and traces have always been written (and tests and jobs/ scripts grep them).
 class JsonLine {
  public:
   JsonLine& num(const std::string& key, double value);
   JsonLine& integer(const std::string& key, int64_t value);
   JsonLine& str(const std::string& key, const std::string& value);
-  JsonLine& raw(const std::string& key, const std::string& json);
-  std::string text() const { return "{" + body_ + "}"; }
+  JsonLine& boolean(const std::string& key, bool value);
+  JsonLine& object(const std::string& key, const JsonLine& value);
+  JsonLine& exact(const std::string& key, double value);                         // every digit (trace timestamps)
+  JsonLine& numbers(const std::string& key, const std::vector<double>& values);  // arrays, exact
+  JsonLine& integers(const std::string& key, const std::vector<int64_t>& values);
+  std::string text() const;
 
  private:
-  std::string body_;
+  nlohmann::ordered_json obj_ = nlohmann::ordered_json::object();
 };
 
-std::string mem_peaks_json(const MemoryTracker& mem);  // {"params": N, ..., "total": N}
+JsonLine mem_peaks_json(const MemoryTracker& mem);  // {"params": N, ..., "total": N}
 
 class MetricsFile {
  public:

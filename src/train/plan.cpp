@@ -115,11 +115,11 @@ void check_plan_fits(const MemoryPlan& plan, int ranks_on_node, DeviceRuntime& r
               "train.batch_size");
 }
 
-std::string MemoryPlan::peaks_json() const {
+JsonLine MemoryPlan::peaks_json() const {
   JsonLine j;
   for (size_t i = 0; i < kMemCategoryCount; ++i)
     j.integer(std::string(mem_category_name(static_cast<MemCategory>(i))), peak_bytes[i]);
-  return j.integer("total", total_peak_bytes).text();
+  return j.integer("total", total_peak_bytes);
 }
 
 std::string MemoryPlan::text() const {

@@ -19,6 +19,7 @@
 #include "fsdp/fsdp.h"
 #include "tensor/memory.h"
 #include "tensor/tensor.h"
+#include "train/metrics.h"  // JsonLine
 
 namespace fsdp {
 
@@ -65,7 +66,7 @@ struct MemoryPlan {
   // The printed plan: model and units, one line per category and per collective, totals.
   std::string text() const;
   // {"params": N, ..., "other": N, "total": N}: the shape of mem_peaks_json, for the metrics.
-  std::string peaks_json() const;
+  JsonLine peaks_json() const;
 };
 
 // Throws Error, as the run would, on a configuration the run rejects.

@@ -23,11 +23,8 @@ double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock:
 
 // Microseconds with three decimals from whole nanoseconds: a child's span never pokes out of
 // its parent's through rounding.
-std::string micros(int64_t ns) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(ns) / 1000.0);
-  return buf;
-}
+// Trace timestamps are microseconds; to the nanosecond.
+double micros(int64_t ns) { return static_cast<double>(ns) / 1000.0; }
 
 const char* track_name(Track t, bool device) {
   if (t == Track::comm) return device ? "comm stream" : "comm";
@@ -40,26 +37,23 @@ std::string metadata(const char* what, int rank, int tid, const JsonLine& args) 
   JsonLine e;
   e.str("name", what).str("ph", "M").integer("pid", rank);
   if (tid >= 0) e.integer("tid", tid);
-  return e.raw("args", args.text()).text();
+  return e.object("args", args).text();
 }
 
 JsonLine named(const std::string& name) { return JsonLine().str("name", name); }
 
 std::string file_body(const std::string& events, const TraceClock& clock) {
-  std::string offsets, applied;
+  std::vector<double> offsets;
+  std::vector<int64_t> applied;
   for (size_t r = 0; r < clock.measured_s.size(); ++r) {
-    if (r > 0) {
-      offsets += ", ";
-      applied += ", ";
-    }
-    offsets += micros(std::llround(clock.measured_s[r] * 1e9));
-    applied += std::to_string(r < clock.applied.size() ? clock.applied[r] : 0);
+    offsets.push_back(micros(std::llround(clock.measured_s[r] * 1e9)));
+    applied.push_back(r < clock.applied.size() ? clock.applied[r] : 0);
   }
   JsonLine other;
   other.str("clock", "steady_clock; ts in us since rank 0's start");
-  other.raw("clock_offsets_us", "[" + offsets + "]").raw("clock_offsets_applied", "[" + applied + "]");
+  other.numbers("clock_offsets_us", offsets).integers("clock_offsets_applied", applied);
   // The outer object: the events, then the rest of its fields.
-  const std::string rest = JsonLine().str("displayTimeUnit", "ms").raw("otherData", other.text()).text();
+  const std::string rest = JsonLine().str("displayTimeUnit", "ms").object("otherData", other).text();
   return R"({"traceEvents": [)" + std::string("\n") + events + "\n], " + rest.substr(1) + "\n";
 }
 
@@ -153,13 +147,15 @@ std::string trace_events_json(const std::vector<TraceEvent>& events, int rank, c
     if (e->group) {
       args.integer("bytes", e->bytes).str("dtype", std::string(dtype_name(e->dtype))).str("group", e->group);
       args.integer("seq", static_cast<int64_t>(e->seq));
-      if (e->scalar) args.raw("scalar", "true");
+      if (e->scalar) args.boolean("scalar", true);
     }
-    std::string args_text = args.text();
-    if (!e->args_json.empty()) args_text.insert(args_text.size() - 1, ", " + e->args_json);
+    if (const std::optional<StepBreakdown>& b = e->breakdown) {
+      args.num("compute_s", b->compute_s).num("exposed_comm_s", b->exposed_comm_s);
+      args.num("optimizer_s", b->optimizer_s).num("comm_s", b->comm_s);
+    }
     JsonLine x;
     x.str("name", e->name).str("cat", track_name(track, device)).str("ph", "X").integer("pid", rank);
-    x.integer("tid", thread).raw("ts", micros(begin)).raw("dur", micros(end - begin)).raw("args", args_text);
+    x.integer("tid", thread).exact("ts", micros(begin)).exact("dur", micros(end - begin)).object("args", args);
     out += ",\n" + x.text();
   }
   return out;

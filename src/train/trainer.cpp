@@ -350,7 +350,7 @@ void Trainer::report_step(int64_t step, const StepResult& r, double step_s, cons
   if (lm) j.num("tokens_per_s", rate * elems_per_sample);
   if (r.grad_norm >= 0.0) j.num("grad_norm", r.grad_norm);  // before clipping, as PyTorch returns it
   if (s.scaler.enabled) j.num("loss_scale", r.loss_scale).integer("step_skipped", r.applied ? 0 : 1);
-  j.raw("mem_peak_bytes", mem_peaks_json(s.mem)).raw("mem_plan_bytes", s.plan.peaks_json());
+  j.object("mem_peak_bytes", mem_peaks_json(s.mem)).object("mem_plan_bytes", s.plan.peaks_json());
   if (s.tracer->tracing()) {  // rank 0's breakdown (fsdp/trace.h defines the fields)
     j.num("compute_s", b.compute_s).num("exposed_comm_s", b.exposed_comm_s).num("optimizer_s", b.optimizer_s);
     j.num("comm_s", b.comm_s).num("overlap", b.overlap());
@@ -416,7 +416,7 @@ void Trainer::evaluate_and_report(int64_t step_done, int64_t epoch) {
         .num("rougeL", rouge.mean.rougeL)
         .integer("rouge_samples", rouge.count)
         .num("generate_s", rouge.seconds);
-  j.raw("mem_peak_bytes", mem_peaks_json(s.mem));
+  j.object("mem_peak_bytes", mem_peaks_json(s.mem));
   p.metrics->write(j);
 }
 
@@ -463,8 +463,8 @@ void Trainer::finish() {
                        .str("event", "done")
                        .integer("steps", summary.steps)
                        .num("samples_per_s", summary.samples_per_s)
-                       .raw("mem_peak_bytes", mem_peaks_json(s.mem))
-                       .raw("mem_plan_bytes", s.plan.peaks_json()));
+                       .object("mem_peak_bytes", mem_peaks_json(s.mem))
+                       .object("mem_plan_bytes", s.plan.peaks_json()));
 }
 
 TrainSummary train(const Config& config, const RunEnv& env) {
