@@ -371,7 +371,7 @@ BOOST_AUTO_TEST_CASE(nll_sum_first_maximum) {
   BOOST_TEST(std::fabs(s_cpu - s_gpu) <= 1e-12 * std::fabs(s_cpu));
 }
 
-// The device's column sums (linear db, layernorm dw and db, RMS norm dw: kernels.cu's "Column
+// The device's column sums (linear db, layernorm dw and db, RMS norm dw: kernels_common.cuh's "Column
 // sums") over more rows than its 32 row lanes, with partial 32-column tiles. Small-integer dy
 // makes linear db and layernorm db exact in any order: bitwise, so a row summed twice or skipped
 // cannot hide. The weight sums' terms are not integers: host (rows in order) and device (lanes,

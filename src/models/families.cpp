@@ -20,6 +20,7 @@ const std::vector<const ModelFamily*>& model_families() {
   };
   static const std::vector<const ModelFamily*> pointers = [] {
     std::vector<const ModelFamily*> out;
+    out.reserve(families.size());
     for (const ModelFamily& f : families) out.push_back(&f);
     return out;
   }();

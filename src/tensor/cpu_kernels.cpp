@@ -288,7 +288,7 @@ class CpuKernels final : public Kernels {
                         const float* rstd, int64_t rows, int64_t C) override {
     // dw is a reduction over rows: serial in row order, so the sum never depends on the thread
     // count; fmaf spelled out so both sides round each term alike (the device sums the same terms
-    // in another fixed order: kernels.cu's column sums).
+    // in another fixed order: kernels_common.cuh's column sums).
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = x + r * C;
       const float* dyr = dy + r * C;

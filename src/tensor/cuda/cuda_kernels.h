@@ -1,7 +1,7 @@
 #pragma once
 // CudaKernels: tensor/kernels.h on the GPU, enqueued on the runtime's compute stream. GEMMs go
 // to cuBLAS (f32 with CUBLAS_DEFAULT_MATH: no TF32, so results compare with the CPU's; bf16
-// through cublasGemmEx with f32 compute and output); everything else is a kernel of kernels.cu
+// through cublasGemmEx with f32 compute and output); everything else is a kernel of kernels_*.cu
 // (launch.h). The host-value functions (nll_sum, sum_squares, all_finite) reduce on the device,
 // copy a few bytes to pinned memory and wait for the compute stream only.
 #include <cublas_v2.h>

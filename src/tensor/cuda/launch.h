@@ -1,6 +1,6 @@
 #pragma once
-// The launchers of kernels.cu (compiled by nvcc), called by cuda_kernels.cpp (the C++ compiler):
-// each enqueues its kernel(s) on `s` and checks the launch with cudaGetLastError.
+// The launchers of kernels_*.cu (compiled by nvcc; one file per family of kernels), called by cuda_kernels.cpp (the C++
+// compiler): each enqueues its kernel(s) on `s` and checks the launch with cudaGetLastError.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
