@@ -6,10 +6,13 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
 
 #include "config/backends.h"
 #include "config/config.h"
+#include "config/hf_config.h"
+#include "models/model.h"
 #include "tensor/device.h"
 
 using namespace fsdp;
@@ -908,4 +911,99 @@ BOOST_AUTO_TEST_CASE(key_reference_has_one_row_per_key) {
                       "`HYBRID_SHARD_ZERO2` | `FULL_SHARD` |") != std::string::npos);
   // The same text for every build: comm.backend's values are described, not listed.
   BOOST_TEST(doc.find("| `comm.backend` | a backend this build has | `mpi` |") != std::string::npos);
+}
+
+// ---- The model families' tables (models/family.h) ---------------------------------------------
+// What every registered family must satisfy, so that a new family's folder is checked by this
+// test as it is written: its keys and presets are consistent, an input naming only model.kind
+// reads as its defaults, its config.json (when it has an HF model_type) round-trips through a
+// model folder, and make() builds a model from the defaults.
+
+namespace {
+
+// The data kind a family's task reads without a file (synthetic), for a minimal input.
+std::string minimal_yaml(const fsdp::ModelFamily& f) {
+  return "model: {kind: " + f.name + "}\ndata: {kind: synthetic}\n";
+}
+
+void check_value(const fsdp::ArgSpec& spec, const fsdp::ArgValue& v, const std::string& where) {
+  BOOST_TEST(v.index() == spec.fallback.index(), where << ": " << spec.key << " is a " << fsdp::arg_type_name(v)
+                                                       << ", its key a " << fsdp::arg_type_name(spec.fallback));
+  if (const auto* i = std::get_if<int64_t>(&v)) BOOST_TEST(spec.bound.contains(double(*i)), where << ": " << spec.key);
+  if (const auto* d = std::get_if<double>(&v)) BOOST_TEST(spec.bound.contains(*d), where << ": " << spec.key);
+  if (const auto* s = std::get_if<std::string>(&v); s && !spec.choices.empty())
+    BOOST_TEST((std::ranges::find(spec.choices, *s) != spec.choices.end()), where << ": " << spec.key << " " << *s);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(every_family_table_is_consistent) {
+  std::set<std::string> names, presets;
+  BOOST_TEST(fsdp::model_families().size() >= 3u);
+  for (const fsdp::ModelFamily* f : fsdp::model_families()) BOOST_TEST_CONTEXT(f->name) {
+      BOOST_TEST(names.insert(f->name).second);
+      BOOST_TEST(!f->summary.empty());
+      BOOST_TEST(static_cast<bool>(f->make));
+      std::set<std::string> keys;
+      for (const fsdp::ArgSpec& spec : f->args) {
+        BOOST_TEST(keys.insert(spec.key).second, spec.key << " twice");
+        BOOST_TEST(!spec.doc.empty(), spec.key << ": no doc");
+        check_value(spec, spec.fallback, "default");
+        if (!spec.default_from.empty()) {  // an earlier key of the same type
+          const fsdp::ArgSpec* from = f->spec(spec.default_from);
+          BOOST_TEST((from && keys.contains(from->key) && from->fallback.index() == spec.fallback.index()), spec.key);
+        }
+      }
+      for (const std::string& k : f->ignores) BOOST_TEST(!f->spec(k), k << " both taken and ignored");
+      for (const fsdp::ModelPreset& p : f->presets) {
+        BOOST_TEST(presets.insert(p.name).second, p.name << ": a preset name twice");
+        for (const auto& [key, value] : p.values) {
+          const fsdp::ArgSpec* spec = f->spec(key);
+          BOOST_TEST(spec, p.name << ": " << key << " is no key of " << f->name);
+          if (spec) check_value(*spec, value, p.name);
+        }
+      }
+      const bool tokens = f->task != fsdp::ModelTask::image_classification;
+      if (tokens) BOOST_TEST((f->spec(f->vocab_key) && f->spec(f->vocab_key)->fallback.index() == 0), "vocab_key");
+      if (f->task == fsdp::ModelTask::causal_lm) BOOST_TEST(f->spec(f->seq_len_key), "seq_len_key");
+      if (!tokens) BOOST_TEST(f->classes > 0);
+      // An input that names only the kind reads as the defaults; make() builds from them.
+      const fsdp::Config c = parse_config(minimal_yaml(*f), "in.yaml");
+      BOOST_TEST((c.model.args == f->defaults()));
+      const auto model = f->make(c.model.args);
+      BOOST_TEST(model->num_params() > 0);
+      if (tokens) BOOST_TEST(!model->block_types().empty(), "transformer_layer wraps nothing");
+    }
+}
+
+// A family with an HF model_type: its config.json, as fsdp_ckpt export-hf writes it, read back as
+// a model folder (model.init_from) gives the same keys, for the defaults and for every preset.
+BOOST_AUTO_TEST_CASE(every_family_config_json_round_trips) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("fsdp_family_hf_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  for (const fsdp::ModelFamily* f : fsdp::model_families()) {
+    if (f->hf_model_type.empty()) {
+      const fsdp::Config c = parse_config(minimal_yaml(*f), "in.yaml");
+      BOOST_CHECK_THROW(fsdp::hf_config_json(c.model, "float32"), fsdp::Error);
+      continue;
+    }
+    std::vector<std::string> sources = {""};
+    for (const fsdp::ModelPreset& p : f->presets) sources.push_back(p.name);
+    for (const std::string& preset : sources) BOOST_TEST_CONTEXT(f->name << " " << preset) {
+        const std::string yaml =
+            "model: {kind: " + f->name + (preset.empty() ? "" : ", preset: " + preset) + "}\ndata: {kind: synthetic}\n";
+        const fsdp::Config written = parse_config(yaml, "in.yaml");
+        std::ofstream(dir / "config.json") << fsdp::hf_config_json(written.model, "float32");
+        const fsdp::Config read =
+            parse_config("model: {init_from: " + dir.string() + "}\ndata: {kind: synthetic}\n", "in.yaml");
+        BOOST_TEST(read.model.kind == f->name);
+        for (const fsdp::ArgSpec& spec : f->args)
+          if (spec.in_hf_config)
+            BOOST_TEST(
+                fsdp::arg_text(*read.model.args.find(spec.key)) == fsdp::arg_text(*written.model.args.find(spec.key)),
+                spec.key);
+      }
+  }
+  fs::remove_all(dir);
 }
