@@ -107,7 +107,7 @@ for p in /proc/[0-9]*; do
   [ "$(readlink "$p/root" 2>/dev/null)" = "$root" ] && kill -9 "${p#/proc/}" 2>/dev/null
 done
 {
-  echo "fresh Debian 12 root (debootstrap --variant=minbase), $(nproc) cores, commit $(git -C "$src" rev-parse --short HEAD), CUDA toolkit bound: $([ $cuda -eq 1 ] && [ -d /usr/local/cuda/ ] && echo yes || echo no)"
+  echo "fresh Debian 12 root (debootstrap --variant=minbase), $(nproc) cores, commit $(git -C "$root/root/fsdp-hpc" rev-parse --short HEAD 2>/dev/null || echo "?"), CUDA toolkit bound: $([ $cuda -eq 1 ] && [ -d /usr/local/cuda/ ] && echo yes || echo no)"
   printf '%s\n' "${results[@]}"
   echo "total $(($(date +%s) - t0)) s (debootstrap included)"
 } | tee "$out/summary.txt"

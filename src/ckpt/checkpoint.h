@@ -23,8 +23,10 @@
 #include <string>
 #include <vector>
 
-#include "config/enums.h"
+#include "ckpt/formats.h"
+#include "fsdp/strategy.h"
 #include "nn/flat.h"
+#include "optim/kinds.h"
 #include "tensor/error.h"
 
 namespace fsdp {

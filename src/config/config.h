@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "config/enums.h"
-#include "config/optimizer_config.h"
+#include "optim/optimizer_config.h"
 #include "models/family.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "config/enums.h"
+#include "data/kinds.h"
 #include "data/tokenizer.h"
 #include "tensor/tensor.h"
 

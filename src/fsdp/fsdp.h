@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "comm/comm.h"
-#include "config/enums.h"
+#include "fsdp/strategy.h"
 #include "fsdp/trace.h"
 #include "models/model.h"
 #include "nn/flat.h"

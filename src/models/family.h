@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "config/enums.h"
+#include "data/kinds.h"
 #include "models/args.h"
 #include "tensor/matmul_precision.h"
 #include "tensor/tensor.h"  // Device

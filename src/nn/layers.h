@@ -6,7 +6,7 @@
 #include <initializer_list>
 #include <string>
 
-#include "config/enums.h"
+#include "nn/attention_mode.h"
 #include "nn/module.h"
 
 namespace fsdp {

@@ -9,7 +9,7 @@
 #include <string>
 
 #include <vector>
-#include "config/enums.h"
+#include "optim/kinds.h"
 
 #include "tensor/memory.h"
 #include "tensor/tensor.h"

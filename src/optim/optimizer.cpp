@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "config/optimizer_config.h"
+#include "optim/optimizer_config.h"
 #include "optim/optim.h"
 #include "tensor/device.h"
 #include "tensor/error.h"

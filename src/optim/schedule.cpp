@@ -3,7 +3,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "config/optimizer_config.h"
+#include "optim/optimizer_config.h"
 #include "optim/optim.h"
 #include "tensor/error.h"
 

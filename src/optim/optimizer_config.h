@@ -3,7 +3,7 @@
 // the rest of Config: optim/ takes these and nothing else of the input file.
 #include <cstdint>
 
-#include "config/enums.h"
+#include "optim/kinds.h"
 
 namespace fsdp {
 
