@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "config/enums.h"
-#include "optim/optimizer_config.h"
 #include "models/family.h"
+#include "optim/optimizer_config.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
 #include "tensor/matmul_precision.h"

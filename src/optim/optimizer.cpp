@@ -7,8 +7,8 @@
 #include <string>
 #include <utility>
 
-#include "optim/optimizer_config.h"
 #include "optim/optim.h"
+#include "optim/optimizer_config.h"
 #include "tensor/device.h"
 #include "tensor/error.h"
 #include "tensor/kernels.h"

@@ -3,8 +3,8 @@
 #include <cmath>
 #include <numbers>
 
-#include "optim/optimizer_config.h"
 #include "optim/optim.h"
+#include "optim/optimizer_config.h"
 #include "tensor/error.h"
 
 namespace fsdp {
