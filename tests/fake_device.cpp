@@ -210,6 +210,14 @@ class DeferredKernels final : public Kernels {
   void gelu_tanh_backward(float* dx, const float* dy, const float* x, int64_t n) override {
     defer(&Kernels::gelu_tanh_backward, dx, dy, x, n);
   }
+  void silu_forward(float* y, const float* x, int64_t n) override { defer(&Kernels::silu_forward, y, x, n); }
+  void silu_backward(float* dx, const float* dy, const float* x, int64_t n) override {
+    defer(&Kernels::silu_backward, dx, dy, x, n);
+  }
+  void rope(float* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t heads, int64_t D, int64_t ld,
+            int64_t pos0, bool backward) override {
+    defer(&Kernels::rope, x, cos, sin, rows, T, heads, D, ld, pos0, backward);
+  }
   void add(float* y, const float* a, const float* b, int64_t n) override { defer(&Kernels::add, y, a, b, n); }
   void add_inplace(float* y, const float* x, int64_t n) override { defer(&Kernels::add_inplace, y, x, n); }
   void mul(float* y, const float* a, const float* b, int64_t n) override { defer(&Kernels::mul, y, a, b, n); }

@@ -71,6 +71,19 @@ HfConfigKeys read_hf_config(const std::string& dir) {
       value = arg_text(spec.fallback);
     out.keys.emplace_back(spec.key, value);
   }
+  std::vector<std::pair<std::string, std::string>> structured;
+  if (family->hf_config_keys) try {
+      structured = family->hf_config_keys(j.dump());
+    } catch (const Error& e) {
+      throw Error(out.path + ": " + e.what());
+    }
+  for (auto& [key, value] : structured) {
+    const auto at = std::ranges::find(out.keys, key, &std::pair<std::string, std::string>::first);
+    if (at != out.keys.end())
+      at->second = value;
+    else
+      out.keys.emplace_back(key, value);
+  }
   return out;
 }
 

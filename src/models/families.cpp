@@ -10,6 +10,7 @@ namespace fsdp {
 ModelFamily mnist_cnn_family();
 ModelFamily transformer_family();
 ModelFamily t5_family();
+ModelFamily llama_family();
 
 const std::vector<const ModelFamily*>& model_families() {
   // Made once, on first use (no static initialisation order between the families' files).
@@ -17,6 +18,7 @@ const std::vector<const ModelFamily*>& model_families() {
       mnist_cnn_family(),
       transformer_family(),
       t5_family(),
+      llama_family(),
   };
   static const std::vector<const ModelFamily*> pointers = [] {
     std::vector<const ModelFamily*> out;

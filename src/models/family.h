@@ -105,6 +105,10 @@ struct ModelFamily {
   // this header). Empty function: none.
   std::function<std::string(const ModelArgs&)> hf_extra_json;
   std::function<HfNames(const ModelArgs&)> hf_names;  // empty function: no aliases
+  // Keys read from config.json's entries that are not scalars (Llama's rope_scaling object), as
+  // (key, YAML text) pairs given the JSON text of the whole file; they replace what the scalar
+  // keys gave. An Error names the entry at fault. Empty function: none.
+  std::function<std::vector<std::pair<std::string, std::string>>(const std::string& config_json)> hf_config_keys;
   // The family's rules between its keys and the rest of the run; empty function: none.
   std::function<std::optional<ArgProblem>(const ModelArgs&, const ModelRunFacts&)> check;
 

@@ -35,6 +35,51 @@ const Tensor& GELU::do_backward(RunCtx& ctx, const Tensor& dy) {
   return dx_;
 }
 
+const Tensor& SiLU::do_forward(RunCtx& ctx, const Tensor& x) {
+  x_ = x;
+  ctx.ensure(y_, x.shape(), DType::f32);
+  ctx.kernels().silu_forward(y_.f32(), x.f32(), x.numel());
+  return y_;
+}
+
+const Tensor& SiLU::do_backward(RunCtx& ctx, const Tensor& dy) {
+  ctx.ensure(dx_, x_.shape(), DType::f32);
+  ctx.kernels().silu_backward(dx_.f32(), dy.f32(), x_.f32(), dy.numel());
+  return dx_;
+}
+
+RMSNorm::RMSNorm(const std::string& name, const std::string& type, int64_t C, float eps, float init)
+    : Layer(name, type), weight(add_param("weight", {C}, {ParamInit::Kind::constant, init, 0.0f})), C_(C), eps_(eps) {}
+
+const Tensor& RMSNorm::do_forward(RunCtx& ctx, const Tensor& x) {
+  x_ = x;
+  const int64_t rows = x.numel() / C_;
+  ctx.ensure(y_, x.shape(), DType::f32);
+  ctx.ensure(rstd_, {rows}, DType::f32);
+  ctx.kernels().rmsnorm_forward(y_.f32(), rstd_.f32(), x.f32(), weight.data, rows, C_, eps_);
+  return y_;
+}
+
+const Tensor& RMSNorm::do_backward(RunCtx& ctx, const Tensor& dy) {
+  ctx.ensure(dx_, x_.shape(), DType::f32);
+  if (residual_.defined() && residual_.shape() != x_.shape())
+    throw Error(name() + ": residual gradient " + shape_str(residual_.shape()) + " is not the input's " +
+                shape_str(x_.shape()));
+  ctx.kernels().rmsnorm_backward(dx_.f32(), residual_.defined() ? residual_.f32() : nullptr, weight.grad, dy.f32(),
+                                 x_.f32(), weight.data, rstd_.f32(), x_.numel() / C_, C_);
+  return dx_;
+}
+
+Tensor RMSNorm::backward_adding(RunCtx& ctx, const Tensor& dy, const Tensor& residual) {
+  residual_ = residual;
+  try {
+    return backward(ctx, dy);  // release_activations, at its end, drops the handle
+  } catch (...) {
+    residual_ = Tensor();  // a later plain backward must add nothing
+    throw;
+  }
+}
+
 const Tensor& Dropout::do_forward(RunCtx& ctx, const Tensor& x) {
   active_ = ctx.training && ctx.dropout && p_ > 0.0f;
   if (!active_) return x;

@@ -72,6 +72,18 @@ class GELU : public Layer {
   Tensor x_, y_, dx_;
 };
 
+// SiLU, torch.nn.SiLU (Llama's act_fn): x / (1 + exp(-x)).
+class SiLU : public Layer {
+ public:
+  explicit SiLU(const std::string& name) : Layer(name, "SiLUActivation") {}
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
+  void release_activations() override { x_ = y_ = dx_ = Tensor(); }
+
+ private:
+  Tensor x_, y_, dx_;
+};
+
 // Inverted dropout. The mask of element j of global sample n at step s is a counter-RNG draw
 // keyed by (seed, s) in the stream of this layer's name: independent of rank and world size.
 class Dropout : public Layer {
@@ -145,11 +157,52 @@ class LayerNorm : public Layer {
   Tensor residual_;  // during backward_adding only
 };
 
+// RMS norm: y = w * x / sqrt(mean(x^2) + eps); no mean subtraction, no bias: T5's T5LayerNorm
+// and Llama's LlamaRMSNorm (the same arithmetic in f32; `type` names the class). Weight (C) starts
+// at `init` (HF: initializer_factor for T5, 1 for Llama). x (..., C).
+class RMSNorm : public Layer {
+ public:
+  RMSNorm(const std::string& name, const std::string& type, int64_t C, float eps, float init = 1.0f);
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
+  // backward, returning residual + dx (as LayerNorm::backward_adding): the residual stream's
+  // gradient added in the pass that writes dx.
+  Tensor backward_adding(RunCtx& ctx, const Tensor& dy, const Tensor& residual);
+  void release_activations() override { x_ = y_ = rstd_ = dx_ = residual_ = Tensor(); }
+  Param& weight;
+
+ private:
+  int64_t C_;
+  float eps_;
+  Tensor x_, y_, rstd_, dx_;
+  Tensor residual_;  // during backward_adding only
+};
+
 // torch.nn.Embedding(n, C): weight (n, C) ~ N(0, 1). A parameter holder for Embeddings.
 class Embedding : public Module {
  public:
   Embedding(const std::string& name, int64_t n, int64_t C);
   Param& weight;
+};
+
+// A language model's head: logits = (scale * x) W^T, W (V, C) a weight of its own ("weight",
+// starting at `init`) or, tied, another module's (the input embedding's), used by reference;
+// `scale` applies to a tied head only (T5 rescales by d_model^-0.5; Llama does not).
+// x (..., C) -> (..., V).
+class LmHead : public Layer {
+ public:
+  LmHead(const std::string& name, int64_t C, int64_t V, ParamInit init, Param* tied = nullptr, float scale = 1.0f);
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
+  void release_activations() override { xs_ = scaled_ = y_ = dx_ = Tensor(); }
+  const Param& weight() const { return *weight_; }
+  float scale() const { return scale_; }
+
+ private:
+  int64_t C_, V_;
+  Param* weight_ = nullptr;
+  float scale_ = 1.0f;
+  Tensor xs_, scaled_, y_, dx_;
 };
 
 // Token + learned position embeddings: tokens (B, T) i32 -> (B, T, C). Module name "" so the

@@ -36,6 +36,44 @@ const Tensor& Linear::do_backward(RunCtx& ctx, const Tensor& dy) {
   return dx_;
 }
 
+LmHead::LmHead(const std::string& name, int64_t C, int64_t V, ParamInit init, Param* tied, float scale)
+    : Layer(name, "Linear"), C_(C), V_(V) {
+  if (tied) {
+    if (tied->shape != Shape{V, C})
+      throw Error(name + ": tied weight " + tied->name + " is " + shape_str(tied->shape) + ", not (" +
+                  std::to_string(V) + ", " + std::to_string(C) + ")");
+    weight_ = tied;
+    use_param(*tied);
+    scale_ = scale;
+  } else {
+    weight_ = &add_param("weight", {V, C}, init);
+  }
+}
+
+const Tensor& LmHead::do_forward(RunCtx& ctx, const Tensor& x) {
+  Kernels& kernels = ctx.kernels();
+  xs_ = x;
+  if (scale_ != 1.0f) {
+    ctx.ensure(scaled_, x.shape(), DType::f32);
+    kernels.cast(scaled_.raw(), DType::f32, x.raw(), DType::f32, x.numel());
+    kernels.scale(scaled_.f32(), scale_, x.numel());
+    xs_ = scaled_;
+  }
+  Shape ys = x.shape();
+  ys.back() = V_;
+  ctx.ensure(y_, ys, DType::f32);
+  kernels.linear_forward(y_.f32(), xs_.f32(), weight_->data, nullptr, x.numel() / C_, C_, V_);
+  return y_;
+}
+
+const Tensor& LmHead::do_backward(RunCtx& ctx, const Tensor& dy) {
+  ctx.ensure(dx_, xs_.shape(), DType::f32);
+  ctx.kernels().linear_backward(dx_.f32(), weight_->grad, nullptr, dy.f32(), xs_.f32(), weight_->data, xs_.numel() / C_,
+                                C_, V_);
+  if (scale_ != 1.0f) ctx.kernels().scale(dx_.f32(), scale_, dx_.numel());
+  return dx_;
+}
+
 Conv2d::Conv2d(const std::string& name, int64_t in, int64_t out, int64_t kernel, int64_t padding)
     : Layer(name, "Conv2d"),
       weight(add_param("weight", {out, in, kernel, kernel}, fan_in_uniform(in * kernel * kernel))),

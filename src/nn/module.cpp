@@ -8,10 +8,16 @@ namespace fsdp {
 
 void Param::init_values(float* out, int64_t offset, int64_t count, uint64_t seed) const {
   switch (init.kind) {
-    case ParamInit::Kind::uniform: init_uniform(out, count, offset, seed, name, init.a, init.b); return;
-    case ParamInit::Kind::normal: init_normal(out, count, offset, seed, name, init.a, init.b); return;
-    case ParamInit::Kind::constant: std::fill(out, out + count, init.a); return;
+    case ParamInit::Kind::uniform: init_uniform(out, count, offset, seed, name, init.a, init.b); break;
+    case ParamInit::Kind::normal: init_normal(out, count, offset, seed, name, init.a, init.b); break;
+    case ParamInit::Kind::constant: std::fill(out, out + count, init.a); break;
   }
+  if (init.zero_row < 0 || shape.size() != 2) return;
+  // The row's elements that fall in [offset, offset + count): the draws of the others stay put
+  // (every element's draw depends on its index alone).
+  const int64_t row_begin = init.zero_row * shape[1], row_end = row_begin + shape[1];
+  const int64_t begin = std::max(offset, row_begin), end = std::min(offset + count, row_end);
+  if (begin < end) std::fill(out + (begin - offset), out + (end - offset), 0.0f);
 }
 
 Param& Module::add_param(const std::string& local_name, Shape shape, ParamInit init) {

@@ -23,6 +23,9 @@ struct ParamInit {
   enum class Kind { uniform, normal, constant } kind = Kind::constant;
   float a = 0.0f;  // uniform: low;  normal: mean; constant: value
   float b = 0.0f;  // uniform: high; normal: std
+  // >= 0: this row of a 2-D parameter starts at zero whatever the kind (nn.Embedding's
+  // padding_idx, which HF's _init_weights zeroes after drawing the rest).
+  int64_t zero_row = -1;
 };
 
 struct Param {

@@ -160,6 +160,14 @@ class CpuKernels final : public Kernels {
 #pragma omp parallel for simd if (n > kParallelMin)
     for (int64_t i = 0; i < n; ++i) dx[i] = kmath::gelu_tanh_backward(dy[i], x[i]);
   }
+  void silu_forward(float* y, const float* x, int64_t n) override {
+#pragma omp parallel for simd if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) y[i] = kmath::silu_forward(x[i]);
+  }
+  void silu_backward(float* dx, const float* dy, const float* x, int64_t n) override {
+#pragma omp parallel for simd if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) dx[i] = kmath::silu_backward(dy[i], x[i]);
+  }
   void add(float* y, const float* a, const float* b, int64_t n) override { ops::add(y, a, b, n); }
   void add_inplace(float* y, const float* x, int64_t n) override { ops::add_inplace(y, x, n); }
 
@@ -284,6 +292,20 @@ class CpuKernels final : public Kernels {
 
   // y = w x s with s = (mean x^2 + eps)^-1/2, ds/dx_k = -s^3 x_k / C:
   // dx_k = s (g_k - x_k s^2 sum_j(g_j x_j) / C), g = dy * w.
+  void rope(float* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t heads, int64_t D, int64_t ld,
+            int64_t pos0, bool backward) override {
+    const int64_t half = D / 2;
+#pragma omp parallel for if (rows * heads * D > kParallelMin)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t p = pos0 + r % T;
+      const float* c = cos + p * half;
+      const float* s = sin + p * half;
+      for (int64_t h = 0; h < heads; ++h) {
+        float* head = x + r * ld + h * D;
+        for (int64_t i = 0; i < half; ++i) kmath::rope_pair(head + i, head + half + i, c[i], backward ? -s[i] : s[i]);
+      }
+    }
+  }
   void rmsnorm_backward(float* dx, const float* residual, float* dw, const float* dy, const float* x, const float* w,
                         const float* rstd, int64_t rows, int64_t C) override {
     // dw is a reduction over rows: serial in row order, so the sum never depends on the thread
@@ -419,6 +441,7 @@ class CpuKernels final : public Kernels {
                           int64_t C) override {
     // Serial: several positions may hit the same token row, and a fixed order keeps sums exact.
     for (int64_t i = 0; i < B * T; ++i) {
+      if (tokens[i] < 0) continue;  // nn.Embedding's padding_idx: no gradient (kernels.h)
       float* tg = dwte + static_cast<int64_t>(tokens[i]) * C;
       const float* gr = dy + i * C;
       if (!dwpe) {  // no position embedding (T5)

@@ -197,6 +197,25 @@ FSDP_HD inline float gelu_tanh_backward(float dy, float x) {
   return dy * fmaf(0.5f * x * sech2, dinner, 0.5f * (1.0f + t));
 }
 
+// --- SiLU (Llama's hidden_act "silu"): torch's x / (1 + exp(-x)) and its silu_backward,
+// dy * s * (1 + x * (1 - s)) with s = 1 / (1 + exp(-x)); the sum of a product as an explicit fmaf
+// so that host and device round it alike.
+FSDP_HD inline float silu_forward(float x) { return x / (1.0f + exp_f32(-x)); }
+FSDP_HD inline float silu_backward(float dy, float x) {
+  const float s = 1.0f / (1.0f + exp_f32(-x));
+  return dy * s * fmaf(x, 1.0f - s, 1.0f);
+}
+
+// --- Rotary position embedding (HF Llama's apply_rotary_pos_emb): element i < D/2 of a head and
+// element i + D/2 rotate together by the angle of (position, i): y = x * cos + rotate_half(x) *
+// sin, two products rounded and then added, as torch computes it. The backward is the same
+// rotation with sin negated: dx1 = dy1 c + dy2 s, dx2 = dy2 c - dy1 s (rotate_half's transpose).
+FSDP_HD inline void rope_pair(float* x1, float* x2, float c, float s) {
+  const float a = *x1, b = *x2;
+  *x1 = add_unfused(a * c, -(b * s));
+  *x2 = add_unfused(b * c, a * s);
+}
+
 // --- Optimizer updates of one element (optim/optimizer.cpp; madd -> fmaf, see the top).
 // momentum_buffer: null when !a.has_momentum.
 FSDP_HD inline void sgd_element(float& p, float g, float* momentum_buffer, const SgdArgs& a) {

@@ -114,6 +114,9 @@ class Kernels {
   // HF's NewGELUActivation ("gelu_new"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
   virtual void gelu_tanh_forward(float* y, const float* x, int64_t n) = 0;
   virtual void gelu_tanh_backward(float* dx, const float* dy, const float* x, int64_t n) = 0;
+  // SiLU, torch.nn.functional.silu: x / (1 + exp(-x)) (Llama's gate activation).
+  virtual void silu_forward(float* y, const float* x, int64_t n) = 0;
+  virtual void silu_backward(float* dx, const float* dy, const float* x, int64_t n) = 0;
   virtual void add(float* y, const float* a, const float* b, int64_t n) = 0;
   virtual void add_inplace(float* y, const float* x, int64_t n) = 0;
   virtual void mul(float* y, const float* a, const float* b, int64_t n) = 0;
@@ -155,6 +158,13 @@ class Kernels {
   // layernorm_backward), dw (C) += sum over rows of dy * x * rstd.
   virtual void rmsnorm_backward(float* dx, const float* residual, float* dw, const float* dy, const float* x,
                                 const float* w, const float* rstd, int64_t rows, int64_t C) = 0;
+  // Rotary position embedding in place (HF Llama's apply_rotary_pos_emb; kernel_math.h's
+  // rope_pair) on x: `rows` rows of `heads` heads of D, row r at x + r * ld, its head h at + h * D;
+  // row r is at position pos0 + r % T. cos and sin (positions, D/2): the angle of position p and
+  // pair i at [p * D/2 + i] (HF's cos_cached, whose two halves are equal). backward: the
+  // transpose (sin negated), turning the gradient of the rotated x into that of x.
+  virtual void rope(float* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t heads, int64_t D,
+                    int64_t ld, int64_t pos0, bool backward) = 0;
   // Attention softmax in place on P (B, H, Tq, Tk), raw scores on entry:
   // P = softmax_j(scores + bias[h, i, j]) over the unmasked j, exactly 0 at masked j.
   // bias (H, Tq, Tk): null for none. key_valid (B, Tk): null for all valid, else key j of sample
@@ -185,6 +195,7 @@ class Kernels {
   virtual void embedding_forward(float* y, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
                                  int64_t T, int64_t C) = 0;
   // dwte[tokens] += dy, dwpe[t] += dy (atomics on device: duplicates add up); dwpe null: skipped.
+  // A negative token adds nothing: nn.Embedding's padding_idx (the caller maps that id to -1).
   virtual void embedding_backward(float* dwte, float* dwpe, const float* dy, const int32_t* tokens, int64_t B,
                                   int64_t T, int64_t C) = 0;
 

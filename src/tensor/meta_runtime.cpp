@@ -56,6 +56,9 @@ class MetaKernels final : public Kernels {
   void gelu_backward(float*, const float*, const float*, int64_t) override {}
   void gelu_tanh_forward(float*, const float*, int64_t) override {}
   void gelu_tanh_backward(float*, const float*, const float*, int64_t) override {}
+  void silu_forward(float*, const float*, int64_t) override {}
+  void silu_backward(float*, const float*, const float*, int64_t) override {}
+  void rope(float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool) override {}
   void add(float*, const float*, const float*, int64_t) override {}
   void add_inplace(float*, const float*, int64_t) override {}
   void mul(float*, const float*, const float*, int64_t) override {}

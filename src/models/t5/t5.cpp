@@ -54,52 +54,6 @@ struct StackState {
   Tensor ones;                   // (B) ones: sums score gradients over samples with one GEMM
 };
 
-// T5LayerNorm: y = w * x / sqrt(mean(x^2) + eps); no mean subtraction, no bias.
-class T5LayerNorm : public Layer {
- public:
-  T5LayerNorm(const std::string& name, const T5Config& c)
-      : Layer(name, "T5LayerNorm"),
-        weight(add_param("weight", {c.d_model}, {ParamInit::Kind::constant, c.initializer_factor, 0.0f})),
-        C_(c.d_model),
-        eps_(c.layer_norm_epsilon) {}
-  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
-    x_ = x;
-    const int64_t rows = x.numel() / C_;
-    ctx.ensure(y_, x.shape(), DType::f32);
-    ctx.ensure(rstd_, {rows}, DType::f32);
-    ctx.kernels().rmsnorm_forward(y_.f32(), rstd_.f32(), x.f32(), weight.data, rows, C_, eps_);
-    return y_;
-  }
-  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
-    ctx.ensure(dx_, x_.shape(), DType::f32);
-    if (residual_.defined() && residual_.shape() != x_.shape())
-      throw Error(name() + ": residual gradient " + shape_str(residual_.shape()) + " is not the input's " +
-                  shape_str(x_.shape()));
-    ctx.kernels().rmsnorm_backward(dx_.f32(), residual_.defined() ? residual_.f32() : nullptr, weight.grad, dy.f32(),
-                                   x_.f32(), weight.data, rstd_.f32(), x_.numel() / C_, C_);
-    return dx_;
-  }
-  // backward, returning residual + dx (as LayerNorm::backward_adding): the residual stream's
-  // gradient added in the pass that writes dx.
-  Tensor backward_adding(RunCtx& ctx, const Tensor& dy, const Tensor& residual) {
-    residual_ = residual;
-    try {
-      return backward(ctx, dy);  // release_activations, at its end, drops the handle
-    } catch (...) {
-      residual_ = Tensor();  // a later plain backward must add nothing
-      throw;
-    }
-  }
-  void release_activations() override { x_ = y_ = rstd_ = dx_ = residual_ = Tensor(); }
-  Param& weight;
-
- private:
-  int64_t C_;
-  float eps_;
-  Tensor x_, y_, rstd_, dx_;
-  Tensor residual_;  // during backward_adding only
-};
-
 // T5Attention: q, k, v, o without bias; scores q.k unscaled, plus the position bias (self-
 // attention) and the masks; softmax; dropout on the probabilities. Self-attention: keys and
 // values from the input; cross-attention: from the encoder's output (StackState).
@@ -299,7 +253,8 @@ class Residual : public Layer {
            std::in_place_type_t<Sub>, Args&&... args)
       : Layer(name, type),
         sub_(&add_child<Sub>(child_name(sub_name), std::forward<Args>(args)...)),
-        norm_(&add_child<T5LayerNorm>(child_name("layer_norm"), c)),
+        norm_(&add_child<RMSNorm>(child_name("layer_norm"), "T5LayerNorm", c.d_model, c.layer_norm_epsilon,
+                                  c.initializer_factor)),
         dropout_(&add_child<Dropout>(child_name("dropout"), c.dropout_rate)) {}
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
     const Tensor f = dropout_->forward(ctx, sub_->forward(ctx, norm_->forward(ctx, x)));
@@ -317,11 +272,11 @@ class Residual : public Layer {
     for (Layer* l : std::array<Layer*, 3>{sub_, norm_, dropout_}) l->release_activations();
   }
   Layer& sub() const { return *sub_; }
-  const T5LayerNorm& norm() const { return *norm_; }
+  const RMSNorm& norm() const { return *norm_; }
 
  private:
   Layer* sub_;
-  T5LayerNorm* norm_;
+  RMSNorm* norm_;
   Dropout* dropout_;
   Tensor y_, dx_;
 };
@@ -443,7 +398,9 @@ class T5Stack : public Layer {
     for (int64_t i = 0; i < n; ++i)
       blocks_.push_back(
           &add_child<T5Block>(child_name("block." + std::to_string(i)), c, static_cast<size_t>(i), state_));
-    final_layer_norm = &add_child<T5LayerNorm>(child_name("final_layer_norm"), c);
+    // T5LayerNorm: nn's RMSNorm, its weight starting at initializer_factor.
+    final_layer_norm = &add_child<RMSNorm>(child_name("final_layer_norm"), "T5LayerNorm", c.d_model,
+                                           c.layer_norm_epsilon, c.initializer_factor);
     // HF calls one dropout module twice (after the embedding and after the final norm); two
     // here, each with its own mask stream.
     dropout_ = &add_child<Dropout>(child_name("dropout"), c.dropout_rate);
@@ -512,7 +469,7 @@ class T5Stack : public Layer {
     for (Layer* l : std::array<Layer*, 3>{final_layer_norm, dropout_, final_dropout_}) l->release_activations();
   }
 
-  T5LayerNorm* final_layer_norm = nullptr;
+  RMSNorm* final_layer_norm = nullptr;
 
  private:
   Embedding& shared_;
@@ -522,53 +479,6 @@ class T5Stack : public Layer {
   Dropout* dropout_ = nullptr;
   Dropout* final_dropout_ = nullptr;
   Tensor ids_, emb_, out_, none_;
-};
-
-// lm_head: logits = x W^T, W (V, C) its own weight, or shared.weight when tied (then x is first
-// scaled by d_model^-0.5, as HF does). x (B, L, C) -> (B, L, V).
-class LmHead : public Layer {
- public:
-  LmHead(const std::string& name, const T5Config& c, Embedding& shared)
-      : Layer(name, "Linear"), C_(c.d_model), V_(c.vocab_size) {
-    if (c.tie_word_embeddings) {
-      weight_ = &shared.weight;
-      use_param(shared.weight);
-      scale_ = static_cast<float>(std::pow(static_cast<double>(c.d_model), -0.5));
-    } else {
-      weight_ = &add_param("weight", {c.vocab_size, c.d_model}, normal_std(c.initializer_factor));
-    }
-  }
-  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
-    Kernels& kernels = ctx.kernels();
-    xs_ = x;
-    if (scale_ != 1.0f) {
-      ctx.ensure(scaled_, x.shape(), DType::f32);
-      kernels.cast(scaled_.raw(), DType::f32, x.raw(), DType::f32, x.numel());
-      kernels.scale(scaled_.f32(), scale_, x.numel());
-      xs_ = scaled_;
-    }
-    Shape ys = x.shape();
-    ys.back() = V_;
-    ctx.ensure(y_, ys, DType::f32);
-    kernels.linear_forward(y_.f32(), xs_.f32(), weight_->data, nullptr, x.numel() / C_, C_, V_);
-    return y_;
-  }
-  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
-    ctx.ensure(dx_, xs_.shape(), DType::f32);
-    ctx.kernels().linear_backward(dx_.f32(), weight_->grad, nullptr, dy.f32(), xs_.f32(), weight_->data,
-                                  xs_.numel() / C_, C_, V_);
-    if (scale_ != 1.0f) ctx.kernels().scale(dx_.f32(), scale_, dx_.numel());
-    return dx_;
-  }
-  void release_activations() override { xs_ = scaled_ = y_ = dx_ = Tensor(); }
-  const Param& weight() const { return *weight_; }
-  float scale() const { return scale_; }
-
- private:
-  int64_t C_, V_;
-  Param* weight_ = nullptr;
-  float scale_ = 1.0f;
-  Tensor xs_, scaled_, y_, dx_;
 };
 
 // generate()'s steps: the decoder's own forward, one position per running sequence per step, its
@@ -662,7 +572,11 @@ class T5Model : public Model {
     shared_->weight.init = normal_std(c.initializer_factor);
     encoder_ = &add_child<T5Stack>("encoder", c_, *shared_, false);
     decoder_ = &add_child<T5Stack>("decoder", c_, *shared_, true);
-    lm_head_ = &add_child<LmHead>("lm_head", c_, *shared_);
+    // lm_head: its own weight, or shared.weight when tied (then x is first scaled by d_model^-0.5,
+    // as HF does).
+    lm_head_ = &add_child<LmHead>("lm_head", c.d_model, c.vocab_size, normal_std(c.initializer_factor),
+                                  c.tie_word_embeddings ? &shared_->weight : nullptr,
+                                  static_cast<float>(std::pow(static_cast<double>(c.d_model), -0.5)));
   }
   std::vector<std::string> block_types() const override { return {"T5Block"}; }
 

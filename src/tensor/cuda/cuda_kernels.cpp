@@ -239,6 +239,16 @@ void CudaKernels::gelu_tanh_forward(float* y, const float* x, int64_t n) {
 void CudaKernels::gelu_tanh_backward(float* dx, const float* dy, const float* x, int64_t n) {
   launch::elementwise(launch::Unary::gelu_tanh_backward, dx, dy, x, n, stream_);
 }
+void CudaKernels::silu_forward(float* y, const float* x, int64_t n) {
+  launch::elementwise(launch::Unary::silu_forward, y, x, nullptr, n, stream_);
+}
+void CudaKernels::silu_backward(float* dx, const float* dy, const float* x, int64_t n) {
+  launch::elementwise(launch::Unary::silu_backward, dx, dy, x, n, stream_);
+}
+void CudaKernels::rope(float* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t heads, int64_t D,
+                       int64_t ld, int64_t pos0, bool backward) {
+  launch::rope(x, cos, sin, rows, T, heads, D, ld, pos0, backward, stream_);
+}
 void CudaKernels::add(float* y, const float* a, const float* b, int64_t n) {
   launch::elementwise(launch::Unary::add, y, a, b, n, stream_);
 }

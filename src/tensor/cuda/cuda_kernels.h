@@ -69,6 +69,10 @@ class CudaKernels final : public Kernels {
   void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) override;
   void gelu_tanh_forward(float* y, const float* x, int64_t n) override;
   void gelu_tanh_backward(float* dx, const float* dy, const float* x, int64_t n) override;
+  void silu_forward(float* y, const float* x, int64_t n) override;
+  void silu_backward(float* dx, const float* dy, const float* x, int64_t n) override;
+  void rope(float* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t heads, int64_t D, int64_t ld,
+            int64_t pos0, bool backward) override;
   void add(float* y, const float* a, const float* b, int64_t n) override;
   void add_inplace(float* y, const float* x, int64_t n) override;
   void mul(float* y, const float* a, const float* b, int64_t n) override;

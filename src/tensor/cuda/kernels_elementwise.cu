@@ -16,6 +16,8 @@ __device__ inline float apply(Unary op, float a, float b, float y) {
     case Unary::gelu_backward: return kmath::gelu_backward(a, b);
     case Unary::gelu_tanh_forward: return kmath::gelu_tanh_forward(a);
     case Unary::gelu_tanh_backward: return kmath::gelu_tanh_backward(a, b);
+    case Unary::silu_forward: return kmath::silu_forward(a);
+    case Unary::silu_backward: return kmath::silu_backward(a, b);
     case Unary::add: return a + b;
     case Unary::add_inplace: return y + a;
     case Unary::mul: return a * b;
@@ -24,6 +26,7 @@ __device__ inline float apply(Unary op, float a, float b, float y) {
 }
 __host__ __device__ inline bool reads_b(Unary op) {
   return op == Unary::relu_backward || op == Unary::gelu_backward || op == Unary::gelu_tanh_backward ||
+         op == Unary::silu_backward ||
          op == Unary::add || op == Unary::mul;
 }
 // Four elements a thread with 16-byte accesses (all of y, a and b aligned to 16 bytes): the

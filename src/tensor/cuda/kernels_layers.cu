@@ -99,6 +99,17 @@ __global__ void maxpool2_backward_k(float* dx, const float* dy, const int32_t* a
     dx[p * H * W + argmax[i]] += dy[i];
   }
 }
+// One thread per rotated pair: (rows, heads, D/2).
+__global__ void rope_k(float* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t heads,
+                       int64_t D, int64_t ld, int64_t pos0, bool backward) {
+  const int64_t half = D / 2, n = rows * heads * half;
+  for (int64_t k = gtid(); k < n; k += gstride()) {
+    const int64_t i = k % half, h = (k / half) % heads, r = k / (half * heads);
+    const int64_t at = (pos0 + r % T) * half + i;
+    float* head = x + r * ld + h * D;
+    kmath::rope_pair(head + i, head + half + i, cos[at], backward ? -sin[at] : sin[at]);
+  }
+}
 __global__ void embedding_forward_k(float* y, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
                                     int64_t T, int64_t C) {
   for (int64_t i = gtid(); i < B * T * C; i += gstride()) {
@@ -111,6 +122,7 @@ __global__ void embedding_backward_k(float* dwte, float* dwpe, const float* dy, 
                                      int64_t T, int64_t C) {
   for (int64_t i = gtid(); i < B * T * C; i += gstride()) {
     int64_t c = i % C, bt = i / C, t = bt % T;
+    if (tokens[bt] < 0) continue;  // nn.Embedding's padding_idx: no gradient (kernels.h)
     atomicAdd(&dwte[static_cast<int64_t>(tokens[bt]) * C + c], dy[i]);
     if (dwpe) atomicAdd(&dwpe[t * C + c], dy[i]);
   }
@@ -173,6 +185,13 @@ void maxpool2_backward(float* dx, const float* dy, const int32_t* argmax, int64_
   if (n == 0) return;
   maxpool2_backward_k<<<blocks_for(n), kThreads, 0, s>>>(dx, dy, argmax, planes, H, W);
   check_launch("maxpool2_backward");
+}
+void rope(float* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t heads, int64_t D, int64_t ld,
+          int64_t pos0, bool backward, cudaStream_t s) {
+  const int64_t n = rows * heads * (D / 2);
+  if (n == 0) return;
+  rope_k<<<blocks_for(n), kThreads, 0, s>>>(x, cos, sin, rows, T, heads, D, ld, pos0, backward);
+  check_launch("rope");
 }
 void embedding_forward(float* y, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
                        int64_t C, cudaStream_t s) {

@@ -26,6 +26,8 @@ enum class Unary : uint8_t {
   gelu_backward,
   gelu_tanh_forward,
   gelu_tanh_backward,
+  silu_forward,
+  silu_backward,
   add,
   add_inplace,
   mul
@@ -60,6 +62,8 @@ void relative_bias_backward(float* dtable, const float* dS, const int32_t* bucke
 void maxpool2_forward(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W, cudaStream_t s);
 void maxpool2_backward(float* dx, const float* dy, const int32_t* argmax, int64_t planes, int64_t H, int64_t W,
                        cudaStream_t s);
+void rope(float* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t heads, int64_t D, int64_t ld,
+          int64_t pos0, bool backward, cudaStream_t s);
 void embedding_forward(float* y, const int32_t* tokens, const float* wte, const float* wpe, int64_t B, int64_t T,
                        int64_t C, cudaStream_t s);
 void embedding_backward(float* dwte, float* dwpe, const float* dy, const int32_t* tokens, int64_t B, int64_t T,

@@ -1,0 +1,390 @@
+// LlamaForCausalLM as a module tree (models/llama/llama.h). Every piece is a Layer (one input, one
+// output), so FSDP units, hooks and activation checkpointing work on any of them; the rotary
+// tables every attention reads live in the model's LlamaState. Shapes: B batch, T positions, C
+// hidden_size, H heads, G key/value heads (num_key_value_heads), R = H / G query heads per key/value
+// head, D = C / H head dim, I intermediate_size, V vocab.
+#include "models/llama/llama.h"
+
+#include <array>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "nn/layers.h"
+#include "tensor/error.h"
+
+namespace fsdp {
+
+void llama_rope_tables(float* cos, float* sin, int64_t positions, int64_t head_dim, double theta,
+                       double scaling_factor) {
+  const int64_t half = head_dim / 2;
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {  // 1.0 / (base ** (arange(0, dim, 2).float() / dim)), in f32
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    inv_freq[static_cast<size_t>(i)] = 1.0f / std::pow(static_cast<float>(theta), exponent);
+  }
+  const auto scale = static_cast<float>(scaling_factor);
+  for (int64_t p = 0; p < positions; ++p) {
+    // t = arange(positions) (/ scaling_factor), freqs = outer(t, inv_freq), then cos and sin.
+    const float t = scale == 1.0f ? static_cast<float>(p) : static_cast<float>(p) / scale;
+    for (int64_t i = 0; i < half; ++i) {
+      const float f = t * inv_freq[static_cast<size_t>(i)];
+      cos[p * half + i] = std::cos(f);
+      sin[p * half + i] = std::sin(f);
+    }
+  }
+}
+
+namespace {
+
+ParamInit normal_std(double std) { return {ParamInit::Kind::normal, 0.0f, static_cast<float>(std)}; }
+
+// A Linear initialised as HF's LlamaPreTrainedModel._init_weights does: N(0, initializer_range),
+// bias zero.
+void hf_init(Linear& l, const LlamaConfig& c) {
+  l.weight.init = normal_std(c.initializer_range);
+  if (l.bias) l.bias->init = {ParamInit::Kind::constant, 0.0f, 0.0f};
+}
+
+// What every block reads: the rotary tables of positions [0, positions), made once per length on
+// the host and put where the kernels run.
+struct LlamaState {
+  Tensor cos, sin;  // (positions, D/2)
+  int64_t positions = 0;
+};
+
+// LlamaAttention: q_proj (H*D, C), k_proj and v_proj (G*D, C), o_proj (C, H*D); rotary embedding
+// on q and k; scores q.k / sqrt(D), causal softmax, dropout; query head h reads key/value head
+// h / R (HF's repeat_kv). x (B, T, C) -> (B, T, C).
+class LlamaAttention : public Layer {
+ public:
+  LlamaAttention(const std::string& name, const LlamaConfig& c, LlamaState& state)
+      : Layer(name, "LlamaAttention"),
+        q_proj(add_child<Linear>(child_name("q_proj"), c.hidden_size, c.hidden_size, c.attention_bias)),
+        k_proj(add_child<Linear>(child_name("k_proj"), c.hidden_size, kv_width(c), c.attention_bias)),
+        v_proj(add_child<Linear>(child_name("v_proj"), c.hidden_size, kv_width(c), c.attention_bias)),
+        o_proj(add_child<Linear>(child_name("o_proj"), c.hidden_size, c.hidden_size, c.attention_bias)),
+        dropout(add_child<Dropout>(child_name("attention_dropout"), c.attention_dropout)),
+        H_(c.num_attention_heads),
+        G_(c.num_key_value_heads),
+        D_(c.hidden_size / c.num_attention_heads),
+        state_(state) {
+    for (Linear* l : {&q_proj, &k_proj, &v_proj, &o_proj}) hf_init(*l, c);
+  }
+
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
+    const int64_t B = x.dim(0), T = x.dim(1);
+    Kernels& kernels = ctx.kernels();
+    // The projections' outputs, rotated in place: what the scores and their gradients read.
+    Q_ = q_proj.forward(ctx, x);
+    K_ = k_proj.forward(ctx, x);
+    V_ = v_proj.forward(ctx, x);
+    kernels.rope(Q_.f32(), state_.cos.f32(), state_.sin.f32(), B * T, T, H_, D_, H_ * D_, 0, false);
+    kernels.rope(K_.f32(), state_.cos.f32(), state_.sin.f32(), B * T, T, G_, D_, G_ * D_, 0, false);
+    ctx.ensure(probs_, {B, H_, T, T}, DType::f32);
+    const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D_)));
+    each_group(B, T, [&](const Heads& h) {  // scores (T, T) = q_h k_g^T / sqrt(D)
+      kernels.gemm_strided_batched(false, true, T, T, D_, scale, Q_.f32() + h.q, H_ * D_, h.q_stride, K_.f32() + h.kv,
+                                   G_ * D_, D_, 0.0f, probs_.f32() + h.p, T, h.p_stride, G_);
+    });
+    kernels.attention_softmax_forward(probs_.f32(), nullptr, nullptr, true, B, H_, T, T);
+    dropped_ = dropout.forward(ctx, probs_);
+    ctx.ensure(y_, {B, T, H_ * D_}, DType::f32);
+    each_group(B, T, [&](const Heads& h) {  // y_h (T, D) = P_h (T, T) @ v_g (T, D), heads side by side
+      kernels.gemm_strided_batched(false, false, T, D_, T, 1.0f, dropped_.f32() + h.p, T, h.p_stride, V_.f32() + h.kv,
+                                   G_ * D_, D_, 0.0f, y_.f32() + h.q, H_ * D_, h.q_stride, G_);
+    });
+    out_ = o_proj.forward(ctx, y_);
+    return out_;
+  }
+
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
+    const int64_t B = Q_.dim(0), T = Q_.dim(1);
+    Kernels& kernels = ctx.kernels();
+    const Tensor dY = o_proj.backward(ctx, dy);  // (B, T, H*D)
+    ctx.ensure(dV_, V_.shape(), DType::f32);
+    ctx.ensure(dP_, probs_.shape(), DType::f32);
+    // A key/value head's gradient sums its R query heads' (repeat_kv's backward): the first writes
+    // (beta 0), the others add (beta 1).
+    each_group(B, T, [&](const Heads& h) {
+      // dv_g (T, D) += P_h^T @ dy_h ; dP_h (T, T) = dy_h @ v_g^T
+      kernels.gemm_strided_batched(true, false, T, D_, T, 1.0f, dropped_.f32() + h.p, T, h.p_stride, dY.f32() + h.q,
+                                   H_ * D_, h.q_stride, h.first ? 0.0f : 1.0f, dV_.f32() + h.kv, G_ * D_, D_, G_);
+      kernels.gemm_strided_batched(false, true, T, T, D_, 1.0f, dY.f32() + h.q, H_ * D_, h.q_stride, V_.f32() + h.kv,
+                                   G_ * D_, D_, 0.0f, dP_.f32() + h.p, T, h.p_stride, G_);
+    });
+    Tensor dS = dropout.backward(ctx, dP_);  // writable: dP_ itself, or the dropout's own dx
+    kernels.softmax_backward(dS.f32(), probs_.f32(), B * H_ * T, T);
+    ctx.ensure(dQ_, Q_.shape(), DType::f32);
+    ctx.ensure(dK_, K_.shape(), DType::f32);
+    const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D_)));
+    each_group(B, T, [&](const Heads& h) {
+      // dq_h = scale dS_h @ k_g ; dk_g += scale dS_h^T @ q_h
+      kernels.gemm_strided_batched(false, false, T, D_, T, scale, dS.f32() + h.p, T, h.p_stride, K_.f32() + h.kv,
+                                   G_ * D_, D_, 0.0f, dQ_.f32() + h.q, H_ * D_, h.q_stride, G_);
+      kernels.gemm_strided_batched(true, false, T, D_, T, scale, dS.f32() + h.p, T, h.p_stride, Q_.f32() + h.q, H_ * D_,
+                                   h.q_stride, h.first ? 0.0f : 1.0f, dK_.f32() + h.kv, G_ * D_, D_, G_);
+    });
+    // The gradients of the rotated q and k become those of the projections' outputs.
+    kernels.rope(dQ_.f32(), state_.cos.f32(), state_.sin.f32(), B * T, T, H_, D_, H_ * D_, 0, true);
+    kernels.rope(dK_.f32(), state_.cos.f32(), state_.sin.f32(), B * T, T, G_, D_, G_ * D_, 0, true);
+    const Tensor dq = q_proj.backward(ctx, dQ_), dk = k_proj.backward(ctx, dK_), dv = v_proj.backward(ctx, dV_);
+    ctx.ensure(dx_, dq.shape(), DType::f32);
+    kernels.add(dx_.f32(), dq.f32(), dk.f32(), dq.numel());
+    kernels.add_inplace(dx_.f32(), dv.f32(), dv.numel());
+    return dx_;
+  }
+
+  void release_activations() override {
+    Q_ = K_ = V_ = probs_ = dropped_ = y_ = out_ = dV_ = dP_ = dQ_ = dK_ = dx_ = Tensor();
+    for (Layer* l : std::array<Layer*, 5>{&q_proj, &k_proj, &v_proj, &o_proj, &dropout}) l->release_activations();
+  }
+
+  Linear& q_proj;
+  Linear& k_proj;
+  Linear& v_proj;
+  Linear& o_proj;
+  Dropout& dropout;  // on the probabilities (HF: F.dropout(p=attention_dropout))
+
+ private:
+  static int64_t kv_width(const LlamaConfig& c) {
+    return c.num_key_value_heads * (c.hidden_size / c.num_attention_heads);
+  }
+
+  // One batched GEMM's worth of heads: query heads g * R + r of sample b for g = 0..G-1 (element
+  // offsets into the (B, T, H*D) q side, the (B, T, G*D) k/v side and the (B, H, T, T) scores,
+  // and the strides between consecutive g). first: r == 0.
+  struct Heads {
+    int64_t q, kv, p, q_stride, p_stride;
+    bool first;
+  };
+  template <class Fn>
+  void each_group(int64_t B, int64_t T, Fn&& fn) const {
+    const int64_t R = H_ / G_;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t r = 0; r < R; ++r)
+        fn(Heads{b * T * H_ * D_ + r * D_, b * T * G_ * D_, (b * H_ + r) * T * T, R * D_, R * T * T, r == 0});
+  }
+
+  int64_t H_, G_, D_;
+  LlamaState& state_;
+  Tensor Q_, K_, V_;  // (B, T, H*D), (B, T, G*D) x2: rotated q and k, v
+  Tensor probs_;      // (B, H, T, T) softmax probabilities
+  Tensor dropped_;    // the same after dropout (probs_ itself when dropout is off)
+  Tensor y_, out_;    // (B, T, H*D) heads side by side; (B, T, C) after o_proj
+  Tensor dV_, dP_, dQ_, dK_, dx_;
+};
+
+// LlamaMLP: down_proj(silu(gate_proj(x)) * up_proj(x)). x (B, T, C) -> (B, T, C), I in between.
+class LlamaMLP : public Layer {
+ public:
+  LlamaMLP(const std::string& name, const LlamaConfig& c)
+      : Layer(name, "LlamaMLP"),
+        gate_proj(add_child<Linear>(child_name("gate_proj"), c.hidden_size, c.intermediate_size, false)),
+        up_proj(add_child<Linear>(child_name("up_proj"), c.hidden_size, c.intermediate_size, false)),
+        down_proj(add_child<Linear>(child_name("down_proj"), c.intermediate_size, c.hidden_size, false)),
+        act_fn(add_child<SiLU>(child_name("act_fn"))) {
+    for (Linear* l : {&gate_proj, &up_proj, &down_proj}) hf_init(*l, c);
+  }
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
+    act_ = act_fn.forward(ctx, gate_proj.forward(ctx, x));
+    up_ = up_proj.forward(ctx, x);
+    ctx.ensure(h_, act_.shape(), DType::f32);
+    ctx.kernels().mul(h_.f32(), act_.f32(), up_.f32(), h_.numel());
+    out_ = down_proj.forward(ctx, h_);
+    return out_;
+  }
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
+    const Tensor dh = down_proj.backward(ctx, dy);
+    Kernels& kernels = ctx.kernels();
+    ctx.ensure(dact_, dh.shape(), DType::f32);
+    ctx.ensure(dup_, dh.shape(), DType::f32);
+    kernels.mul(dact_.f32(), dh.f32(), up_.f32(), dh.numel());
+    kernels.mul(dup_.f32(), dh.f32(), act_.f32(), dh.numel());
+    const Tensor dg = gate_proj.backward(ctx, act_fn.backward(ctx, dact_));
+    const Tensor du = up_proj.backward(ctx, dup_);
+    ctx.ensure(dx_, dg.shape(), DType::f32);
+    kernels.add(dx_.f32(), dg.f32(), du.f32(), dg.numel());
+    return dx_;
+  }
+  void release_activations() override {
+    act_ = up_ = h_ = out_ = dact_ = dup_ = dx_ = Tensor();
+    for (Layer* l : std::array<Layer*, 4>{&gate_proj, &up_proj, &down_proj, &act_fn}) l->release_activations();
+  }
+
+  Linear& gate_proj;
+  Linear& up_proj;
+  Linear& down_proj;
+  SiLU& act_fn;
+
+ private:
+  Tensor act_, up_, h_, out_, dact_, dup_, dx_;
+};
+
+// LlamaDecoderLayer: h = x + self_attn(input_layernorm(x)); y = h + mlp(post_attention_layernorm(h)).
+// Registered as HF registers it (self_attn, mlp, then the norms). The transformer_layer policy's unit.
+class LlamaDecoderLayer : public Layer {
+ public:
+  LlamaDecoderLayer(const std::string& name, const LlamaConfig& c, LlamaState& state)
+      : Layer(name, "LlamaDecoderLayer"),
+        self_attn(add_child<LlamaAttention>(child_name("self_attn"), c, state)),
+        mlp(add_child<LlamaMLP>(child_name("mlp"), c)),
+        input_layernorm(
+            add_child<RMSNorm>(child_name("input_layernorm"), "LlamaRMSNorm", c.hidden_size, c.rms_norm_eps)),
+        post_attention_layernorm(add_child<RMSNorm>(child_name("post_attention_layernorm"), "LlamaRMSNorm",
+                                                    c.hidden_size, c.rms_norm_eps)) {}
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
+    Kernels& kernels = ctx.kernels();
+    const Tensor a = self_attn.forward(ctx, input_layernorm.forward(ctx, x));
+    ctx.ensure(h_, x.shape(), DType::f32);
+    kernels.add(h_.f32(), x.f32(), a.f32(), x.numel());
+    const Tensor m = mlp.forward(ctx, post_attention_layernorm.forward(ctx, h_));
+    ctx.ensure(y_, x.shape(), DType::f32);
+    kernels.add(y_.f32(), h_.f32(), m.f32(), x.numel());
+    return y_;
+  }
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
+    // Each residual's gradient added in its norm's own dx pass.
+    const Tensor dh = post_attention_layernorm.backward_adding(ctx, mlp.backward(ctx, dy), dy);
+    dx_ = input_layernorm.backward_adding(ctx, self_attn.backward(ctx, dh), dh);
+    return dx_;
+  }
+  void release_activations() override {
+    h_ = y_ = dx_ = Tensor();
+    for (Layer* l : std::array<Layer*, 4>{&self_attn, &mlp, &input_layernorm, &post_attention_layernorm})
+      l->release_activations();
+  }
+
+  LlamaAttention& self_attn;
+  LlamaMLP& mlp;
+  RMSNorm& input_layernorm;
+  RMSNorm& post_attention_layernorm;
+
+ private:
+  Tensor h_, y_, dx_;
+};
+
+// LlamaModel ("model"): embed_tokens, the decoder layers, norm. ids (B, T) i32 -> (B, T, C).
+class LlamaModel : public Layer {
+ public:
+  LlamaModel(const std::string& name, const LlamaConfig& c) : Layer(name, "LlamaModel"), c_(c) {
+    embed_tokens = &add_child<Embedding>(child_name("embed_tokens"), c.vocab_size, c.hidden_size);
+    embed_tokens->weight.init = normal_std(c.initializer_range);
+    embed_tokens->weight.init.zero_row = c.pad_token_id;
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+      layers_.push_back(&add_child<LlamaDecoderLayer>(child_name("layers." + std::to_string(i)), c, state_));
+    norm = &add_child<RMSNorm>(child_name("norm"), "LlamaRMSNorm", c.hidden_size, c.rms_norm_eps);
+    need_input_grad = false;
+  }
+
+  const Tensor& do_forward(RunCtx& ctx, const Tensor& ids) override {
+    const int64_t B = ids.dim(0), T = ids.dim(1), C = c_.hidden_size;
+    ensure_rope_tables(ctx, T);
+    ids_ = ids;
+    ctx.pre_forward(*embed_tokens);  // read here, not called: its hooks run here (size_based may make it a unit)
+    ctx.ensure(emb_, {B, T, C}, DType::f32);
+    ctx.kernels().embedding_forward(emb_.f32(), ids.i32(), embed_tokens->weight.data, nullptr, B, T, C);
+    ctx.post_forward(*embed_tokens);
+    Tensor h = emb_;
+    for (LlamaDecoderLayer* l : layers_) h = l->forward(ctx, h);
+    out_ = norm->forward(ctx, h);
+    return out_;
+  }
+
+  const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
+    Tensor d = norm->backward(ctx, dy);
+    for (size_t i = layers_.size(); i-- > 0;) d = layers_[i]->backward(ctx, d);
+    ctx.pre_backward(*embed_tokens);
+    ctx.kernels().embedding_backward(embed_tokens->weight.grad, nullptr, d.f32(), grad_ids(ctx).i32(), ids_.dim(0),
+                                     ids_.dim(1), c_.hidden_size);
+    ctx.post_backward(*embed_tokens);
+    return none_;  // token ids have no gradient
+  }
+
+  void release_activations() override {
+    ids_ = emb_ = out_ = pad_masked_ = Tensor();
+    for (LlamaDecoderLayer* l : layers_) l->release_activations();
+    norm->release_activations();
+  }
+
+  Embedding* embed_tokens = nullptr;
+  RMSNorm* norm = nullptr;
+
+ private:
+  // The tables of positions [0, T): made on the host, put where the kernels run, kept for the
+  // next batch of the same length.
+  void ensure_rope_tables(RunCtx& ctx, int64_t T) {
+    if (state_.positions == T) return;
+    const int64_t half = c_.hidden_size / c_.num_attention_heads / 2;
+    Tensor cos = Tensor::empty({T, half}, DType::f32, MemCategory::activations, ctx.mem);
+    Tensor sin = Tensor::empty({T, half}, DType::f32, MemCategory::activations, ctx.mem);
+    llama_rope_tables(cos.f32(), sin.f32(), T, 2 * half, c_.rope_theta, c_.rope_scaling_factor);
+    const bool device = ctx.runtime && ctx.runtime->device() != Device::cpu;
+    state_.cos = device ? to_device(*ctx.runtime, cos, MemCategory::activations) : cos;
+    state_.sin = device ? to_device(*ctx.runtime, sin, MemCategory::activations) : sin;
+    state_.positions = T;
+  }
+
+  // The ids the embedding's gradient reads: the inputs, or with a padding_idx a copy with that id
+  // as -1 (nn.Embedding gives its row no gradient; the kernel skips negative ids).
+  const Tensor& grad_ids(RunCtx& ctx) {
+    if (c_.pad_token_id < 0) return ids_;
+    const bool device = ids_.device() != Device::cpu;
+    Tensor host = device ? to_host(*ctx.runtime, ids_, MemCategory::activations, ctx.mem)
+                         : Tensor::empty(ids_.shape(), DType::i32, MemCategory::activations, ctx.mem);
+    const int32_t* src = device ? host.i32() : ids_.i32();
+    for (int64_t i = 0; i < ids_.numel(); ++i) host.i32()[i] = src[i] == c_.pad_token_id ? -1 : src[i];
+    pad_masked_ = device ? to_device(*ctx.runtime, host, MemCategory::activations) : host;
+    return pad_masked_;
+  }
+
+  const LlamaConfig& c_;
+  LlamaState state_;
+  std::vector<LlamaDecoderLayer*> layers_;
+  Tensor ids_, emb_, out_, none_;
+  Tensor pad_masked_;  // (B, T) i32: ids with the padding id as -1, during backward
+};
+
+class LlamaForCausalLM : public Model {
+ public:
+  explicit LlamaForCausalLM(const LlamaConfig& c)
+      : Model("LlamaForCausalLM", std::make_unique<CrossEntropyLoss>(kIgnoreIndex)), c_(c) {
+    model_ = &add_child<LlamaModel>("model", c_);
+    lm_head_ = &add_child<LmHead>("lm_head", c.hidden_size, c.vocab_size, normal_std(c.initializer_range),
+                                  c.tie_word_embeddings ? &model_->embed_tokens->weight : nullptr);
+  }
+  std::vector<std::string> block_types() const override { return {"LlamaDecoderLayer"}; }
+
+ protected:
+  Tensor run_forward(RunCtx& ctx, const Tensor& inputs, const Tensor& targets) override {
+    if (inputs.ndim() != 2 || targets.shape() != inputs.shape())
+      throw Error("llama: inputs " + shape_str(inputs.shape()) + " and targets " + shape_str(targets.shape()) +
+                  " are not both (B, T)");
+    return lm_head_->forward(ctx, model_->forward(ctx, inputs));
+  }
+  Tensor run_backward(RunCtx& ctx, const Tensor& d_logits) override {
+    model_->backward(ctx, lm_head_->backward(ctx, d_logits));
+    return Tensor();
+  }
+
+ private:
+  static constexpr int32_t kIgnoreIndex = -100;
+  LlamaConfig c_;
+  LlamaModel* model_ = nullptr;
+  LmHead* lm_head_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_llama(const LlamaConfig& config) {
+  if (config.hidden_size % config.num_attention_heads != 0 ||
+      config.num_attention_heads % config.num_key_value_heads != 0 ||
+      (config.hidden_size / config.num_attention_heads) % 2 != 0)
+    throw Error("llama: hidden_size " + std::to_string(config.hidden_size) + ", num_attention_heads " +
+                std::to_string(config.num_attention_heads) + " and num_key_value_heads " +
+                std::to_string(config.num_key_value_heads) +
+                " need heads dividing the width, key/value heads dividing the heads and an even head dim");
+  return std::make_unique<LlamaForCausalLM>(config);
+}
+
+}  // namespace fsdp
