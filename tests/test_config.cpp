@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -981,6 +982,64 @@ BOOST_AUTO_TEST_CASE(every_family_table_is_consistent) {
 
 // A family with an HF model_type: its config.json, as fsdp_ckpt export-hf writes it, read back as
 // a model folder (model.init_from) gives the same keys, for the defaults and for every preset.
+// A Llama folder's config.json: rope_scaling's object becomes two keys (and comes back as the
+// object), null keys take LlamaConfig's defaults, and a scaling not implemented is one line.
+BOOST_AUTO_TEST_CASE(llama_config_json_rope_scaling_and_nulls) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("fsdp_llama_hf_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string json = (dir / "config.json").string();
+  auto write = [&](const std::string& text) { std::ofstream(json) << text; };
+  const std::string yaml = "model: {init_from: " + dir.string() + "}\ndata: {kind: synthetic}\n";
+  write(R"({"model_type": "llama", "hidden_size": 128, "num_attention_heads": 8, "num_key_value_heads": null,
+            "pad_token_id": null, "rope_scaling": {"type": "linear", "factor": 4.0}, "rope_theta": 500000.0})");
+  const Config c = parse_config(yaml, "in.yaml");
+  BOOST_TEST((c.model.kind == "llama"));
+  BOOST_TEST(c.model.args.i64("num_key_value_heads") == 8);  // null: num_attention_heads, as LlamaConfig
+  BOOST_TEST(c.model.args.i64("pad_token_id") == -1);
+  BOOST_TEST((c.model.args.text("rope_scaling_type") == "linear"));
+  BOOST_TEST(c.model.args.f64("rope_scaling_factor") == 4.0);
+  BOOST_TEST(c.model.args.f64("rope_theta") == 500000.0);
+  BOOST_TEST(c.model.args.i64("intermediate_size") == 11008);  // LlamaConfig's default
+  const std::string out = fsdp::hf_config_json(c.model, "float32");
+  BOOST_TEST(out.find("\"rope_scaling\": {\n    \"type\": \"linear\",\n    \"factor\": 4.0\n  }") != std::string::npos,
+             out);
+  BOOST_TEST(out.find("\"pad_token_id\": null") != std::string::npos);
+  write(R"({"model_type": "llama", "rope_scaling": null})");
+  BOOST_TEST((parse_config(yaml, "in.yaml").model.args.text("rope_scaling_type") == "none"));
+  write(R"({"model_type": "llama", "rope_scaling": {"type": "dynamic", "factor": 2.0}})");
+  BOOST_TEST(error_of(yaml) == "in.yaml:1: model.init_from: " + json +
+                                   ": rope_scaling type 'dynamic' is not implemented (model.kind llama has none and "
+                                   "linear)");
+  write(R"({"model_type": "llama", "rope_scaling": 2})");
+  BOOST_TEST(error_of(yaml) == "in.yaml:1: model.init_from: " + json +
+                                   ": rope_scaling is 2, not null or {\"type\": \"linear\", \"factor\": F}");
+  fs::remove_all(dir);
+}
+
+// Each Llama preset builds the hub model's parameter count (module tree only: nothing allocated).
+BOOST_AUTO_TEST_CASE(llama_presets_have_the_hub_parameter_counts) {
+  const fsdp::ModelFamily& f = fsdp::family_of("llama");
+  const std::map<std::string, int64_t> hub = {
+      {"TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", 1'100'048'384},
+      {"meta-llama/Llama-2-7b-hf", 6'738'415'616},
+      {"meta-llama/Llama-2-13b-hf", 13'015'864'320},
+      {"meta-llama/Llama-2-70b-hf", 68'976'648'192},
+      {"meta-llama/Meta-Llama-3-8B", 8'030'261'248},
+      {"meta-llama/Meta-Llama-3-70B", 70'553'706'496},
+      {"mistralai/Mistral-7B-v0.1", 7'241'732'096},
+  };
+  BOOST_TEST(f.presets.size() == hub.size());
+  for (const fsdp::ModelPreset& p : f.presets) {
+    const fsdp::Config c =
+        parse_config("model: {kind: llama, preset: " + p.name + "}\ndata: {kind: synthetic}\n", "in.yaml");
+    const std::unique_ptr<fsdp::Model> model = f.make(c.model.args);
+    int64_t n = 0;
+    for (const fsdp::Param* q : model->params()) n += q->numel();
+    BOOST_TEST(n == hub.at(p.name), p.name);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(every_family_config_json_round_trips) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("fsdp_family_hf_" + std::to_string(getpid()));

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "models/llama/llama.h"
 #include "models/t5/t5_buckets.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/cuda/cuda_kernels.h"
@@ -1055,6 +1056,50 @@ BOOST_AUTO_TEST_CASE(gelu_tanh) {
     tol[i] = 8 * kEps * std::fabs(dy[i]) * (1.0f + a * d + 0.5f * a * d);
   }
   within(dx, g.download(gy, n), tol, "gelu_tanh_backward");
+}
+
+// SiLU and its backward: kernel_math.h's formula on both sides (exp_f32 is the same polynomial of
+// fmaf): the device's division rounds as the host's, so a few ulp at most.
+BOOST_AUTO_TEST_CASE(silu) {
+  Gpu g;
+  Kernels& cpu = cpu_kernels();
+  const int64_t n = 10000;
+  auto x = randn(n, 1002, 4.0f), dy = randn(n, 1003);
+  x[0] = 0.0f;
+  x[1] = -30.0f;
+  x[2] = 30.0f;
+  std::vector<float> y(n), dx(n), tol(n);
+  float* gx = g.upload(x);
+  float* gdy = g.upload(dy);
+  float* gy = g.upload(y);
+  cpu.silu_forward(y.data(), x.data(), n);
+  g.k().silu_forward(gy, gx, n);
+  for (int64_t i = 0; i < n; ++i) tol[i] = 4 * kEps * std::fabs(y[i]);
+  within(y, g.download(gy, n), tol, "silu_forward");
+  cpu.silu_backward(dx.data(), dy.data(), x.data(), n);
+  g.k().silu_backward(gy, gdy, gx, n);
+  for (int64_t i = 0; i < n; ++i) tol[i] = 8 * kEps * std::fabs(dy[i]) * (1.0f + std::fabs(x[i]));
+  within(dx, g.download(gy, n), tol, "silu_backward");
+}
+
+// Rotary embedding in place, forward and backward: the same two products and one unfused sum per
+// element on both sides (kernel_math.h's rope_pair): equal bit for bit.
+BOOST_AUTO_TEST_CASE(rope) {
+  Gpu g;
+  Kernels& cpu = cpu_kernels();
+  const int64_t rows = 64, T = 16, heads = 4, D = 64, ld = heads * D + 32, pos0 = 3, positions = pos0 + T;
+  std::vector<float> cos(positions * D / 2), sin(positions * D / 2);
+  fsdp::llama_rope_tables(cos.data(), sin.data(), positions, D, 500000.0, 1.0);
+  auto x = randn(rows * ld, 1004);
+  float* gcos = g.upload(cos);
+  float* gsin = g.upload(sin);
+  for (const bool backward : {false, true}) {
+    std::vector<float> y = x;
+    float* gy = g.upload(x);
+    cpu.rope(y.data(), cos.data(), sin.data(), rows, T, heads, D, ld, pos0, backward);
+    g.k().rope(gy, gcos, gsin, rows, T, heads, D, ld, pos0, backward);
+    within(y, g.download(gy, rows * ld), std::vector<float>(y.size(), 0.0f), backward ? "rope backward" : "rope");
+  }
 }
 
 // RMS norm: the f64 sums of squares differ only in order (each term x*x is exact in f64), so

@@ -121,7 +121,25 @@ const char* kT5 =
     "        optimizer: {kind: adamw, lr: 0.003}}\n"
     "fsdp: {auto_wrap: {policy: transformer_layer}}\n";
 
+// Llama with grouped-query attention (2 key/value heads for 4) on synthetic tokens, with evaluation.
+const char* kLlama =
+    "model: {kind: llama, vocab_size: 64, hidden_size: 32, intermediate_size: 40, num_hidden_layers: 3,\n"
+    "        num_attention_heads: 4, num_key_value_heads: 2, seq_len: 12}\n"
+    "data: {kind: synthetic, synthetic_samples: 100}\n"
+    "train: {batch_size: 4, steps: 4, eval_every: '2', eval_batch_size: 10,\n"
+    "        optimizer: {kind: adamw, lr: 0.003}}\n"
+    "fsdp: {auto_wrap: {policy: transformer_layer}}\n";
+
 }  // namespace
+
+BOOST_AUTO_TEST_CASE(plan_matches_measured_llama) {
+  check_plan_against_run(kLlama, {});
+  check_plan_against_run(
+      kLlama, {"model.tie_word_embeddings=true", "model.attention_bias=true", "fsdp.sharding_strategy=SHARD_GRAD_OP"});
+  // Nested units (single projections) under size_based, recomputed in backward.
+  check_plan_against_run(kLlama, {"fsdp.auto_wrap.policy=size_based", "fsdp.auto_wrap.min_num_params=300",
+                                  "fsdp.activation_checkpointing=true"});
+}
 
 BOOST_AUTO_TEST_CASE(plan_matches_measured_t5) {
   check_plan_against_run(kT5, {"model.feed_forward_proj=gated-gelu", "model.tie_word_embeddings=false"});

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "models/llama/llama.h"
 #include "models/t5/t5_buckets.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
@@ -1319,6 +1320,109 @@ BOOST_AUTO_TEST_CASE(gelu_tanh_values_and_gradient) {
     return dot(yy, R);
   };
   fd_check(loss, xs.data(), dxs, indices(200), "gelu_tanh dx");
+}
+
+BOOST_AUTO_TEST_CASE(silu_values_and_gradient) {
+  Kernels& k = cpu_kernels();
+  // torch.nn.functional.silu on these f32 inputs and autograd's dy/dx, printed by torch 1.13 (CPU).
+  std::vector<float> x = {-20.0f, -6.0f, -3.0f, -1.5f, -0.5f, -0.125f, 0.0f,
+                          0.125f, 0.5f,  1.0f,  1.5f,  3.0f,  6.0f,    20.0f};
+  const std::vector<float> torch_y = {-4.1223074731533416e-08f,
+                                      -0.014835738576948643f,
+                                      -0.14227761328220367f,
+                                      -0.2736382782459259f,
+                                      -0.1887703388929367f,
+                                      -0.058598827570676804f,
+                                      0.0f,
+                                      0.0664011761546135f,
+                                      0.3112296760082245f,
+                                      0.7310585975646973f,
+                                      1.226361632347107f,
+                                      2.857722520828247f,
+                                      5.985164642333984f,
+                                      20.0f};
+  const std::vector<float> torch_dydx = {-3.916192170549948e-08f,
+                                         -0.012326431460678577f,
+                                         -0.08810410648584366f,
+                                         -0.0412941612303257f,
+                                         0.260038822889328f,
+                                         0.43766236305236816f,
+                                         0.5f,
+                                         0.5623376965522766f,
+                                         0.7399612069129944f,
+                                         0.9276705384254456f,
+                                         1.0412942171096802f,
+                                         1.0881041288375854f,
+                                         1.0123262405395508f,
+                                         1.0f};
+  const auto n = static_cast<int64_t>(x.size());
+  std::vector<float> y(n), dx(n), ones(n, 1.0f);
+  k.silu_forward(y.data(), x.data(), n);
+  k.silu_backward(dx.data(), ones.data(), x.data(), n);
+  const float ulp = std::numeric_limits<float>::epsilon();
+  for (int64_t i = 0; i < n; ++i) {
+    // torch's exp is Sleef's (1 ulp) where ours is kernel_math's exp_f32: a few ulp apart.
+    BOOST_TEST(std::fabs(y[i] - torch_y[i]) <= 4 * ulp * std::fabs(torch_y[i]),
+               "x " << x[i] << " y " << y[i] << " torch " << torch_y[i]);
+    BOOST_TEST(std::fabs(dx[i] - torch_dydx[i]) <= 8 * ulp * (std::fabs(torch_dydx[i]) + 1e-6f),
+               "x " << x[i] << " dx " << dx[i] << " torch " << torch_dydx[i]);
+  }
+  BOOST_TEST(y[6] == 0.0f);
+  BOOST_TEST(dx[6] == 0.5f);  // s = 1/2 exactly: 1/2 * (1 + 0)
+  // Against the formula in double, and finite differences of the f32 forward.
+  auto xs = random_vec(200, 26, -8.0f, 8.0f), R = random_vec(200, 27);
+  std::vector<float> ys(200), dxs(200);
+  k.silu_forward(ys.data(), xs.data(), 200);
+  k.silu_backward(dxs.data(), R.data(), xs.data(), 200);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double v = xs[i];
+    BOOST_TEST(std::fabs(ys[i] - v / (1.0 + std::exp(-v))) <= 1e-6 * (1.0 + std::fabs(v)));
+  }
+  auto loss = [&] {
+    std::vector<float> yy(200);
+    k.silu_forward(yy.data(), xs.data(), 200);
+    return dot(yy, R);
+  };
+  fd_check(loss, xs.data(), dxs, indices(200), "silu dx");
+}
+
+// Rows of 3 heads of D = 8 at a row stride past the heads (a q or k slice of a wider buffer),
+// positions from pos0: each pair (i, i + 4) rotated by the table's angle of (pos, i); the
+// backward is the transpose (<rope(x), y> == <x, rope_backward(y)>) and undoes the forward.
+BOOST_AUTO_TEST_CASE(rope_rotates_pairs_and_its_backward_is_the_transpose) {
+  Kernels& k = cpu_kernels();
+  constexpr int64_t rows = 6, T = 3, heads = 3, D = 8, ld = heads * D + 5, pos0 = 2, positions = pos0 + T;
+  std::vector<float> cos(positions * D / 2), sin(positions * D / 2);
+  fsdp::llama_rope_tables(cos.data(), sin.data(), positions, D, 10000.0, 2.0);
+  for (int64_t p = 0; p < positions; ++p)  // HF: t = p / factor, inv_freq_i = 1 / 10000^(2i / D)
+    for (int64_t i = 0; i < D / 2; ++i) {
+      const double angle = (p / 2.0) / std::pow(10000.0, 2.0 * i / D);
+      BOOST_TEST(std::fabs(cos[p * D / 2 + i] - std::cos(angle)) <= 1e-6);
+      BOOST_TEST(std::fabs(sin[p * D / 2 + i] - std::sin(angle)) <= 1e-6);
+    }
+  const std::vector<float> x = random_vec(rows * ld, 28), g = random_vec(rows * ld, 29);
+  std::vector<float> y = x, gx = g;
+  k.rope(y.data(), cos.data(), sin.data(), rows, T, heads, D, ld, pos0, false);
+  k.rope(gx.data(), cos.data(), sin.data(), rows, T, heads, D, ld, pos0, true);
+  double max_error = 0.0, yg = 0.0, xgx = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t p = pos0 + r % T;
+    for (int64_t c = heads * D; c < ld; ++c) BOOST_TEST(y[r * ld + c] == x[r * ld + c]);  // past the heads
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < D / 2; ++i) {
+        const int64_t a = r * ld + h * D + i, b = a + D / 2;
+        const double c = cos[p * D / 2 + i], s = sin[p * D / 2 + i];
+        max_error =
+            std::max({max_error, std::fabs(y[a] - (x[a] * c - x[b] * s)), std::fabs(y[b] - (x[b] * c + x[a] * s))});
+        yg += double(y[a]) * g[a] + double(y[b]) * g[b];
+        xgx += double(x[a]) * gx[a] + double(x[b]) * gx[b];
+      }
+  }
+  BOOST_TEST(max_error <= 1e-6);
+  BOOST_TEST(std::fabs(yg - xgx) <= 1e-5 * (1.0 + std::fabs(yg)));
+  std::vector<float> back = y;
+  k.rope(back.data(), cos.data(), sin.data(), rows, T, heads, D, ld, pos0, true);
+  for (size_t i = 0; i < x.size(); ++i) BOOST_TEST(std::fabs(back[i] - x[i]) <= 1e-6f);
 }
 
 namespace {

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """FSDP equivalence: for a fixed global batch, every strategy at every world size trains like
 one rank. Per model (mnist_cnn on synthetic images, a small transformer on synthetic tokens),
-dropout on, 20 steps (and T5 with its blocks as units and with nested size_based units): the loss at each step and the parameters at the end must match the np=1
+dropout on, 20 steps (and T5 with its blocks as units and with nested size_based units, and a
+tied GQA Llama with its decoder layers as units): the loss at each step and the parameters at the end must match the np=1
 NO_SHARD run within float-reordering tolerance; a repeated run must be bitwise identical; and
 HYBRID_SHARD without its replicate all_reduce must be caught as different.
 
@@ -27,7 +28,7 @@ STRATEGIES = ["NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "HYBRID
 NPS = [1, 2, 3, 4, 8] if not QUICK else [1, 2, 3]
 SHARD_GROUP = {1: 1, 2: 1, 3: 1, 4: 2, 8: 4}  # HYBRID: 2x2 at np=4, 2 nodes x 4 at np=8
 # Variants of a model (other units, same arithmetic) skip the other backend and the HYBRID bug.
-VARIANTS = {"t5_nested"}
+VARIANTS = {"t5_nested", "llama"}
 
 T5 = [
     "model.kind=t5", "model.vocab_size=259", "model.d_model=32", "model.d_kv=8", "model.num_heads=4", "model.d_ff=48",
@@ -52,6 +53,15 @@ MODELS = {
     # nests units down to single projections and leaves the tied embedding in the root.
     "t5": T5 + ["fsdp.auto_wrap.policy=transformer_layer"],
     "t5_nested": T5 + ["fsdp.auto_wrap.policy=size_based", "fsdp.auto_wrap.min_num_params=500"],
+    # Llama: grouped-query attention (2 key/value heads for 4), tied head, attention dropout, its
+    # decoder layers as units (a variant: the transformer already covers the other backend).
+    "llama": [
+        "model.kind=llama", "model.vocab_size=64", "model.hidden_size=32", "model.intermediate_size=48",
+        "model.num_hidden_layers=2", "model.num_attention_heads=4", "model.num_key_value_heads=2",
+        "model.tie_word_embeddings=true", "model.attention_dropout=0.1", "model.seq_len=16", "data.kind=synthetic",
+        "data.synthetic_samples=480", "train.optimizer.kind=adamw", "train.optimizer.lr=0.003",
+        "train.clip_grad_norm=1.0", "fsdp.auto_wrap.policy=transformer_layer",
+    ],
 }
 
 tmp = tempfile.mkdtemp(prefix="fsdp_equiv_")
