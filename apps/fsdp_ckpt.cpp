@@ -3,12 +3,13 @@
 //   verify FILE                  every tensor's CRC-32, chunk by chunk
 //   consolidate IN OUT           sharded -> consolidated
 //   reshard IN OUT [--format F]  any format -> any format
-//   export-hf CKPT DIR [--dtype D] a Hugging Face model folder: config.json, model.safetensors
+//   export-hf CKPT DIR [--dtype D] [--max-shard-size S] a Hugging Face model folder: config.json,
+//                                model.safetensors or its shards with their index
 // inspect and verify run on one process (rank 0 under mpirun). consolidate and reshard run alone
 // or under mpirun -np K for any K: each rank holds 1/K of every unit, loads its slice with
 // load_checkpoint and writes it with save_checkpoint, so no rank ever holds the whole state.
 // export-hf likewise: each rank loads its slice of the parameters and pwrites it into its place
-// in the one safetensors file.
+// in the safetensors file(s).
 //
 // Errors: one line on stderr (rank 0's) and a non-zero exit, never a crash or a hang: 2 for bad
 // arguments, 1 for a bad file or a failed check. A conversion's set-up failures are agreed on by
@@ -55,12 +56,13 @@ constexpr const char* kReshard =
     "becomes one unit per parameter; a sharded IN keeps its units and\n"
     "their padding";
 constexpr const char* kExportHf =
-    "CKPT DIR [--dtype f32|bf16|f16] [--force]: write the parameters of\n"
-    "checkpoint CKPT (either format) as a Hugging Face model folder:\n"
-    "DIR/model.safetensors (default f32) and DIR/config.json from the model\n"
-    "keys of the checkpoint's config_yaml. t5:\n"
-    "T5ForConditionalGeneration.from_pretrained(DIR) loads it; the\n"
-    "transformer: our names, model_type fsdp_transformer (no HF class)";
+    "CKPT DIR [--dtype f32|bf16|f16] [--max-shard-size S] [--force]: write\n"
+    "the parameters of checkpoint CKPT (either format) as a Hugging Face\n"
+    "model folder: DIR/model.safetensors (default f32), or past S (default\n"
+    "5GB) model-0000K-of-0000N.safetensors and model.safetensors.index.json,\n"
+    "and DIR/config.json from the model keys of the checkpoint's config_yaml.\n"
+    "t5, llama: from_pretrained(DIR) loads it; the transformer: our names,\n"
+    "model_type fsdp_transformer (no HF class)";
 constexpr const char* kFooter =
     "consolidate, reshard and export-hf run alone or under mpirun -np K for any K (each rank\n"
     "holds 1/K of the state). fsdp_app itself loads either format at any world size, strategy and wrap\n"
@@ -73,6 +75,7 @@ struct Args {
   std::string in, out;                           // the command's file(s): out is empty for inspect, verify
   std::optional<fsdp::CheckpointFormat> format;  // reshard's --format (consolidate: consolidated)
   fsdp::DType dtype = fsdp::DType::f32;          // export-hf's --dtype
+  uint64_t max_shard_bytes = fsdp::HfExportOptions{}.max_shard_bytes;  // export-hf's --max-shard-size
   bool force = false;
   bool help = false;      // -h/--help: print help_text
   std::string help_text;  // CLI11's, of the app or of the command whose --help was given
@@ -83,7 +86,7 @@ struct Args {
 // checked after parsing, in the project's words.
 struct Options {
   bool force = false;
-  std::string format, dtype;  // empty: not given (the checks below reject an empty value)
+  std::string format, dtype, max_shard_size;  // empty: not given (the checks below reject an empty value)
 };
 
 void add_options(CLI::App& app, Options& o) {
@@ -93,6 +96,9 @@ void add_options(CLI::App& app, Options& o) {
       ->check(CLI::IsMember({"sharded", "consolidated"}));
   app.add_option("--dtype", o.dtype, "export-hf: the dtype of model.safetensors (default f32)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  app.add_option("--max-shard-size", o.max_shard_size,
+                 "export-hf: the largest safetensors file before the next one starts, as save_pretrained's "
+                 "max_shard_size (5GB, 500MB, 2GiB, bytes; default 5GB)");
 }
 
 // One subcommand per command; `in` and `out` are shared, since one command runs.
@@ -126,6 +132,8 @@ Args parse_args(int argc, char** argv) {
   a.command = app.get_subcommands().front()->get_name();
   a.force = o.force;
   if (!o.dtype.empty() && a.command != "export-hf") throw Error("--dtype goes with export-hf");
+  if (!o.max_shard_size.empty() && a.command != "export-hf") throw Error("--max-shard-size goes with export-hf");
+  if (!o.max_shard_size.empty()) a.max_shard_bytes = fsdp::parse_shard_size(o.max_shard_size);
   if (!o.format.empty() && a.command != "reshard") throw Error("--format goes with reshard");
   if (a.force && a.command != "consolidate" && a.command != "reshard" && a.command != "export-hf")
     throw Error("--force goes with consolidate, reshard or export-hf");
@@ -226,7 +234,8 @@ int export_hf(const Args& args, const fsdp::MpiSession& mpi) {
   std::unique_ptr<fsdp::HfExport> job;
   std::string error;
   try {
-    job = std::make_unique<fsdp::HfExport>(in, dir, args.dtype, args.force, mpi.rank(), mpi.size(), fsdp::make_model);
+    job = std::make_unique<fsdp::HfExport>(in, dir, fsdp::HfExportOptions{args.dtype, args.force, args.max_shard_bytes},
+                                           mpi.rank(), mpi.size(), fsdp::make_model);
     if (mpi.rank() == 0) job->create_file();
   } catch (const std::exception& e) {
     error = fsdp::describe(e);
@@ -258,10 +267,11 @@ int export_hf(const Args& args, const fsdp::MpiSession& mpi) {
       const fsdp::SafetensorsReader check(dir);  // the header as any reader sees it
       const fsdp::CheckpointMeta& meta = job->slice().contents.meta;
       std::printf(
-          "%s (%s, step %lld) -> %s: %zu tensors, %s, %.1f MB; read in %.2f s, written in %.2f s on %d rank%s\n",
+          "%s (%s, step %lld) -> %s: %zu tensors in %zu file%s, %s, %.1f MB; read in %.2f s, written in %.2f s on %d "
+          "rank%s\n",
           in.c_str(), fsdp::name_of(fsdp::kCheckpointFormats, meta.format).data(), static_cast<long long>(meta.step),
-          dir.c_str(), check.tensors().size(), fsdp::dtype_name(args.dtype).data(),
-          static_cast<double>(job->file_bytes()) / 1e6, load_stats.seconds,
+          dir.c_str(), check.tensors().size(), job->file_count(), job->file_count() == 1 ? "" : "s",
+          fsdp::dtype_name(args.dtype).data(), static_cast<double>(job->file_bytes()) / 1e6, load_stats.seconds,
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), mpi.size(),
           mpi.size() == 1 ? "" : "s");
       error.clear();

@@ -6,11 +6,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "ckpt/h5.h"
@@ -251,7 +254,7 @@ ModelConfig checkpoint_model(const CheckpointMeta& meta, const std::string& path
 void check_export_dir(const std::string& dir, bool force) {
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) throw Error(dir + " exists and is not a folder");
-  for (const char* name : {"model.safetensors", "config.json"}) {
+  for (const char* name : {"model.safetensors", "model.safetensors.index.json", "config.json"}) {
     const fs::path p = fs::path(dir) / name;
     if (fs::exists(p, ec) && !force) throw Error(p.string() + " exists (use --force to replace it)");
   }
@@ -333,20 +336,45 @@ void check_convert_output(const std::string& in, const std::string& out, bool fo
 
 // ---- export-hf -------------------------------------------------------------------------
 
-HfExport::HfExport(const std::string& in, const std::string& dir, DType dtype, bool force, int rank, int size,
+uint64_t parse_shard_size(const std::string& text) {
+  // transformers' convert_file_size_to_int: a decimal unit is 10^3k bytes, a binary one 2^10k.
+  static const std::pair<const char*, uint64_t> kUnits[] = {{"GIB", uint64_t{1} << 30},
+                                                            {"MIB", uint64_t{1} << 20},
+                                                            {"KIB", uint64_t{1} << 10},
+                                                            {"GB", 1'000'000'000},
+                                                            {"MB", 1'000'000},
+                                                            {"KB", 1'000},
+                                                            {"B", 1}};
+  std::string upper;
+  for (const char c : text) upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  uint64_t unit = 1;
+  std::string digits = upper;
+  for (const auto& [suffix, bytes] : kUnits)
+    if (upper.size() > std::strlen(suffix) && upper.ends_with(suffix)) {
+      unit = bytes;
+      digits = upper.substr(0, upper.size() - std::strlen(suffix));
+      break;
+    }
+  const bool number = !digits.empty() && std::all_of(digits.begin(), digits.end(), [](char c) {
+    return std::isdigit(static_cast<unsigned char>(c)) != 0;
+  });
+  if (!number || digits.size() > 12 || std::stoull(digits) == 0)
+    throw Error("--max-shard-size '" + text + "': not a size such as 5GB, 500MB, 2GiB or a positive byte count");
+  return std::stoull(digits) * unit;
+}
+
+HfExport::HfExport(const std::string& in, const std::string& dir, const HfExportOptions& options, int rank, int size,
                    const ModelMaker& make_model)
-    : in_(in),
-      dir_(dir),
-      out_((fs::path(dir) / "model.safetensors").string()),
-      tmp_(out_ + ".tmp"),
-      slice_(slice_checkpoint(in, rank, size, false)) {
+    : in_(in), dir_(dir), slice_(slice_checkpoint(in, rank, size, false)) {
+  const DType dtype = options.dtype;
   const ModelConfig model = checkpoint_model(slice_->contents.meta, in);
   config_json_ = hf_config_json(model, dtype == DType::f32 ? "float32" : dtype == DType::bf16 ? "bfloat16" : "float16");
-  // The file holds the model's parameters in named_parameters() order (HF's), each once: T5's
+  // The files hold the model's parameters in named_parameters() order (HF's), each once: T5's
   // tied aliases are left to from_pretrained, which ties them as save_pretrained expects.
   std::map<std::string, const CheckpointTensor*> in_ckpt;
   for (const CheckpointTensor& t : slice_->contents.tensors) in_ckpt.emplace(t.name, &t);
-  std::vector<SafetensorsWriter::Spec> specs;
+  std::vector<std::vector<SafetensorsWriter::Spec>> shards(1);
+  uint64_t shard_bytes = 0, total_bytes = 0;
   const std::unique_ptr<Model> net = make_model(model);  // names and shapes only
   for (const Param* p : net->params()) {
     const auto it = in_ckpt.find(p->name);
@@ -354,19 +382,50 @@ HfExport::HfExport(const std::string& in, const std::string& dir, DType dtype, b
     if (it->second->shape != p->shape)
       throw Error(in + ": " + p->name + " has shape " + shape_str(it->second->shape) + ", its config_yaml's model " +
                   shape_str(p->shape));
-    spec_of_[p->name] = specs.size();
-    specs.push_back({p->name, p->shape});
+    // save_pretrained's rule: a tensor that would take a non-empty shard past the limit starts
+    // the next one (a tensor larger than the limit has a shard of its own).
+    const uint64_t bytes = static_cast<uint64_t>(p->numel()) * dtype_bytes(dtype);
+    if (shard_bytes + bytes > options.max_shard_bytes && !shards.back().empty()) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    place_of_[p->name] = {shards.size() - 1, shards.back().size()};
+    shards.back().push_back({p->name, p->shape});
+    shard_bytes += bytes;
+    total_bytes += bytes;
     in_ckpt.erase(it);
   }
   if (!in_ckpt.empty()) throw Error(in + ": tensor " + in_ckpt.begin()->first + " is not in its config_yaml's model");
-  writer_ = std::make_unique<SafetensorsWriter>(std::move(specs), dtype,
-                                                std::map<std::string, std::string>{{"format", "pt"}});
-  check_export_dir(dir, force);
+  nlohmann::ordered_json index;  // model.safetensors.index.json, as save_pretrained writes it
+  index["metadata"] = {{"total_size", total_bytes}};
+  index["weight_map"] = nlohmann::ordered_json::object();
+  for (size_t k = 0; k < shards.size(); ++k) {
+    char name[64];
+    if (shards.size() == 1)
+      std::snprintf(name, sizeof name, "model.safetensors");
+    else
+      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+    for (const SafetensorsWriter::Spec& spec : shards[k]) index["weight_map"][spec.name] = name;
+    File f;
+    f.path = (fs::path(dir) / name).string();
+    f.tmp = f.path + ".tmp";
+    f.writer = std::make_unique<SafetensorsWriter>(std::move(shards[k]), dtype,
+                                                   std::map<std::string, std::string>{{"format", "pt"}});
+    files_.push_back(std::move(f));
+  }
+  if (files_.size() > 1) index_json_ = index.dump(2) + "\n";
+  check_export_dir(dir, options.force);
+}
+
+uint64_t HfExport::file_bytes() const {
+  uint64_t bytes = 0;
+  for (const File& f : files_) bytes += f.writer->file_bytes();
+  return bytes;
 }
 
 void HfExport::create_file() {
   fs::create_directories(dir_);
-  writer_->create(tmp_);  // header and size; the other ranks open it after the agreement
+  for (File& f : files_) f.writer->create(f.tmp);  // header and size; the other ranks open them after the agreement
 }
 
 CheckpointStats HfExport::load(MPI_Comm comm) {
@@ -378,25 +437,48 @@ CheckpointStats HfExport::load(MPI_Comm comm) {
 }
 
 void HfExport::write_slice(bool created_here) {
-  if (!created_here) writer_->open(tmp_);
+  if (!created_here)
+    for (File& f : files_) f.writer->open(f.tmp);
   for (const UnitShard& u : slice_->state.units) {
     const int64_t h_begin = u.held_begin, h_end = u.held_begin + u.held_count;
     for (size_t i = 0; i < u.layout->params.size(); ++i) {
       const int64_t p_begin = u.layout->offsets[i], p_end = p_begin + u.layout->params[i]->numel();
       const int64_t lo = std::max(p_begin, h_begin), hi = std::min(p_end, h_end);
-      if (lo < hi)
-        writer_->write_f32(spec_of_.at(u.layout->params[i]->name), lo - p_begin, hi - lo,
-                           slice_->state.buffers[0] + u.local_offset + (lo - h_begin));
+      if (lo >= hi) continue;
+      const Place& at = place_of_.at(u.layout->params[i]->name);
+      files_[at.file].writer->write_f32(at.index, lo - p_begin, hi - lo,
+                                        slice_->state.buffers[0] + u.local_offset + (lo - h_begin));
     }
   }
-  writer_->close();
+  for (File& f : files_) f.writer->close();
 }
 
 void HfExport::finish() {
-  if (std::rename(tmp_.c_str(), out_.c_str()) != 0) throw Error("cannot rename " + tmp_ + " to " + out_);
+  for (const File& f : files_)
+    if (std::rename(f.tmp.c_str(), f.path.c_str()) != 0) throw Error("cannot rename " + f.tmp + " to " + f.path);
+  // A folder replaced with --force may hold the other form (from_pretrained prefers
+  // model.safetensors to an index) or shards of another count: what is not ours goes, as
+  // save_pretrained cleans the folder of a previous save.
+  std::error_code ec;
+  std::set<std::string> ours;
+  for (const File& f : files_) ours.insert(fs::path(f.path).filename().string());
+  for (const fs::directory_entry& e : fs::directory_iterator(dir_, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool shard = name.size() == 32 && name.starts_with("model-") && name.ends_with(".safetensors") &&
+                       name.substr(11, 4) == "-of-";
+    if (shard && !ours.contains(name)) fs::remove(e.path(), ec);
+  }
+  if (index_json_.empty()) {
+    fs::remove(fs::path(dir_) / "model.safetensors.index.json", ec);
+  } else {
+    fs::remove(fs::path(dir_) / "model.safetensors", ec);
+    write_text_file((fs::path(dir_) / "model.safetensors.index.json").string(), index_json_);
+  }
   write_text_file((fs::path(dir_) / "config.json").string(), config_json_);
 }
 
-void HfExport::remove_partial() const { (void)std::remove(tmp_.c_str()); }
+void HfExport::remove_partial() const {
+  for (const File& f : files_) (void)std::remove(f.tmp.c_str());  // best effort
+}
 
 }  // namespace fsdp

@@ -4,7 +4,8 @@
 //   print_checkpoint    inspect: the file's summary, root attributes, datasets, sharded index
 //   CheckpointSlice     consolidate, reshard and export-hf: rank r of k holds 1/k of every unit,
 //                       so no rank ever holds the whole state
-//   HfExport            export-hf: a Hugging Face folder (config.json, model.safetensors)
+//   HfExport            export-hf: a Hugging Face folder (config.json, model.safetensors or
+//                       its shards with their index)
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -46,6 +47,20 @@ std::unique_ptr<CheckpointSlice> slice_checkpoint(const std::string& in, int ran
 void check_convert_output(const std::string& in, const std::string& out, bool force);
 
 // export-hf in phases, each run on every rank; the caller agrees on each phase's errors.
+// export-hf's options.
+struct HfExportOptions {
+  DType dtype = DType::f32;  // of the safetensors data
+  bool force = false;        // replace an existing folder's files
+  // A new file starts when the next tensor would take the current one past this (transformers'
+  // save_pretrained rule, max_shard_size, default "5GB"); one file: model.safetensors, more:
+  // model-0000K-of-0000N.safetensors and model.safetensors.index.json.
+  uint64_t max_shard_bytes = 5'000'000'000;
+};
+
+// "5GB" (10^9), "500MiB" (2^20), "64KB", "123" (bytes), as transformers'
+// convert_file_size_to_int reads max_shard_size; Error naming the text otherwise.
+uint64_t parse_shard_size(const std::string& text);
+
 class HfExport {
  public:
   // This rank's slice of the parameters of checkpoint `in`, checked against the model its
@@ -54,23 +69,30 @@ class HfExport {
   // (names and shapes are what is read of it): train/model_from_config.h's, passed in because
   // models are built a layer above checkpoints.
   using ModelMaker = std::function<std::unique_ptr<Model>(const ModelConfig&)>;
-  HfExport(const std::string& in, const std::string& dir, DType dtype, bool force, int rank, int size,
+  HfExport(const std::string& in, const std::string& dir, const HfExportOptions& options, int rank, int size,
            const ModelMaker& make_model);
-  void create_file();                   // rank 0, before the others open it: the folder, the header, the size
+  void create_file();                   // rank 0, before the others open them: the folder, headers, sizes
   CheckpointStats load(MPI_Comm comm);  // load_checkpoint's agreed errors
-  void write_slice(bool created_here);  // every rank: its pieces into the file, then fsync
-  void finish();                        // rank 0: the file under its name, then config.json
+  void write_slice(bool created_here);  // every rank: its pieces into the files, then fsync
+  void finish();                        // rank 0: the files under their names, the index, config.json
   void remove_partial() const;          // rank 0 after a failure: best effort
   const CheckpointSlice& slice() const { return *slice_; }
-  uint64_t file_bytes() const { return writer_->file_bytes(); }
-  const std::string& safetensors_path() const { return out_; }
+  uint64_t file_bytes() const;  // all files
+  size_t file_count() const { return files_.size(); }
 
  private:
-  std::string in_, dir_, out_, tmp_;
+  struct File {
+    std::string path, tmp;
+    std::unique_ptr<SafetensorsWriter> writer;
+  };
+  struct Place {
+    size_t file, index;  // the file, and the tensor's place among its specs
+  };
+  std::string in_, dir_;
   std::unique_ptr<CheckpointSlice> slice_;
-  std::unique_ptr<SafetensorsWriter> writer_;
-  std::map<std::string, size_t> spec_of_;  // name -> its place in the file
-  std::string config_json_;
+  std::vector<File> files_;
+  std::map<std::string, Place> place_of_;  // name -> where it is written
+  std::string config_json_, index_json_;   // index: "" for one file
 };
 
 }  // namespace fsdp

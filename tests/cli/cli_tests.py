@@ -102,6 +102,11 @@ def ckpt_cases():
     expect_line(CKPT, ["reshard", "a", "b", "--format"],
                 "--format: 1 required TEXT:{sharded,consolidated} missing (try --help)")
     expect_line(CKPT, ["export-hf", "a", "b", "--dtype=f64"], "--dtype: f64 not in {f32,bf16,f16} (try --help)")
+    expect_line(CKPT, ["export-hf", "a", "b", "--max-shard-size", "12XB"],
+                "--max-shard-size '12XB': not a size such as 5GB, 500MB, 2GiB or a positive byte count")
+    expect_line(CKPT, ["export-hf", "a", "b", "--max-shard-size", "0"],
+                "--max-shard-size '0': not a size such as 5GB, 500MB, 2GiB or a positive byte count")
+    expect_line(CKPT, ["inspect", "a", "--max-shard-size", "5GB"], "--max-shard-size goes with export-hf")
     expect_line(CKPT, ["inspect", "a", "--format", "sharded"], "--format goes with reshard")
     expect_line(CKPT, ["--dtype", "bf16", "consolidate", "a", "b"], "--dtype goes with export-hf")
     expect_line(CKPT, ["--force", "verify", "a"], "--force goes with consolidate, reshard or export-hf")
@@ -111,7 +116,7 @@ def ckpt_cases():
                 "checkpoint /nonexistent/in.h5: cannot read the file (No such file or directory)", rc=1)
     expect_help(CKPT, ["--help"],
                 ["Usage: fsdp_ckpt [OPTIONS] [SUBCOMMAND]", "-h,--help", "--force", "--format TEXT:{sharded,consolidated}",
-                 "--dtype TEXT:{f32,bf16,f16}", "fsdp_app itself loads",
+                 "--dtype TEXT:{f32,bf16,f16}", "--max-shard-size TEXT", "fsdp_app itself loads",
                  *(f"\n  {c} " for c in ("inspect", "verify", "consolidate", "reshard", "export-hf"))])
     expect_help(CKPT, ["reshard", "--help"], ["Usage: fsdp_ckpt reshard [OPTIONS] IN OUT", "IN TEXT REQUIRED",
                                               "OUT TEXT REQUIRED", "write IN (either"])

@@ -12,8 +12,10 @@ llama_reference.py's CONFIGS[config] in the input file's names):
    weights (its consolidated checkpoint) within PARAM_RTOL per tensor, the same names and shapes.
 3. fsdp_app under mpirun -np 2 from HF's sharded folder hf_init/ (model.init_from FOLDER: every
    rank reads only its shards' byte ranges of the safetensors files), 3 steps: HF's losses.
-4. `fsdp_ckpt export-hf` of our final checkpoint, loaded by LlamaForCausalLM.from_pretrained: its
-   first-batch loss equals the one with HF's final weights within LOAD_LOSS_RTOL.
+4. `fsdp_ckpt export-hf` of our final checkpoint, as one model.safetensors and (under mpirun -np 2,
+   --max-shard-size 100KB) as shards with their index, each loaded by
+   LlamaForCausalLM.from_pretrained: its first-batch loss equals the one with HF's final weights
+   within LOAD_LOSS_RTOL.
 
 usage: check_llama.py BUILD_DIR|PATH/TO/fsdp_app OUT_DIR [--config gqa|tied] [--set KEY=VALUE]
 Exit 0 on PASS; otherwise the last line is `check_llama: FAIL: ...`, exit 1.
@@ -145,15 +147,24 @@ def check_config(app, ckpt_tool, py, cfg_name, out, sets):
     if len(shards) < 2:
         fails.append(f"{cfg_name}: hf_init/ has {len(shards)} safetensors file(s); the check wants a sharded folder")
 
-    print(f"== {cfg_name}: export-hf, loaded by LlamaForCausalLM.from_pretrained", flush=True)
-    exported = os.path.join(d, "exported")
+    print(f"== {cfg_name}: export-hf (one file; 100 KB shards at np 2), loaded by LlamaForCausalLM.from_pretrained",
+          flush=True)
+    exported, sharded = os.path.join(d, "exported"), os.path.join(d, "exported_sharded")
     t["export"] = run([ckpt_tool, "export-hf", final, exported], os.path.join(d, "export.log"))
+    t["export np 2"] = run(MPIRUN + [ckpt_tool, "export-hf", final, sharded, "--max-shard-size", "100KB"],
+                           os.path.join(d, "export_sharded.log"))
+    n_files = len([f for f in os.listdir(sharded) if f.endswith(".safetensors")])
+    if n_files < 2 or not os.path.exists(os.path.join(sharded, "model.safetensors.index.json")):
+        fails.append(f"{cfg_name}: export-hf --max-shard-size 100KB wrote {n_files} file(s) and no index")
     log = os.path.join(d, "load.log")
-    t["load"] = run(ref + ["--loss-of", exported, os.path.join(d, "final.h5")], log)
+    t["load"] = run(ref + ["--loss-of", exported, sharded, os.path.join(d, "final.h5")], log)
     got = json.loads(open(log).read().strip().splitlines()[-1])
-    ok, r_load = compare_load(cfg_name, got[exported], got[os.path.join(d, "final.h5")])
-    if not ok:
-        fails.append(f"{cfg_name} export-hf into HF: first-batch loss rel diff {r_load:.2e}")
+    r_load = 0.0
+    for folder in (exported, sharded):
+        ok, r = compare_load(f"{cfg_name} {os.path.basename(folder)}", got[folder], got[os.path.join(d, "final.h5")])
+        r_load = max(r_load, r)
+        if not ok:
+            fails.append(f"{cfg_name} {os.path.basename(folder)} into HF: first-batch loss rel diff {r:.2e}")
     times = ", ".join(f"{k} {v:.1f} s" for k, v in t.items())
     R.check(cfg_name, not fails, f"loss max rel diff {worst_loss:.2e}, np 2 from the sharded folder {worst2:.2e} "
             f"(tol {LOSS_RTOL:g}); final weights worst rel L2 {worst_param[0]:.2e}; exported folder's loss in HF "

@@ -187,7 +187,7 @@ std::vector<std::pair<std::string, std::string>> hf_config_keys(const std::strin
   const nlohmann::json& r = *it;
   if (!r.is_object() || !r.contains("type") || !r["type"].is_string() || !r.contains("factor") ||
       !r["factor"].is_number())
-    throw Error("rope_scaling is " + r.dump() + ", not null or {\"type\": \"linear\", \"factor\": F}");
+    throw Error("rope_scaling is " + r.dump() + R"(, not null or {"type": "linear", "factor": F})");
   const std::string type = r["type"].get<std::string>();
   if (type != "linear")
     throw Error("rope_scaling type '" + type + "' is not implemented (model.kind llama has none and linear)");
