@@ -10,8 +10,9 @@ llama_reference.py's CONFIGS[config] in the input file's names):
    per-step losses and the final weights.
 2. fsdp_app (np 1) from init.h5: the loss of every step within LOSS_RTOL of HF's, the final
    weights (its consolidated checkpoint) within PARAM_RTOL per tensor, the same names and shapes.
-3. fsdp_app under mpirun -np 2 from HF's sharded folder hf_init/ (model.init_from FOLDER: every
-   rank reads only its shards' byte ranges of the safetensors files), 3 steps: HF's losses.
+3. fsdp_app FULL_SHARD under mpirun -np 3 and -np 8 from HF's sharded folder hf_init/
+   (model.init_from FOLDER: every rank reads only its shards' byte ranges of the safetensors
+   files), 3 steps: HF's losses.
 4. `fsdp_ckpt export-hf` of our final checkpoint, as one model.safetensors and (under mpirun -np 2,
    --max-shard-size 100KB) as shards with their index, each loaded by
    LlamaForCausalLM.from_pretrained: its first-batch loss equals the one with HF's final weights
@@ -39,7 +40,8 @@ from pylib.venv import hf_python  # noqa: E402
 from reference.check_t5 import LOSS_RTOL, compare_load, compare_losses, compare_params, read_group  # noqa: E402
 
 CONFIGS = ["gqa", "tied"]
-MPIRUN = [os.path.join(os.path.dirname(HERE), "mpirun.sh"), "2"]
+MPIRUN_SH = os.path.join(os.path.dirname(HERE), "mpirun.sh")
+MPIRUN = [MPIRUN_SH, "2"]
 R = Report()  # one case per config
 
 
@@ -134,16 +136,20 @@ def check_config(app, ckpt_tool, py, cfg_name, out, sets):
     if problems:
         fails.append(f"{cfg_name} final weights: {problems[0]}")
 
-    print(f"== {cfg_name}: fsdp_app np 2 from HF's sharded folder (3 steps)", flush=True)
     shards = sorted(f for f in os.listdir(os.path.join(d, "hf_init")) if f.endswith(".safetensors"))
-    metrics2 = os.path.join(d, "ours_np2.jsonl")
-    t["app np 2"] = run(MPIRUN + [app, yaml_path, "--set", f"model.init_from={d}/hf_init", "--set",
-                                  f"output.metrics={metrics2}", "--set", "train.steps=3"] + extra,
-                        os.path.join(d, "app_np2.log"))
-    bad2, worst2 = compare_losses(f"{cfg_name} np 2 from {len(shards)} safetensors shards", hf_losses[:3],
-                                  losses_of(metrics2))
-    if bad2:
-        fails.append(f"{cfg_name} np 2 from hf_init/: loss at steps {bad2} (max rel diff {worst2:.2e})")
+    worst2 = 0.0
+    for np_ in (3, 8):
+        print(f"== {cfg_name}: fsdp_app FULL_SHARD np {np_} from HF's sharded folder (3 steps)", flush=True)
+        metrics_np = os.path.join(d, f"ours_np{np_}.jsonl")
+        t[f"app np {np_}"] = run(
+            [MPIRUN_SH, str(np_), app, yaml_path, "--set", f"model.init_from={d}/hf_init", "--set",
+             f"output.metrics={metrics_np}", "--set", "train.steps=3", "--set", "fsdp.sharding_strategy=FULL_SHARD"]
+            + extra, os.path.join(d, f"app_np{np_}.log"))
+        bad_np, worst_np = compare_losses(f"{cfg_name} np {np_} from {len(shards)} safetensors shards",
+                                          hf_losses[:3], losses_of(metrics_np))
+        worst2 = max(worst2, worst_np)
+        if bad_np:
+            fails.append(f"{cfg_name} np {np_} from hf_init/: loss at steps {bad_np} (max rel diff {worst_np:.2e})")
     if len(shards) < 2:
         fails.append(f"{cfg_name}: hf_init/ has {len(shards)} safetensors file(s); the check wants a sharded folder")
 
@@ -166,7 +172,7 @@ def check_config(app, ckpt_tool, py, cfg_name, out, sets):
         if not ok:
             fails.append(f"{cfg_name} {os.path.basename(folder)} into HF: first-batch loss rel diff {r:.2e}")
     times = ", ".join(f"{k} {v:.1f} s" for k, v in t.items())
-    R.check(cfg_name, not fails, f"loss max rel diff {worst_loss:.2e}, np 2 from the sharded folder {worst2:.2e} "
+    R.check(cfg_name, not fails, f"loss max rel diff {worst_loss:.2e}, np 3 and 8 from the sharded folder {worst2:.2e} "
             f"(tol {LOSS_RTOL:g}); final weights worst rel L2 {worst_param[0]:.2e}; exported folder's loss in HF "
             f"rel diff {r_load:.2e}; {times}")
     return fails
