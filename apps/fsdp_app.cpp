@@ -96,10 +96,9 @@ int main(int argc, char** argv) {
     }
     fsdp::Config config = fsdp::load_config(args.input, args.overrides);
     generate = args.generate;
-    if (generate > 0 && config.model.family().task != fsdp::ModelTask::seq2seq)
-      throw fsdp::Error("--generate needs a sequence-to-sequence model (model.kind " +
-                        fsdp::family_names(fsdp::ModelTask::seq2seq) + "); " + args.input + " has model.kind " +
-                        config.model.kind);
+    if (generate > 0 && !config.model.family().generates)
+      throw fsdp::Error("--generate needs a model that generates (model.kind " + fsdp::generating_family_names() +
+                        "); " + args.input + " has model.kind " + config.model.kind);
     if (args.plan) {
       // The real step on the meta device: a plan for any size runs anywhere, allocating nothing.
       fsdp::PlanRequest request;

@@ -171,11 +171,11 @@ BOOST_AUTO_TEST_CASE(a_bad_option_under_mpirun_is_one_line) {
   BOOST_TEST(ours == 1u, "one line from rank 0 only: " << r.err);
 }
 
-BOOST_AUTO_TEST_CASE(generate_needs_a_seq2seq_model) {
+BOOST_AUTO_TEST_CASE(generate_needs_a_model_that_generates) {
   TempDir d;
   const std::string cfg = d.file("c.yaml", kTinyCnn);
-  expect_error(run(cfg + " --generate 2"),
-               "--generate needs a sequence-to-sequence model (model.kind t5); " + cfg + " has model.kind mnist_cnn");
+  expect_error(run(cfg + " --generate 2"), "--generate needs a model that generates (model.kind t5 or llama); " + cfg +
+                                               " has model.kind mnist_cnn");
 }
 
 BOOST_AUTO_TEST_CASE(missing_input_file) {

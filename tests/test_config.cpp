@@ -427,8 +427,34 @@ BOOST_AUTO_TEST_CASE(t5_keys_and_presets) {
   BOOST_TEST(error_of(t5, {"generate.num_beams=0"}) ==
              "--set generate.num_beams: generate.num_beams: must be >= 1, got 0");
   BOOST_TEST(error_of("model: {kind: mnist_cnn}\ngenerate: {num_beams: 2}\n") ==
-             "in.yaml:2: generate.num_beams: text generation needs a sequence-to-sequence model (model.kind t5); "
+             "in.yaml:2: generate.num_beams: text generation needs a model that generates (model.kind t5 or llama); "
              "model.kind is mnist_cnn");
+  BOOST_TEST(error_of("model: {kind: transformer}\ngenerate: {do_sample: true}\n") ==
+             "in.yaml:2: generate.do_sample: text generation needs a model that generates (model.kind t5 or llama); "
+             "model.kind is transformer");
+  // A causal LM's prompt comes from its samples; beams and ROUGE are T5's.
+  const std::string llama = "model: {kind: llama, seq_len: 64}\ndata: {kind: synthetic}\n";
+  const Config sampled = parse_config(llama, "in.yaml",
+                                      {"generate.do_sample=true", "generate.top_k=0", "generate.top_p=0.9",
+                                       "generate.temperature=0.7", "generate.prompt_len=16"});
+  BOOST_TEST(sampled.generate.do_sample);
+  BOOST_TEST(sampled.generate.top_k == 0);
+  BOOST_TEST(sampled.generate.top_p == 0.9);
+  BOOST_TEST(sampled.generate.temperature == 0.7);
+  BOOST_TEST(sampled.generate.prompt_len == 16);
+  BOOST_TEST(error_of(llama, {"generate.num_beams=4"}) ==
+             "--set generate.num_beams: generate.num_beams: is for model.kind t5 (beam search, ROUGE); model.kind "
+             "llama decodes greedily or samples");
+  BOOST_TEST(error_of(llama, {"generate.prompt_len=64"}) ==
+             "--set generate.prompt_len: generate.prompt_len: generate.prompt_len (64) must be below model.seq_len "
+             "(64): a validation sample is the prompt and its reference");
+  BOOST_TEST(error_of(llama, {"generate.top_p=0"}) == "--set generate.top_p: generate.top_p: must be in (0, 1], got 0");
+  BOOST_TEST(error_of(t5, {"generate.prompt_len=3"}) ==
+             "--set generate.prompt_len: generate.prompt_len: is for causal LMs (model.kind transformer or llama); "
+             "model.kind t5 decodes from its source");
+  BOOST_TEST(error_of(t5, {"generate.do_sample=true", "generate.num_beams=2"}) ==
+             "--set generate.num_beams: generate.num_beams: sampling with beams (HF's beam sampling) is not "
+             "implemented: generate.num_beams must be 1");
 }
 
 // model.init_from as a Hugging Face folder: config.json fills the model keys (T5Config's

@@ -255,6 +255,67 @@ BOOST_AUTO_TEST_CASE(greedy_takes_the_first_maximum_and_stops_at_max_new_tokens)
   BOOST_CHECK_EQUAL(steps.calls, 3);
 }
 
+// The warpers of do_sample, on logits whose softmax is (0.05, 0.1, 0.15, 0.3, 0.4) over tokens
+// 0..4: the draw u picks the first token whose cumulative probability (of the kept tokens,
+// renormalised) passes u.
+BOOST_AUTO_TEST_CASE(sampling_applies_temperature_top_k_and_top_p_in_order) {
+  const std::vector<double> p = {0.05, 0.1, 0.15, 0.3, 0.4};
+  std::vector<float> logits;
+  for (double x : p) logits.push_back(static_cast<float>(std::log(x)));
+  fsdp::GenerateOptions o;
+  o.top_k = 0;  // all five: cumulative 0.05, 0.15, 0.3, 0.6, 1.0
+  auto draw = [&](float u) { return fsdp::sample_token(logits.data(), 5, o, u); };
+  BOOST_TEST(draw(0.0f) == 0);
+  BOOST_TEST(draw(0.04f) == 0);
+  BOOST_TEST(draw(0.06f) == 1);
+  BOOST_TEST(draw(0.29f) == 2);
+  BOOST_TEST(draw(0.59f) == 3);
+  BOOST_TEST(draw(0.999f) == 4);
+  o.top_k = 2;  // tokens 3 and 4: 3/7 and 4/7
+  BOOST_TEST(draw(0.42f) == 3);
+  BOOST_TEST(draw(0.44f) == 4);
+  o.top_k = 0;
+  o.top_p = 0.75;  // ascending cumulative 0.05, 0.15, 0.3 <= 0.25 goes for the first two only: 2, 3, 4 kept
+  BOOST_TEST(draw(0.0f) == 2);
+  BOOST_TEST(draw(0.5f) == 3);  // 0.15/0.85 = 0.18, 0.45/0.85 = 0.53
+  BOOST_TEST(draw(0.6f) == 4);
+  o.top_p = 0.01;  // the most likely alone (min_tokens_to_keep 1)
+  BOOST_TEST(draw(0.0f) == 4);
+  BOOST_TEST(draw(0.99f) == 4);
+  o.top_p = 1.0;
+  o.temperature = 1e-3;  // the largest takes all the mass
+  BOOST_TEST(draw(0.0f) == 4);
+  o.temperature = 1e3;  // nearly uniform: u 0.5 lands in the middle token
+  BOOST_TEST(draw(0.5f) == 2);
+}
+
+// greedy_search with do_sample: the draws depend on (seed, sample, step) only, so a batch split
+// differently (first_sample) draws the same tokens for the same sample.
+BOOST_AUTO_TEST_CASE(sampled_tokens_are_keyed_by_the_sample_not_the_batch) {
+  fsdp::GenerateOptions o;
+  o.max_new_tokens = 6;
+  o.do_sample = true;
+  o.top_k = 0;
+  o.seed = 7;
+  TableSteps both(2);
+  const auto pair = fsdp::greedy_search(both, 2, o);
+  TableSteps second(1);
+  o.first_sample = 1;
+  const auto alone = fsdp::greedy_search(second, 1, o);
+  BOOST_CHECK(alone.at(0) == pair.at(1));
+  o.seed = 8;  // another seed: another draw somewhere in 40 samples
+  bool differs = false;
+  for (int64_t i = 0; i < 40 && !differs; ++i) {
+    TableSteps a(1), b(1);
+    o.first_sample = i;
+    o.seed = 7;
+    const auto x = fsdp::greedy_search(a, 1, o);
+    o.seed = 8;
+    differs = x != fsdp::greedy_search(b, 1, o);
+  }
+  BOOST_TEST(differs);
+}
+
 BOOST_AUTO_TEST_CASE(beam_search_finds_the_better_finished_hypothesis) {
   TableSteps steps(2 * 2);
   fsdp::GenerateOptions o;

@@ -154,6 +154,14 @@ struct GenerateConfig {
   // Validation samples scored with ROUGE-1/2/L at each evaluation: the first N; -1 (default)
   // the whole validation set for data.kind seq2seq and none for synthetic pairs; 0 none.
   int64_t rouge_samples = -1;
+  // Causal LMs (llama): each validation sample's first prompt_len tokens are the prompt, the rest
+  // its reference; 0: half of model.seq_len.
+  int64_t prompt_len = 0;
+  // Sampling instead of greedy search (num_beams 1): HF's do_sample with its warpers.
+  bool do_sample = false;
+  double temperature = 1.0;
+  int64_t top_k = 50;  // 0: off
+  double top_p = 1.0;  // 1: off
 };
 
 struct Config {

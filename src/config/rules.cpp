@@ -113,11 +113,29 @@ void Reader::check_rules(const Config& c) const {
   const bool seq2seq = family.task == ModelTask::seq2seq;
   const std::string seq2seq_kinds = family_names(ModelTask::seq2seq);
   const bool pairs = c.data.kind == DataKind::seq2seq || c.data.kind == DataKind::synthetic;
-  if (!seq2seq)
-    for (const auto& [path, g] : given_)
-      if (path.starts_with("generate."))
-        fail(path, "text generation needs a sequence-to-sequence model (model.kind " + seq2seq_kinds +
-                       "); model.kind is " + m.kind);
+  const bool lm = family.task == ModelTask::causal_lm;
+  for (const auto& [path, g] : given_) {
+    if (!path.starts_with("generate.")) continue;
+    if (!family.generates)
+      fail(path, "text generation needs a model that generates (model.kind " + generating_family_names() +
+                     "); model.kind is " + m.kind);
+    const bool seq2seq_only =
+        path == "generate.length_penalty" || path == "generate.rouge_samples" || path == "generate.num_beams";
+    if (lm && seq2seq_only && !(path == "generate.num_beams" && c.generate.num_beams == 1))
+      fail(path, "is for model.kind " + seq2seq_kinds + " (beam search, ROUGE); model.kind " + m.kind +
+                     " decodes greedily or samples");
+    if (seq2seq && path == "generate.prompt_len")
+      fail(path, "is for causal LMs (model.kind " + family_names(ModelTask::causal_lm) + "); model.kind " + m.kind +
+                     " decodes from its source");
+  }
+  if (c.generate.do_sample && c.generate.num_beams > 1)
+    fail(blame("generate.do_sample", "generate.num_beams"),
+         "sampling with beams (HF's beam sampling) is not implemented: generate.num_beams must be 1");
+  if (lm && !family.seq_len_key.empty() && c.generate.prompt_len >= m.args.i64(family.seq_len_key))
+    fail(blame("model." + family.seq_len_key, "generate.prompt_len"),
+         "generate.prompt_len (" + std::to_string(c.generate.prompt_len) + ") must be below model." +
+             family.seq_len_key + " (" + std::to_string(m.args.i64(family.seq_len_key)) +
+             "): a validation sample is the prompt and its reference");
   if ((c.data.kind == DataKind::seq2seq && !seq2seq) || (seq2seq && !pairs))
     fail(blame("model.kind", "data.kind"), "model.kind " + (seq2seq ? m.kind : seq2seq_kinds) +
                                                " reads data.kind seq2seq (or synthetic); got model.kind " + m.kind +

@@ -300,9 +300,20 @@ std::vector<Field> schema(Config& c) {
       {"output.trace_steps", StepWindow{&out.trace_first_step, &out.trace_last_step}, unbounded(),
        "The steps traced, [first, last], 1-based and inclusive (needs output.trace); by default every step"},
       {"generate.num_beams", &g.num_beams, at_least(1),
-       "t5: 1 greedy search, more a beam search of that many beams (HF generate()'s num_beams)"},
+       "t5: 1 greedy search, more a beam search of that many beams (HF generate()'s num_beams); llama: 1"},
       {"generate.max_new_tokens", &g.max_new_tokens, at_least(0),
-       "t5: tokens generated at most (HF's max_new_tokens); 0: data.target_len"},
+       "Tokens generated at most (HF's max_new_tokens); 0: data.target_len (t5), the rest of the sample after "
+       "its prompt (llama)"},
+      {"generate.prompt_len", &g.prompt_len, at_least(0),
+       "llama: the first this many tokens of each validation sample are its prompt, the rest its reference; 0: "
+       "half of model.seq_len"},
+      {"generate.do_sample", &g.do_sample, unbounded(),
+       "Sample each token (HF's do_sample: temperature, top-k, top-p, then a draw keyed by train.seed and the "
+       "sample's index) instead of greedy search; num_beams 1"},
+      {"generate.temperature", &g.temperature, above(0), "do_sample: logits are divided by it (HF's temperature)"},
+      {"generate.top_k", &g.top_k, at_least(0), "do_sample: only the k most likely tokens are drawn; 0: all"},
+      {"generate.top_p", &g.top_p, open_closed(0, 1),
+       "do_sample: only the smallest set of most likely tokens whose probability reaches top_p; 1: all"},
       {"generate.length_penalty", &g.length_penalty, unbounded(),
        "t5, beam search: a finished hypothesis scores sum_logprobs / length^length_penalty (HF's length_penalty)"},
       {"generate.batch_size", &g.batch_size, at_least(0),

@@ -69,6 +69,7 @@ inline Bound above(double lo) { return {lo, Bound::kInf, true}; }
 inline Bound closed(double lo, double hi) { return {lo, hi}; }                    // [lo, hi]
 inline Bound closed_open(double lo, double hi) { return {lo, hi, false, true}; }  // [lo, hi)
 inline Bound open_open(double lo, double hi) { return {lo, hi, true, true}; }     // (lo, hi)
+inline Bound open_closed(double lo, double hi) { return {lo, hi, true, false}; }  // (lo, hi]
 inline Bound unbounded() { return {}; }
 
 }  // namespace fsdp

@@ -79,4 +79,8 @@ std::string family_names(ModelTask task) {
   return names_where([task](const ModelFamily& f) { return f.task == task; });
 }
 
+std::string generating_family_names() {
+  return names_where([](const ModelFamily& f) { return f.generates; });
+}
+
 }  // namespace fsdp

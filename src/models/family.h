@@ -93,6 +93,8 @@ struct ModelFamily {
   // a causal LM's tokens per sample (the data's, not the model's, for families without one).
   std::string vocab_key, seq_len_key;
   int64_t classes = 0;  // image_classification: outputs
+  // Its Model implements generate() (`fsdp_app --generate`, the generate.* keys): t5 and llama.
+  bool generates = false;
   // config.json's model_type: a Hugging Face folder of this family (model.init_from, fsdp_ckpt
   // export-hf); "" none. A key config.json leaves out takes its default, as transformers reads
   // it, unless hf_keys_required (a model_type no transformers class reads: every key is needed).
@@ -130,5 +132,7 @@ const ModelFamily& family_of(std::string_view name);
 std::string family_names();
 // The families whose task is `task`, as family_names writes them ("t5").
 std::string family_names(ModelTask task);
+// The families that generate text (ModelFamily::generates): "t5 or llama".
+std::string generating_family_names();
 
 }  // namespace fsdp

@@ -5,13 +5,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <limits>
 #include <numeric>
 
 #include "tensor/error.h"
+#include "tensor/kernel_math.h"
 
 namespace fsdp {
 
 namespace {
+
+// The Philox stream of generation's draws (dropout's streams hash layer names: no overlap).
+constexpr uint64_t kSampleStream = 0x67656e6572617465ULL;  // "generate"
 
 // torch.argmax: the first maximum.
 int32_t argmax(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
@@ -70,6 +76,52 @@ struct Hypotheses {
 
 }  // namespace
 
+int32_t sample_token(const float* logits, int64_t V, const GenerateOptions& o, float u) {
+  // TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper in f32, as HF applies them;
+  // a filtered token's score is -inf.
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  std::vector<float> scores(logits, logits + V);
+  if (o.temperature != 1.0)
+    for (float& x : scores) x = x / static_cast<float>(o.temperature);
+  if (o.top_k > 0 && o.top_k < V) {  // keep scores >= the k-th largest (ties at it stay)
+    std::vector<float> sorted = scores;
+    std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<>());
+    const float kth = sorted[static_cast<size_t>(o.top_k - 1)];
+    for (float& x : scores)
+      if (x < kth) x = neg_inf;
+  }
+  if (o.top_p < 1.0) {  // ascending; drop the prefix whose cumulative probability is <= 1 - top_p
+    std::vector<int64_t> order(static_cast<size_t>(V));
+    std::iota(order.begin(), order.end(), int64_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return scores[static_cast<size_t>(a)] < scores[static_cast<size_t>(b)];
+    });
+    std::vector<float> probs(static_cast<size_t>(V));
+    log_softmax_row(probs.data(), scores.data(), V);
+    float cumulative = 0.0f;
+    for (int64_t r = 0; r + 1 < V; ++r) {  // the largest is always kept (min_tokens_to_keep 1)
+      const auto i = static_cast<size_t>(order[static_cast<size_t>(r)]);
+      cumulative += std::exp(probs[i]);
+      if (cumulative > static_cast<float>(1.0 - o.top_p)) break;
+      scores[i] = neg_inf;
+    }
+  }
+  // softmax, then the first token whose cumulative probability passes u.
+  const float max = *std::max_element(scores.begin(), scores.end());
+  double total = 0.0;
+  for (float& x : scores) total += x = std::exp(x - max);
+  const double target = static_cast<double>(u) * total;
+  double cumulative = 0.0;
+  int32_t last = 0;
+  for (int64_t v = 0; v < V; ++v) {
+    if (scores[static_cast<size_t>(v)] <= 0.0f) continue;
+    last = static_cast<int32_t>(v);
+    cumulative += scores[static_cast<size_t>(v)];
+    if (cumulative > target) return last;
+  }
+  return last;  // u at the very top (rounding): the last token with any probability
+}
+
 std::vector<std::vector<int32_t>> greedy_search(DecodeSteps& steps, int64_t batch, const GenerateOptions& o) {
   const int64_t V = steps.vocab_size();
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(batch));
@@ -84,7 +136,15 @@ std::vector<std::vector<int32_t>> greedy_search(DecodeSteps& steps, int64_t batc
         tokens[b] = o.pad_id;
         continue;
       }
-      tokens[b] = argmax(logits + static_cast<int64_t>(b) * V, V);
+      const float* row = logits + static_cast<int64_t>(b) * V;
+      if (o.do_sample) {
+        const auto sample = static_cast<uint64_t>(o.first_sample + static_cast<int64_t>(b));
+        const float u = kmath::philox_uniform(
+            o.seed, kSampleStream, sample * static_cast<uint64_t>(o.max_new_tokens) + static_cast<uint64_t>(t));
+        tokens[b] = sample_token(row, V, o, u);
+      } else {
+        tokens[b] = argmax(row, V);
+      }
       out[b].push_back(tokens[b]);
       finished[b] = tokens[b] == o.eos_id;
       all_done = all_done && finished[b];

@@ -1,5 +1,6 @@
 #include "train/generation.h"
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -15,9 +16,17 @@ namespace fsdp {
 
 namespace {
 
+// The first `prompt_len` columns of (B, T) i32 inputs, in place of them.
+void cut_prompts(BatchBuffers& host, int64_t prompt_len, MemoryTracker& mem) {
+  const int64_t B = host.inputs.dim(0), T = host.inputs.dim(1);
+  Tensor prompts = Tensor::empty({B, prompt_len}, DType::i32, MemCategory::activations, &mem);
+  for (int64_t b = 0; b < B; ++b) std::copy_n(host.inputs.i32() + b * T, prompt_len, prompts.i32() + b * prompt_len);
+  host.inputs = prompts;
+}
+
 // This rank's slice of samples [0, count), decoded in batches with every unit gathered.
-std::vector<std::vector<int32_t>> decode_slice(Model& model, FsdpEngine& engine, const Seq2SeqDataset& data,
-                                               int64_t count, const GenerationOptions& o, MemoryTracker& mem) {
+std::vector<std::vector<int32_t>> decode_slice(Model& model, FsdpEngine& engine, const Dataset& data, int64_t count,
+                                               const GenerationOptions& o, MemoryTracker& mem) {
   const auto [first, mine] = Sampler::rank_slice(count, o.rank, o.world_size);
   std::vector<std::vector<int32_t>> out;
   out.reserve(static_cast<size_t>(mine));
@@ -34,8 +43,11 @@ std::vector<std::vector<int32_t>> decode_slice(Model& model, FsdpEngine& engine,
     std::vector<int64_t> idx(static_cast<size_t>(std::min(o.batch_size, mine - start)));
     std::iota(idx.begin(), idx.end(), first + start);
     load_batch(data, idx, host, &mem);
+    if (o.prompt_len > 0) cut_prompts(host, o.prompt_len, mem);
     const BatchBuffers& in = upload_batch(engine.runtime(), host, dev);
-    for (auto& ids : model.generate(ctx, in.inputs, o.search)) out.push_back(std::move(ids));
+    GenerateOptions search = o.search;
+    search.first_sample = first + start;  // sampling's draws are keyed by the sample, not the rank
+    for (auto& ids : model.generate(ctx, in.inputs, search)) out.push_back(std::move(ids));
     bar.update(start + static_cast<int64_t>(idx.size()));
   }
   engine.reshard_all();
@@ -44,8 +56,8 @@ std::vector<std::vector<int32_t>> decode_slice(Model& model, FsdpEngine& engine,
 
 }  // namespace
 
-std::vector<std::vector<int32_t>> generate_samples(Model& model, FsdpEngine& engine, const Seq2SeqDataset& data,
-                                                   int64_t count, const GenerationOptions& o, MemoryTracker& mem) {
+std::vector<std::vector<int32_t>> generate_samples(Model& model, FsdpEngine& engine, const Dataset& data, int64_t count,
+                                                   const GenerationOptions& o, MemoryTracker& mem) {
   const std::vector<std::vector<int32_t>> mine = decode_slice(model, engine, data, count, o, mem);
   // To rank 0: each rank's slice as (rows, width) i32, -1 after a sequence's end, the rows of
   // the largest slice for all (all_gather takes equal counts).
@@ -97,6 +109,33 @@ std::string generation_json(int64_t index, const Seq2SeqDataset& data, const std
   j["generated"] = data.tokenizer().decode(ids);
   j["generated_ids"] = ids;
   // Invalid UTF-8 (a byte model can generate any bytes) becomes U+FFFD instead of an exception.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string lm_generation_json(int64_t index, const Dataset& data, int64_t prompt_len, bool bytes,
+                               const std::vector<int32_t>& ids) {
+  BatchBuffers sample;
+  const int64_t at[1] = {index};
+  load_batch(data, at, sample, nullptr);
+  const int64_t T = sample.inputs.dim(1);
+  // The continuation after the prompt: inputs [P, T) and the last target (the token after T - 1).
+  std::vector<int32_t> prompt(sample.inputs.i32(), sample.inputs.i32() + prompt_len);
+  std::vector<int32_t> reference(sample.targets.i32() + prompt_len - 1, sample.targets.i32() + T);
+  nlohmann::ordered_json j;
+  j["index"] = index;
+  if (bytes) {
+    auto text = [](const std::vector<int32_t>& v) {
+      std::string t;
+      for (const int32_t id : v) t += id >= 0 && id < 256 ? std::string(1, static_cast<char>(id)) : "\xEF\xBF\xBD";
+      return t;
+    };
+    j["prompt"] = text(prompt);
+    j["reference"] = text(reference);
+    j["generated"] = text(ids);
+  }
+  j["prompt_ids"] = prompt;
+  j["reference_ids"] = reference;
+  j["generated_ids"] = ids;
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 

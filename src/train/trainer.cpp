@@ -125,9 +125,22 @@ GenerationOptions Trainer::generation_options() const {
   const State& s = *s_;
   const GenerateConfig& g = s.c.generate;
   GenerationOptions o;
-  o.search.max_new_tokens = g.max_new_tokens > 0 ? g.max_new_tokens : s.c.data.target_len;
+  const ModelFamily& family = s.c.model.family();
+  if (family.task == ModelTask::causal_lm) {  // prompts cut from the samples
+    const int64_t seq_len = s.c.model.args.i64(family.seq_len_key);
+    o.prompt_len = g.prompt_len > 0 ? g.prompt_len : std::max<int64_t>(1, seq_len / 2);
+    // The reference: the sample's tokens after the prompt, its last target included.
+    o.search.max_new_tokens = g.max_new_tokens > 0 ? g.max_new_tokens : seq_len - o.prompt_len + 1;
+  } else {
+    o.search.max_new_tokens = g.max_new_tokens > 0 ? g.max_new_tokens : s.c.data.target_len;
+  }
   o.search.num_beams = g.num_beams;
   o.search.length_penalty = g.length_penalty;
+  o.search.do_sample = g.do_sample;
+  o.search.temperature = g.temperature;
+  o.search.top_k = g.top_k;
+  o.search.top_p = g.top_p;
+  o.search.seed = s.c.train.seed;
   o.batch_size = g.batch_size > 0 ? g.batch_size : s.c.train.eval_batch_size;
   o.rank = s.env.rank;
   o.world_size = s.env.world_size;
@@ -146,9 +159,20 @@ int64_t Trainer::rouge_samples() const {
 
 void Trainer::generate(int64_t count) {
   State& s = *s_;
+  if (!s.c.model.family().generates)
+    throw Error("--generate needs a model that generates (model.kind " + generating_family_names() + ")");
   const Seq2SeqDataset* data = eval_pairs(s.c.model, s.data);
-  if (!data)
-    throw Error("--generate needs a sequence-to-sequence model (model.kind " + family_names(ModelTask::seq2seq) + ")");
+  if (!data) {  // a causal LM: prompts from the validation samples
+    const GenerationOptions o = generation_options();
+    count = std::min(count, s.data.eval->size());
+    const std::vector<std::vector<int32_t>> ids = generate_samples(*s.model, *s.engine, *s.data.eval, count, o, s.mem);
+    for (size_t i = 0; i < ids.size(); ++i)
+      std::printf("%s\n", lm_generation_json(static_cast<int64_t>(i), *s.data.eval, o.prompt_len,
+                                             s.c.data.kind == DataKind::text, ids[i])
+                              .c_str());
+    std::fflush(stdout);
+    return;
+  }
   count = std::min(count, data->size());
   const std::vector<std::vector<int32_t>> ids =
       generate_samples(*s.model, *s.engine, *data, count, generation_options(), s.mem);

@@ -17,6 +17,10 @@ llama_reference.py's CONFIGS[config] in the input file's names):
    --max-shard-size 100KB) as shards with their index, each loaded by
    LlamaForCausalLM.from_pretrained: its first-batch loss equals the one with HF's final weights
    within LOAD_LOSS_RTOL.
+5. Generation from HF's initial weights (random: varied tokens): `fsdp_app --generate 6` with
+   16-byte prompts cut from the validation samples equals LlamaForCausalLM.generate() greedy,
+   token for token, at np 1 and FULL_SHARD np 3; sampling (top-p 0.9, temperature 0.8, the run's
+   seed) gives the same tokens at np 1 and np 3, and not greedy's.
 
 usage: check_llama.py BUILD_DIR|PATH/TO/fsdp_app OUT_DIR [--config gqa|tied] [--set KEY=VALUE]
 Exit 0 on PASS; otherwise the last line is `check_llama: FAIL: ...`, exit 1.
@@ -25,6 +29,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 
@@ -40,6 +45,7 @@ from pylib.venv import hf_python  # noqa: E402
 from reference.check_t5 import LOSS_RTOL, compare_load, compare_losses, compare_params, read_group  # noqa: E402
 
 CONFIGS = ["gqa", "tied"]
+GENERATE_N, PROMPT_LEN, NEW_TOKENS = 6, 16, 12
 MPIRUN_SH = os.path.join(os.path.dirname(HERE), "mpirun.sh")
 MPIRUN = [MPIRUN_SH, "2"]
 R = Report()  # one case per config
@@ -100,6 +106,52 @@ def settings_of(cfg_name, doc):
     train, data = doc["train"], doc["data"]
     return {"steps": train["steps"], "batch": train["global_batch_size"], "seq_len": seq_len,
             "eval_fraction": data["eval_fraction"], "data": data["path"]}
+
+
+def generated(app_cmd, log):
+    """The generated_ids of each JSON line fsdp_app --generate prints."""
+    with open(log, "w") as f:
+        r = subprocess.run(app_cmd, stdout=f, stderr=subprocess.STDOUT, timeout=300)
+    rows = [json.loads(line) for line in open(log) if line.startswith("{")]
+    return r.returncode, [row["generated_ids"] for row in rows]
+
+
+def check_generate(app, ref, cfg_name, d, yaml_path, extra, t):
+    """Step 5: greedy --generate from HF's initial weights equals HF's generate() token for token,
+    at np 1 and under FULL_SHARD at np 3; sampling (top-p 0.9, temperature 0.8) gives the same
+    tokens at np 1 and np 3 (its draws are keyed by the sample, not the rank)."""
+    init = os.path.join(d, "init.h5")
+    log = os.path.join(d, "hf_generate.log")
+    t["hf generate"] = run(ref + ["--generate", init, "--generate-n", str(GENERATE_N), "--prompt-len",
+                                  str(PROMPT_LEN), "--max-new-tokens", str(NEW_TOKENS)], log)
+    want = json.loads(open(log).read().strip().splitlines()[-1])
+    common = [app, yaml_path, "--set", f"model.init_from={init}", "--set", f"generate.prompt_len={PROMPT_LEN}",
+              "--set", f"generate.max_new_tokens={NEW_TOKENS}", "--set", "generate.batch_size=3",
+              "--generate", str(GENERATE_N)] + extra
+    fails, sampled = [], {}
+    for name, launch, sample in (("greedy np 1", [], False), ("greedy np 3", [MPIRUN_SH, "3"], False),
+                                 ("sampled np 1", [], True), ("sampled np 3", [MPIRUN_SH, "3"], True)):
+        sets = ["--set", "generate.do_sample=true", "--set", "generate.top_p=0.9", "--set",
+                "generate.temperature=0.8"] if sample else []
+        rc, ours = generated(launch + common + sets, os.path.join(d, f"generate_{name.replace(' ', '_')}.jsonl"))
+        if sample:
+            sampled[name] = ours
+            ok = rc == 0 and len(ours) == GENERATE_N
+        else:
+            same = sum(o == h for o, h in zip(ours, want))
+            ok = rc == 0 and len(ours) == len(want) and same == len(want)
+            print(f"{cfg_name}: generate {name}: {'PASS' if ok else 'FAIL'}: {same} of {len(want)} rows equal to "
+                  f"HF's generate() token for token (exit {rc})", flush=True)
+        if not ok:
+            fails.append(f"{cfg_name} generate {name}: exit {rc}, {len(ours)} rows")
+    same = sampled.get("sampled np 1") == sampled.get("sampled np 3")
+    differs = sampled.get("sampled np 1") != want
+    print(f"{cfg_name}: generate sampled: {'PASS' if same and differs else 'FAIL'}: np 1 and np 3 "
+          f"{'equal' if same else 'differ'}; {'not ' if not differs else ''}different from greedy", flush=True)
+    if not (same and differs):
+        fails.append(f"{cfg_name} sampling: np 1 and np 3 {'equal' if same else 'differ'}, "
+                     f"{'differs from' if differs else 'equals'} greedy")
+    return fails
 
 
 def check_config(app, ckpt_tool, py, cfg_name, out, sets):
@@ -171,6 +223,7 @@ def check_config(app, ckpt_tool, py, cfg_name, out, sets):
         r_load = max(r_load, r)
         if not ok:
             fails.append(f"{cfg_name} {os.path.basename(folder)} into HF: first-batch loss rel diff {r:.2e}")
+    fails += check_generate(app, ref, cfg_name, d, yaml_path, extra, t)
     times = ", ".join(f"{k} {v:.1f} s" for k, v in t.items())
     R.check(cfg_name, not fails, f"loss max rel diff {worst_loss:.2e}, np 3 and 8 from the sharded folder {worst2:.2e} "
             f"(tol {LOSS_RTOL:g}); final weights worst rel L2 {worst_param[0]:.2e}; exported folder's loss in HF "

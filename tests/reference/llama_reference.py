@@ -104,10 +104,38 @@ def main():
     ap.add_argument("--shard-kb", type=int, default=64)
     ap.add_argument("--out")
     ap.add_argument("--loss-of", nargs="+", metavar="FILE", help="print each file's first-batch loss as JSON")
+    ap.add_argument("--generate", metavar="FILE", help="greedy generate() from FILE's weights; print JSON")
+    ap.add_argument("--generate-n", type=int, default=4, help="validation samples decoded")
+    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=12)
     args = ap.parse_args()
     torch.set_num_threads(1)
     from transformers import LlamaForCausalLM
     tied = CONFIGS[args.config].get("tie_word_embeddings", False)
+    if args.generate:
+        # The first validation samples' first prompt-len bytes (fsdp_app's generate.prompt_len),
+        # decoded greedily; each row's ids after the prompt, cut after the eos as fsdp_app prints them.
+        model = load_into(LlamaForCausalLM(config_of(args.config)), args.generate, tied)
+        model.eval()
+        raw = np.frombuffer(open(args.data, "rb").read(), dtype=np.uint8).astype(np.int64)
+        samples = (len(raw) - 1) // args.seq_len
+        first_eval = math.floor(samples * (1.0 - args.eval_fraction))
+        rows = [raw[(first_eval + i) * args.seq_len:(first_eval + i) * args.seq_len + args.prompt_len]
+                for i in range(args.generate_n)]
+        eos = model.config.eos_token_id
+        with torch.no_grad():
+            out = model.generate(input_ids=torch.from_numpy(np.stack(rows)), max_new_tokens=args.max_new_tokens,
+                                 do_sample=False, num_beams=1, pad_token_id=eos)
+        result = []
+        for row in out[:, args.prompt_len:].tolist():
+            ids = []
+            for t in row:
+                ids.append(t)
+                if t == eos:
+                    break
+            result.append(ids)
+        print(json.dumps(result))
+        return
     data = batches(args.data, args.seq_len, args.batch, args.eval_fraction, args.steps)
     if args.loss_of:
         out = {}

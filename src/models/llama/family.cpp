@@ -153,6 +153,7 @@ LlamaConfig llama_config(const ModelArgs& a) {
   c.attention_dropout = static_cast<float>(a.f64("attention_dropout"));
   c.tie_word_embeddings = a.flag("tie_word_embeddings");
   c.pad_token_id = a.i64("pad_token_id");
+  c.eos_token_id = a.i64("eos_token_id");
   return c;
 }
 
@@ -224,6 +225,7 @@ ModelFamily llama_family() {
   f.name = "llama";
   f.summary = "Hugging Face's LlamaForCausalLM (Llama 2 and 3, TinyLlama, Mistral without its sliding window)";
   f.task = ModelTask::causal_lm;
+  f.generates = true;
   f.args = llama_args();
   f.presets = llama_presets();
   f.vocab_key = "vocab_size";

@@ -5,11 +5,15 @@
 // head, D = C / H head dim, I intermediate_size, V vocab.
 #include "models/llama/llama.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "models/generate.h"
 #include "nn/layers.h"
 #include "tensor/error.h"
 
@@ -46,11 +50,23 @@ void hf_init(Linear& l, const LlamaConfig& c) {
   if (l.bias) l.bias->init = {ParamInit::Kind::constant, 0.0f, 0.0f};
 }
 
-// What every block reads: the rotary tables of positions [0, positions), made once per length on
-// the host and put where the kernels run.
+// Decoding (generate()): the keys and values of the positions so far (HF's past_key_values), per
+// decoder layer; the prompt is read in one forward, then one position per sequence per step.
+struct LlamaCache {
+  struct Layer {
+    Tensor k, v;  // (N, Tmax, G*D): sequence n's position p at (n * Tmax + p) * G*D
+  };
+  int64_t t = 0;     // positions cached so far: the next forward's first position
+  int64_t Tmax = 0;  // positions at most
+  std::vector<Layer> layers;
+};
+
+// What every block reads: the rotary tables of positions [0, positions), made on the host and put
+// where the kernels run, and while decoding the cache.
 struct LlamaState {
   Tensor cos, sin;  // (positions, D/2)
   int64_t positions = 0;
+  LlamaCache* cache = nullptr;  // set while decoding; training: null
 };
 
 // LlamaAttention: q_proj (H*D, C), k_proj and v_proj (G*D, C), o_proj (C, H*D); rotary embedding
@@ -58,7 +74,7 @@ struct LlamaState {
 // h / R (HF's repeat_kv). x (B, T, C) -> (B, T, C).
 class LlamaAttention : public Layer {
  public:
-  LlamaAttention(const std::string& name, const LlamaConfig& c, LlamaState& state)
+  LlamaAttention(const std::string& name, const LlamaConfig& c, LlamaState& state, size_t layer)
       : Layer(name, "LlamaAttention"),
         q_proj(add_child<Linear>(child_name("q_proj"), c.hidden_size, c.hidden_size, c.attention_bias)),
         k_proj(add_child<Linear>(child_name("k_proj"), c.hidden_size, kv_width(c), c.attention_bias)),
@@ -68,30 +84,35 @@ class LlamaAttention : public Layer {
         H_(c.num_attention_heads),
         G_(c.num_key_value_heads),
         D_(c.hidden_size / c.num_attention_heads),
+        layer_(layer),
         state_(state) {
     for (Linear* l : {&q_proj, &k_proj, &v_proj, &o_proj}) hf_init(*l, c);
   }
 
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
-    const int64_t B = x.dim(0), T = x.dim(1);
+    const int64_t B = x.dim(0), Tq = x.dim(1), pos0 = state_.cache ? state_.cache->t : 0;
     Kernels& kernels = ctx.kernels();
     // The projections' outputs, rotated in place: what the scores and their gradients read.
     Q_ = q_proj.forward(ctx, x);
     K_ = k_proj.forward(ctx, x);
     V_ = v_proj.forward(ctx, x);
-    kernels.rope(Q_.f32(), state_.cos.f32(), state_.sin.f32(), B * T, T, H_, D_, H_ * D_, 0, false);
-    kernels.rope(K_.f32(), state_.cos.f32(), state_.sin.f32(), B * T, T, G_, D_, G_ * D_, 0, false);
-    ctx.ensure(probs_, {B, H_, T, T}, DType::f32);
+    kernels.rope(Q_.f32(), state_.cos.f32(), state_.sin.f32(), B * Tq, Tq, H_, D_, H_ * D_, pos0, false);
+    kernels.rope(K_.f32(), state_.cos.f32(), state_.sin.f32(), B * Tq, Tq, G_, D_, G_ * D_, pos0, false);
+    const Keys keys = state_.cache ? cached_keys(ctx, B, Tq) : Keys{K_.f32(), V_.f32(), Tq, Tq * G_ * D_};
+    const int64_t Tk = keys.count;
+    ctx.ensure(probs_, {B, H_, Tq, Tk}, DType::f32);
     const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D_)));
-    each_group(B, T, [&](const Heads& h) {  // scores (T, T) = q_h k_g^T / sqrt(D)
-      kernels.gemm_strided_batched(false, true, T, T, D_, scale, Q_.f32() + h.q, H_ * D_, h.q_stride, K_.f32() + h.kv,
-                                   G_ * D_, D_, 0.0f, probs_.f32() + h.p, T, h.p_stride, G_);
+    each_group(B, Tq, Tk, keys.sample_stride, [&](const Heads& h) {  // scores (Tq, Tk) = q_h k_g^T / sqrt(D)
+      kernels.gemm_strided_batched(false, true, Tq, Tk, D_, scale, Q_.f32() + h.q, H_ * D_, h.q_stride, keys.k + h.kv,
+                                   G_ * D_, D_, 0.0f, probs_.f32() + h.p, Tk, h.p_stride, G_);
     });
-    kernels.attention_softmax_forward(probs_.f32(), nullptr, nullptr, true, B, H_, T, T);
+    // Causal over the positions of this forward; a decoding step's one query is the last position,
+    // after every cached key.
+    kernels.attention_softmax_forward(probs_.f32(), nullptr, nullptr, Tq > 1, B, H_, Tq, Tk);
     dropped_ = dropout.forward(ctx, probs_);
-    ctx.ensure(y_, {B, T, H_ * D_}, DType::f32);
-    each_group(B, T, [&](const Heads& h) {  // y_h (T, D) = P_h (T, T) @ v_g (T, D), heads side by side
-      kernels.gemm_strided_batched(false, false, T, D_, T, 1.0f, dropped_.f32() + h.p, T, h.p_stride, V_.f32() + h.kv,
+    ctx.ensure(y_, {B, Tq, H_ * D_}, DType::f32);
+    each_group(B, Tq, Tk, keys.sample_stride, [&](const Heads& h) {  // y_h (Tq, D) = P_h @ v_g, heads side by side
+      kernels.gemm_strided_batched(false, false, Tq, D_, Tk, 1.0f, dropped_.f32() + h.p, Tk, h.p_stride, keys.v + h.kv,
                                    G_ * D_, D_, 0.0f, y_.f32() + h.q, H_ * D_, h.q_stride, G_);
     });
     out_ = o_proj.forward(ctx, y_);
@@ -99,6 +120,7 @@ class LlamaAttention : public Layer {
   }
 
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
+    if (state_.cache) throw Error(name() + ": no backward while decoding");
     const int64_t B = Q_.dim(0), T = Q_.dim(1);
     Kernels& kernels = ctx.kernels();
     const Tensor dY = o_proj.backward(ctx, dy);  // (B, T, H*D)
@@ -106,7 +128,7 @@ class LlamaAttention : public Layer {
     ctx.ensure(dP_, probs_.shape(), DType::f32);
     // A key/value head's gradient sums its R query heads' (repeat_kv's backward): the first writes
     // (beta 0), the others add (beta 1).
-    each_group(B, T, [&](const Heads& h) {
+    each_group(B, T, T, T * G_ * D_, [&](const Heads& h) {
       // dv_g (T, D) += P_h^T @ dy_h ; dP_h (T, T) = dy_h @ v_g^T
       kernels.gemm_strided_batched(true, false, T, D_, T, 1.0f, dropped_.f32() + h.p, T, h.p_stride, dY.f32() + h.q,
                                    H_ * D_, h.q_stride, h.first ? 0.0f : 1.0f, dV_.f32() + h.kv, G_ * D_, D_, G_);
@@ -118,7 +140,7 @@ class LlamaAttention : public Layer {
     ctx.ensure(dQ_, Q_.shape(), DType::f32);
     ctx.ensure(dK_, K_.shape(), DType::f32);
     const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D_)));
-    each_group(B, T, [&](const Heads& h) {
+    each_group(B, T, T, T * G_ * D_, [&](const Heads& h) {
       // dq_h = scale dS_h @ k_g ; dk_g += scale dS_h^T @ q_h
       kernels.gemm_strided_batched(false, false, T, D_, T, scale, dS.f32() + h.p, T, h.p_stride, K_.f32() + h.kv,
                                    G_ * D_, D_, 0.0f, dQ_.f32() + h.q, H_ * D_, h.q_stride, G_);
@@ -151,22 +173,49 @@ class LlamaAttention : public Layer {
     return c.num_key_value_heads * (c.hidden_size / c.num_attention_heads);
   }
 
+  // Where the keys and values the queries read are: sample b's key j at k + b * sample_stride +
+  // j * G*D (values alike at v); `count` keys.
+  struct Keys {
+    const float* k;
+    const float* v;
+    int64_t count, sample_stride;
+  };
+
+  // Decoding: this forward's keys and values (B, Tq, G*D) appended to the layer's cache at
+  // positions [t, t + Tq); the queries read positions [0, t + Tq).
+  Keys cached_keys(RunCtx& ctx, int64_t B, int64_t Tq) {
+    LlamaCache& cache = *state_.cache;
+    LlamaCache::Layer& layer = cache.layers.at(layer_);
+    const int64_t W = G_ * D_;
+    if (cache.t + Tq > cache.Tmax)
+      throw Error(name() + ": " + std::to_string(cache.t + Tq) + " positions, more than the " +
+                  std::to_string(cache.Tmax) + " the decoding was set up for");
+    for (auto [src, dst] : {std::pair{&K_, &layer.k}, std::pair{&V_, &layer.v}}) {
+      ctx.ensure(*dst, {B, cache.Tmax, W}, DType::f32);
+      for (int64_t b = 0; b < B; ++b)
+        ctx.kernels().cast(dst->f32() + (b * cache.Tmax + cache.t) * W, DType::f32, src->f32() + b * Tq * W, DType::f32,
+                           Tq * W);
+    }
+    return {layer.k.f32(), layer.v.f32(), cache.t + Tq, cache.Tmax * W};
+  }
+
   // One batched GEMM's worth of heads: query heads g * R + r of sample b for g = 0..G-1 (element
-  // offsets into the (B, T, H*D) q side, the (B, T, G*D) k/v side and the (B, H, T, T) scores,
-  // and the strides between consecutive g). first: r == 0.
+  // offsets into the (B, Tq, H*D) q side, the k/v side (samples kv_stride apart) and the
+  // (B, H, Tq, Tk) scores, and the strides between consecutive g). first: r == 0.
   struct Heads {
     int64_t q, kv, p, q_stride, p_stride;
     bool first;
   };
   template <class Fn>
-  void each_group(int64_t B, int64_t T, Fn&& fn) const {
+  void each_group(int64_t B, int64_t Tq, int64_t Tk, int64_t kv_stride, Fn&& fn) const {
     const int64_t R = H_ / G_;
     for (int64_t b = 0; b < B; ++b)
       for (int64_t r = 0; r < R; ++r)
-        fn(Heads{b * T * H_ * D_ + r * D_, b * T * G_ * D_, (b * H_ + r) * T * T, R * D_, R * T * T, r == 0});
+        fn(Heads{b * Tq * H_ * D_ + r * D_, b * kv_stride, (b * H_ + r) * Tq * Tk, R * D_, R * Tq * Tk, r == 0});
   }
 
   int64_t H_, G_, D_;
+  size_t layer_;  // the decoder layer's index: its layer of the decoding cache
   LlamaState& state_;
   Tensor Q_, K_, V_;  // (B, T, H*D), (B, T, G*D) x2: rotated q and k, v
   Tensor probs_;      // (B, H, T, T) softmax probabilities
@@ -225,9 +274,9 @@ class LlamaMLP : public Layer {
 // Registered as HF registers it (self_attn, mlp, then the norms). The transformer_layer policy's unit.
 class LlamaDecoderLayer : public Layer {
  public:
-  LlamaDecoderLayer(const std::string& name, const LlamaConfig& c, LlamaState& state)
+  LlamaDecoderLayer(const std::string& name, const LlamaConfig& c, LlamaState& state, size_t index)
       : Layer(name, "LlamaDecoderLayer"),
-        self_attn(add_child<LlamaAttention>(child_name("self_attn"), c, state)),
+        self_attn(add_child<LlamaAttention>(child_name("self_attn"), c, state, index)),
         mlp(add_child<LlamaMLP>(child_name("mlp"), c)),
         input_layernorm(
             add_child<RMSNorm>(child_name("input_layernorm"), "LlamaRMSNorm", c.hidden_size, c.rms_norm_eps)),
@@ -272,14 +321,15 @@ class LlamaModel : public Layer {
     embed_tokens->weight.init = normal_std(c.initializer_range);
     embed_tokens->weight.init.zero_row = c.pad_token_id;
     for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-      layers_.push_back(&add_child<LlamaDecoderLayer>(child_name("layers." + std::to_string(i)), c, state_));
+      layers_.push_back(
+          &add_child<LlamaDecoderLayer>(child_name("layers." + std::to_string(i)), c, state_, static_cast<size_t>(i)));
     norm = &add_child<RMSNorm>(child_name("norm"), "LlamaRMSNorm", c.hidden_size, c.rms_norm_eps);
     need_input_grad = false;
   }
 
   const Tensor& do_forward(RunCtx& ctx, const Tensor& ids) override {
     const int64_t B = ids.dim(0), T = ids.dim(1), C = c_.hidden_size;
-    ensure_rope_tables(ctx, T);
+    ensure_rope_tables(ctx, state_.cache ? state_.cache->Tmax : T);
     ids_ = ids;
     ctx.pre_forward(*embed_tokens);  // read here, not called: its hooks run here (size_based may make it a unit)
     ctx.ensure(emb_, {B, T, C}, DType::f32);
@@ -289,6 +339,12 @@ class LlamaModel : public Layer {
     for (LlamaDecoderLayer* l : layers_) h = l->forward(ctx, h);
     out_ = norm->forward(ctx, h);
     return out_;
+  }
+
+  // Decoding: forward reads (N, Tq) ids at positions cache->t.. and extends `cache`; null ends it.
+  void set_decode_cache(LlamaCache* cache) {
+    state_.cache = cache;
+    if (cache) cache->layers.resize(layers_.size());
   }
 
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
@@ -312,7 +368,7 @@ class LlamaModel : public Layer {
 
  private:
   // The tables of positions [0, T): made on the host, put where the kernels run, kept for the
-  // next batch of the same length.
+  // next batch of the same length (a position's angles do not depend on the table's length).
   void ensure_rope_tables(RunCtx& ctx, int64_t T) {
     if (state_.positions == T) return;
     const int64_t half = c_.hidden_size / c_.num_attention_heads / 2;
@@ -345,6 +401,78 @@ class LlamaModel : public Layer {
   Tensor pad_masked_;  // (B, T) i32: ids with the padding id as -1, during backward
 };
 
+// Host or runtime memory for a tensor made on the host (decoding's ids).
+Tensor upload(RunCtx& ctx, const Tensor& host) {
+  if (ctx.runtime && ctx.runtime->device() != Device::cpu)
+    return to_device(*ctx.runtime, host, MemCategory::activations);
+  return host;
+}
+
+// generate()'s steps: the prompts (N, P) read in one forward of the model's own modules, filling
+// the cache; the first step returns the logits of each prompt's last position, every later step
+// feeds one token per sequence. No dropout (not training).
+class LlamaDecoding final : public DecodeSteps {
+ public:
+  LlamaDecoding(RunCtx& ctx, const LlamaConfig& c, LlamaModel& model, LmHead& head, const Tensor& prompts,
+                int64_t max_new_tokens)
+      : ctx_(ctx), c_(c), model_(model), head_(head), N_(prompts.dim(0)) {
+    const int64_t P = prompts.dim(1);
+    cache_.Tmax = P + max_new_tokens;
+    model_.set_decode_cache(&cache_);
+    const Tensor logits = head_.forward(ctx_, model_.forward(ctx_, prompts));  // (N, P, V)
+    cache_.t = P;
+    keep_rows(logits, P - 1, P);
+  }
+  ~LlamaDecoding() override {
+    model_.set_decode_cache(nullptr);
+    model_.release_activations();
+    head_.release_activations();
+  }
+  LlamaDecoding(const LlamaDecoding&) = delete;
+  LlamaDecoding& operator=(const LlamaDecoding&) = delete;
+
+  int64_t vocab_size() const override { return c_.vocab_size; }
+
+  const float* step(std::span<const int32_t> tokens, std::span<const int32_t> origin) override {
+    for (int64_t i = 0; i < N_; ++i)
+      if (origin[static_cast<size_t>(i)] != i) throw Error("llama generate: no beam search (generate.num_beams 1)");
+    if (first_) {  // the prompt's forward already gave this step's logits
+      first_ = false;
+      return last_.data();
+    }
+    Tensor ids = Tensor::empty({N_, 1}, DType::i32, MemCategory::activations, ctx_.mem);
+    for (int64_t i = 0; i < N_; ++i) {
+      const int32_t id = tokens[static_cast<size_t>(i)];
+      if (id < 0 || id >= c_.vocab_size)
+        throw Error("llama generate: token " + std::to_string(id) + " outside the vocab");
+      ids.i32()[i] = id;
+    }
+    const Tensor logits = head_.forward(ctx_, model_.forward(ctx_, upload(ctx_, ids)));  // (N, 1, V)
+    ++cache_.t;
+    keep_rows(logits, 0, 1);
+    return last_.data();
+  }
+
+ private:
+  // Position `at` of each sequence's (T, V) logits, on the host, as (N, V).
+  void keep_rows(const Tensor& logits, int64_t at, int64_t T) {
+    const int64_t V = c_.vocab_size;
+    const Tensor host =
+        logits.device() == Device::cpu ? logits : to_host(*ctx_.runtime, logits, MemCategory::activations, ctx_.mem);
+    last_.resize(static_cast<size_t>(N_ * V));
+    for (int64_t i = 0; i < N_; ++i) std::copy_n(host.f32() + (i * T + at) * V, V, last_.data() + i * V);
+  }
+
+  RunCtx& ctx_;
+  const LlamaConfig& c_;
+  LlamaModel& model_;
+  LmHead& head_;
+  int64_t N_;
+  LlamaCache cache_;
+  bool first_ = true;
+  std::vector<float> last_;  // (N, V) the latest step's logits
+};
+
 class LlamaForCausalLM : public Model {
  public:
   explicit LlamaForCausalLM(const LlamaConfig& c)
@@ -354,6 +482,23 @@ class LlamaForCausalLM : public Model {
                                   c.tie_word_embeddings ? &model_->embed_tokens->weight : nullptr);
   }
   std::vector<std::string> block_types() const override { return {"LlamaDecoderLayer"}; }
+
+  std::vector<std::vector<int32_t>> generate(RunCtx& ctx, const Tensor& prompts, const GenerateOptions& o) override {
+    if (prompts.ndim() != 2 || prompts.dim(1) < 1)
+      throw Error("llama generate: prompts " + shape_str(prompts.shape()) + " are not (B, P) with P >= 1");
+    if (o.num_beams != 1) throw Error("llama generate: beam search is not implemented (generate.num_beams 1)");
+    const Tensor host =
+        prompts.device() == Device::cpu ? prompts : to_host(*ctx.runtime, prompts, MemCategory::activations, ctx.mem);
+    for (int64_t i = 0; i < host.numel(); ++i)
+      if (host.i32()[i] < 0 || host.i32()[i] >= c_.vocab_size)
+        throw Error("llama generate: prompt token " + std::to_string(host.i32()[i]) + " outside vocab_size " +
+                    std::to_string(c_.vocab_size));
+    GenerateOptions lm = o;
+    lm.eos_id = static_cast<int32_t>(c_.eos_token_id);
+    lm.pad_id = static_cast<int32_t>(c_.pad_token_id >= 0 ? c_.pad_token_id : c_.eos_token_id);  // HF's fallback
+    LlamaDecoding steps(ctx, c_, *model_, *lm_head_, prompts, o.max_new_tokens);
+    return greedy_search(steps, prompts.dim(0), lm);
+  }
 
  protected:
   Tensor run_forward(RunCtx& ctx, const Tensor& inputs, const Tensor& targets) override {

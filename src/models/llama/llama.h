@@ -9,7 +9,8 @@
 // Inputs (B, T) i32 token ids at positions 0..T-1; targets (B, T) i32 the next token of each
 // position (-100 = ignored): the loss is the cross-entropy over the targets that are not ignored,
 // HF's loss when its labels are the inputs (HF shifts them by one inside the model; our data
-// gives the shifted targets).
+// gives the shifted targets). generate(): prompts (B, P) of equal length, read in one forward,
+// then one token per sequence per step against the cached keys and values (greedy or sampling).
 #include <cstdint>
 #include <memory>
 
@@ -33,6 +34,7 @@ struct LlamaConfig {
   float attention_dropout = 0.0f;
   bool tie_word_embeddings = false;
   int64_t pad_token_id = -1;  // >= 0: nn.Embedding's padding_idx (zero row, no gradient)
+  int64_t eos_token_id = 2;   // generation stops a sequence at it
 };
 
 std::unique_ptr<Model> make_llama(const LlamaConfig& config);

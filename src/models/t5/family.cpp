@@ -162,6 +162,7 @@ ModelFamily t5_family() {
   f.name = "t5";
   f.summary = "Hugging Face's T5ForConditionalGeneration (its state_dict names)";
   f.task = ModelTask::seq2seq;
+  f.generates = true;
   f.args = t5_args();
   f.presets = t5_presets();
   f.vocab_key = "vocab_size";
