@@ -13,6 +13,7 @@
 #include <numeric>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/h5.h"
 #include "ckpt/internal.h"
 #include "tensor/error.h"
 
@@ -334,6 +335,79 @@ BOOST_AUTO_TEST_CASE(damaged_or_mismatched_files_are_refused_with_one_line) {
   BOOST_TEST(error_of([&] { read_checkpoint_meta(dir.file("strategy.h5")); })
                  .find("attribute strategy is 'FULLSHARD', not FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or "
                        "HYBRID_SHARD_ZERO2") != std::string::npos);
+}
+
+// model.init_from of a PyTorch state_dict that holds a tied weight under two names (T5's
+// shared.weight and encoder.embed_tokens.weight, Llama's embedding and lm_head.weight): read under
+// the first name present, the other compared; a copy that differs, or a name no alias covers, is
+// one line.
+BOOST_AUTO_TEST_CASE(init_from_reads_tied_aliases_and_refuses_a_differing_copy) {
+  TempDir dir;
+  std::vector<float> emb = {1, 2, 3, 4, 5, 6}, other = emb, bias = {7, 8};
+  other[4] = -5;
+  auto param = [](const std::string& name, Shape shape, float* data) {
+    Param p;
+    p.name = name;
+    p.shape = std::move(shape);
+    p.data = data;
+    return p;
+  };
+  auto write = [&](const std::string& path, const std::vector<std::pair<std::string, float*>>& tensors) {
+    WeightWriter w(path);
+    std::vector<Param> params;
+    for (const auto& [name, data] : tensors) params.push_back(param(name, name == "b" ? Shape{2} : Shape{2, 3}, data));
+    std::vector<Param*> ptrs;
+    for (Param& p : params) ptrs.push_back(&p);
+    w.write(ptrs);
+    w.commit();
+  };
+  HfNames names;
+  names.aliases["shared.weight"] = {"encoder.embed_tokens.weight", "lm_head.weight"};
+  std::vector<float> got_emb(6, 0.0f), got_bias(2, 0.0f);
+  Param shared = param("shared.weight", {2, 3}, got_emb.data()), b = param("b", {2}, got_bias.data());
+  const std::vector<Param*> model = {&shared, &b};
+
+  const std::string all = (dir.path / "all.h5").string();  // every name, equal values
+  write(all, {{"shared.weight", emb.data()},
+              {"encoder.embed_tokens.weight", emb.data()},
+              {"lm_head.weight", emb.data()},
+              {"b", bias.data()}});
+  WeightFile full(all, names);
+  full.check(model);
+  full.read(model);
+  BOOST_TEST(got_emb == emb);
+  BOOST_TEST(got_bias == bias);
+
+  const std::string alias_only = (dir.path / "alias_only.h5").string();  // the first alias stands in
+  std::fill(got_emb.begin(), got_emb.end(), 0.0f);
+  write(alias_only, {{"lm_head.weight", emb.data()}, {"b", bias.data()}});
+  WeightFile aliased(alias_only, names);
+  aliased.check(model);
+  aliased.read(model);
+  BOOST_TEST(got_emb == emb);
+
+  const std::string differs = (dir.path / "differs.h5").string();
+  write(differs, {{"shared.weight", emb.data()}, {"lm_head.weight", other.data()}, {"b", bias.data()}});
+  WeightFile bad(differs, names);
+  BOOST_CHECK_EXCEPTION(bad.check(model), Error, [&](const Error& e) {
+    return std::string(e.what()) == "model.init_from " + differs +
+                                        ": /model/lm_head.weight differs from /model/shared.weight, which it aliases "
+                                        "(tied): one of them is not this model's tied weight";
+  });
+  // Without the family's names an alias is an unexpected tensor, as before.
+  WeightFile strict(all);
+  BOOST_CHECK_EXCEPTION(strict.check(model), Error, [&](const Error& e) {
+    return std::string(e.what()) ==
+           "model.init_from " + all + ": unexpected tensor /model/encoder.embed_tokens.weight (not in this model)";
+  });
+  const std::string missing = (dir.path / "missing.h5").string();
+  write(missing, {{"b", bias.data()}});
+  WeightFile none(missing, names);
+  BOOST_CHECK_EXCEPTION(none.check(model), Error, [&](const Error& e) {
+    return std::string(e.what()) == "model.init_from " + missing +
+                                        ": missing tensor /model/shared.weight or /model/encoder.embed_tokens.weight "
+                                        "or /model/lm_head.weight";
+  });
 }
 
 BOOST_AUTO_TEST_CASE(a_state_holding_nan_or_inf_is_never_written) {

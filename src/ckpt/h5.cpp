@@ -38,7 +38,8 @@ std::vector<std::string> attr_names(hid_t obj) {
   return names;
 }
 
-WeightFile::WeightFile(const std::string& path) : path_(path), where_("model.init_from " + path + ": ") {
+WeightFile::WeightFile(const std::string& path, HfNames names)
+    : path_(path), where_("model.init_from " + path + ": "), names_(std::move(names)) {
   if (access(path.c_str(), R_OK) != 0) throw Error(where_ + "cannot read the file");
   if (H5Fis_hdf5(path.c_str()) <= 0) throw Error(where_ + "not an HDF5 file");
   file_ = H5Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
@@ -48,33 +49,76 @@ WeightFile::WeightFile(const std::string& path) : path_(path), where_("model.ini
   if (!group_.valid()) throw Error(where_ + "/model is not a group");
 }
 
-void WeightFile::check(const std::vector<Param*>& all_params) const {
-  std::vector<std::string> names = link_names(group_.get());
-  std::set<std::string> in_file(names.begin(), names.end());
-  for (Param* p : all_params) in_file.erase(p->name);
-  if (!in_file.empty()) throw Error(where_ + "unexpected tensor /model/" + *in_file.begin() + " (not in this model)");
+Shape WeightFile::dataset_shape(const std::string& name) const {
+  const std::string ds_name = "/model/" + name;
+  H5Id ds(H5Dopen2(group_.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!ds.valid()) throw Error(where_ + ds_name + " is not a dataset");
+  H5Id type(H5Dget_type(ds.get()), H5Tclose);
+  if (H5Tget_class(type.get()) != H5T_FLOAT) throw Error(where_ + ds_name + " is not a floating-point dataset");
+  H5Id space(H5Dget_space(ds.get()), H5Sclose);
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  if (rank < 0) throw Error(where_ + ds_name + " has no readable shape");
+  std::vector<hsize_t> dims(static_cast<size_t>(rank));
+  if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  return {dims.begin(), dims.end()};
+}
+
+std::vector<float> WeightFile::read_all(const std::string& name, int64_t numel) const {
+  std::vector<float> values(static_cast<size_t>(numel));
+  H5Id ds(H5Dopen2(group_.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!ds.valid() || H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) < 0)
+    throw Error(where_ + "cannot read /model/" + name + " (truncated or damaged file?)");
+  return values;
+}
+
+void WeightFile::check(const std::vector<Param*>& all_params) {
+  const std::vector<std::string> names = link_names(group_.get());
+  std::set<std::string> in_file(names.begin(), names.end()), used;
+  source_.clear();
   for (Param* p : all_params) {
-    const std::string ds_name = "/model/" + p->name;
-    if (H5Lexists(group_.get(), p->name.c_str(), H5P_DEFAULT) <= 0) throw Error(where_ + "missing tensor " + ds_name);
-    H5Id ds(H5Dopen2(group_.get(), p->name.c_str(), H5P_DEFAULT), H5Dclose);
-    if (!ds.valid()) throw Error(where_ + ds_name + " is not a dataset");
-    H5Id type(H5Dget_type(ds.get()), H5Tclose);
-    if (H5Tget_class(type.get()) != H5T_FLOAT) throw Error(where_ + ds_name + " is not a floating-point dataset");
-    H5Id space(H5Dget_space(ds.get()), H5Sclose);
-    int rank = H5Sget_simple_extent_ndims(space.get());
-    std::vector<hsize_t> dims(rank > 0 ? rank : 0);
-    if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-    Shape shape(dims.begin(), dims.end());
-    if (rank < 0 || shape != p->shape)
-      throw Error(where_ + ds_name + " has shape " + shape_str(shape) + ", the model expects " + shape_str(p->shape));
+    // Its own name first, then its aliases in order: the first present is read, the others
+    // present must be equal to it.
+    std::vector<std::string> candidates = {p->name};
+    if (const auto it = names_.aliases.find(p->name); it != names_.aliases.end())
+      candidates.insert(candidates.end(), it->second.begin(), it->second.end());
+    std::vector<std::string> present;
+    for (const std::string& n : candidates)
+      if (in_file.contains(n)) present.push_back(n);
+    if (present.empty()) {
+      std::string tried = "/model/" + candidates[0];
+      for (size_t i = 1; i < candidates.size(); ++i) tried += " or /model/" + candidates[i];
+      throw Error(where_ + "missing tensor " + tried);
+    }
+    for (const std::string& n : present) {
+      const Shape shape = dataset_shape(n);
+      if (shape != p->shape)
+        throw Error(where_ + "/model/" + n + (n == p->name ? "" : " (an alias of " + p->name + ")") + " has shape " +
+                    shape_str(shape) + ", the model expects " + shape_str(p->shape));
+      used.insert(n);
+    }
+    source_[p->name] = present[0];
+    if (present.size() > 1) {
+      const std::vector<float> first = read_all(present[0], p->numel());
+      for (size_t i = 1; i < present.size(); ++i) {
+        const std::vector<float> other = read_all(present[i], p->numel());
+        if (std::memcmp(first.data(), other.data(), first.size() * sizeof(float)) != 0)
+          throw Error(where_ + "/model/" + present[i] + " differs from /model/" + present[0] +
+                      ", which it aliases (tied): one of them is not this model's tied weight");
+      }
+    }
   }
+  for (const std::string& n : in_file)
+    if (!used.contains(n) && !names_.ignored.contains(n))
+      throw Error(where_ + "unexpected tensor /model/" + n + " (not in this model)");
 }
 
 void WeightFile::read(const std::vector<Param*>& params) const {
   for (Param* p : params) {
-    H5Id ds(H5Dopen2(group_.get(), p->name.c_str(), H5P_DEFAULT), H5Dclose);
+    const auto it = source_.find(p->name);
+    const std::string& name = it == source_.end() ? p->name : it->second;
+    H5Id ds(H5Dopen2(group_.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
     if (!ds.valid() || H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, p->data) < 0)
-      throw Error(where_ + "cannot read /model/" + p->name + " (truncated or damaged file?)");
+      throw Error(where_ + "cannot read /model/" + name + " (truncated or damaged file?)");
   }
 }
 

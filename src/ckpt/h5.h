@@ -4,10 +4,12 @@
 // PyTorch via h5py) reads and writes these files.
 #include <hdf5.h>
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "models/family.h"  // HfNames
 #include "nn/module.h"
 
 namespace fsdp {
@@ -64,14 +66,24 @@ std::vector<std::string> attr_names(hid_t obj);
 // load_state_dict (a missing, extra or mis-shaped tensor is an Error naming the file and the
 // tensor); read() fills the given params' data (converted to f32), a subset at a time so a
 // sharded loader never needs the whole model in memory.
+// With `names` (a model family's HfNames) a state_dict saved by PyTorch loads as transformers
+// loads it: a parameter missing under its name is read under its first alias present, an alias
+// present beside it must hold the same values (one Error naming both), and the names the family
+// ignores may be there.
 class WeightFile {
  public:
-  explicit WeightFile(const std::string& path);
-  void check(const std::vector<Param*>& all_params) const;
+  explicit WeightFile(const std::string& path, HfNames names = {});
+  void check(const std::vector<Param*>& all_params);
   void read(const std::vector<Param*>& params) const;
 
  private:
+  // A float dataset's shape; Error naming it when it is not one.
+  Shape dataset_shape(const std::string& name) const;
+  std::vector<float> read_all(const std::string& name, int64_t numel) const;
+
   std::string path_, where_;
+  HfNames names_;
+  std::map<std::string, std::string> source_;  // parameter -> the dataset read for it (check())
   H5Quiet quiet_;
   H5Id file_, group_;
 };

@@ -59,7 +59,7 @@ struct ModelPreset {
 struct HfNames {
   // Our name -> other names a file may hold it under, tried in order when it lacks ours (T5's
   // shared.weight saved as encoder.embed_tokens.weight, its tied alias). Present aliases must
-  // have the parameter's shape; they are not read.
+  // have the parameter's shape and its values (the loaders compare them).
   std::map<std::string, std::vector<std::string>> aliases;
   // Names a file may hold that this model does not read (a tied T5's lm_head.weight).
   std::set<std::string> ignored;

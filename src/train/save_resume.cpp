@@ -18,10 +18,11 @@ namespace fsdp {
 
 namespace {
 
-// model.init_from's HDF5 file (/model/<name> datasets) for the engine's load_full_weights.
-WeightOpener init_from(const std::string& path) {
-  return [path] {
-    auto file = std::make_shared<WeightFile>(path);
+// model.init_from's HDF5 file (/model/<name> datasets) for the engine's load_full_weights; the
+// family's Hugging Face names let a transformers state_dict (tied aliases included) load.
+WeightOpener init_from(const std::string& path, const HfNames& names) {
+  return [path, names] {
+    auto file = std::make_shared<WeightFile>(path, names);
     return WeightReader{[file](const std::vector<Param*>& all) { file->check(all); },
                         [file](const std::vector<Param*>& params) { file->read(params); }};
   };
@@ -99,7 +100,7 @@ void Trainer::restore() {
   if (init_from_kind(c.model.init_from) != InitFromKind::hdf5)
     init_from_hf();
   else
-    s.engine->load_full_weights(init_from(c.model.init_from));
+    s.engine->load_full_weights(init_from(c.model.init_from, hf_names(c.model)));
 }
 
 // model.init_from in Hugging Face's form (a .safetensors file or a model folder): every rank reads

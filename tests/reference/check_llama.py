@@ -8,7 +8,9 @@ llama_reference.py's CONFIGS[config] in the input file's names):
 1. llama_reference.py (transformers 4.36.2 in the venv of hf_venv.sh) writes HF's initial weights
    (init.h5, and hf_init/: save_pretrained's safetensors shards of 64 KB with their index), the
    per-step losses and the final weights.
-2. fsdp_app (np 1) from init.h5: the loss of every step within LOSS_RTOL of HF's, the final
+2. The whole state_dict as HDF5 (a tied model's lm_head.weight beside the embedding, as
+   torch.save holds it) loads as model.init_from with HF's first loss; with the alias changed it
+   is one line naming both. fsdp_app (np 1) from init.h5: the loss of every step within LOSS_RTOL of HF's, the final
    weights (its consolidated checkpoint) within PARAM_RTOL per tensor, the same names and shapes.
 3. fsdp_app FULL_SHARD under mpirun -np 3 and -np 8 from HF's sharded folder hf_init/
    (model.init_from FOLDER: every rank reads only its shards' byte ranges of the safetensors
@@ -33,6 +35,7 @@ import subprocess
 import sys
 import time
 
+import h5py
 import numpy as np
 import yaml
 
@@ -154,6 +157,39 @@ def check_generate(app, ref, cfg_name, d, yaml_path, extra, t):
     return fails
 
 
+def check_state_dict(app, cfg_name, d, yaml_path, extra, hf_first_loss, t):
+    """The whole state_dict (a tied model's lm_head.weight beside model.embed_tokens.weight) loads
+    as model.init_from and gives HF's first loss; with the alias changed it is one line."""
+    sd = os.path.join(d, "state_dict.h5")
+    metrics = os.path.join(d, "state_dict.jsonl")
+    t["state_dict"] = run([app, yaml_path, "--set", f"model.init_from={sd}", "--set", f"output.metrics={metrics}",
+                           "--set", "train.steps=1"] + extra, os.path.join(d, "state_dict.log"))
+    got = losses_of(metrics).get(1)
+    r = abs(got - hf_first_loss) / abs(hf_first_loss) if got is not None else float("inf")
+    fails = [] if r <= LOSS_RTOL else [f"{cfg_name} from state_dict.h5: loss rel diff {r:.2e}"]
+    print(f"{cfg_name}: state_dict.h5 as model.init_from: {'PASS' if not fails else 'FAIL'}: step 1 loss rel diff "
+          f"{r:.2e}", flush=True)
+    if "tie_word_embeddings" not in open(yaml_path).read():
+        return fails
+    bad = os.path.join(d, "state_dict_bad_alias.h5")
+    shutil.copy(sd, bad)
+    with h5py.File(bad, "r+") as f:
+        f["model/lm_head.weight"][0, 0] += 1.0
+    log = os.path.join(d, "state_dict_bad_alias.log")
+    r = subprocess.run([app, yaml_path, "--set", f"model.init_from={bad}", "--set", "train.steps=1"] + extra,
+                       capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("fsdp_app:")]
+    open(log, "w").write(r.stdout + r.stderr)
+    want = (f"/model/lm_head.weight differs from /model/model.embed_tokens.weight, which it aliases (tied): one of "
+            f"them is not this model's tied weight")
+    ok = r.returncode != 0 and len(lines) == 1 and want in lines[0]
+    print(f"{cfg_name}: a tied alias that differs: {'PASS' if ok else 'FAIL'}: exit {r.returncode}, "
+          f"{lines[0] if lines else 'no fsdp_app line'}", flush=True)
+    if not ok:
+        fails.append(f"{cfg_name}: a differing tied alias was not one line ({log})")
+    return fails
+
+
 def check_config(app, ckpt_tool, py, cfg_name, out, sets):
     d = os.path.join(out, cfg_name)
     if os.path.isdir(d):
@@ -171,6 +207,7 @@ def check_config(app, ckpt_tool, py, cfg_name, out, sets):
     hf_losses = json.load(open(os.path.join(d, "hf_losses.json")))["losses"]
     fails = []
 
+    fails += check_state_dict(app, cfg_name, d, yaml_path, extra, hf_losses[0], t)
     print(f"== {cfg_name}: fsdp_app np 1 from init.h5", flush=True)
     ck, metrics = os.path.join(d, "ck"), os.path.join(d, "ours.jsonl")
     t["app"] = run([app, yaml_path, "--set", f"model.init_from={d}/init.h5", "--set", f"output.metrics={metrics}",

@@ -12,6 +12,7 @@ Training run: LlamaForCausalLM(CONFIGS[config]) under torch.manual_seed(seed), t
 one thread. Writes to OUT:
   init.h5         the initial weights, /model/<state_dict name> float32 (a tied model's
                   lm_head.weight left out: it is model.embed_tokens.weight)
+  state_dict.h5   the same with every name of the state_dict (a tied lm_head.weight included)
   hf_init/        the same weights as save_pretrained writes them: config.json and safetensors
                   shards of at most --shard-kb KB with model.safetensors.index.json
   hf_losses.json  {"config", "losses": [loss of step 1..steps]}
@@ -70,10 +71,12 @@ def loss_of(model, x, y):
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-def write_h5(model, path, tied):
+def write_h5(model, path, tied, aliases=False):
+    """/model/<name> of the state_dict; a tied lm_head.weight only with aliases (the whole
+    state_dict, as torch.save would hold it)."""
     with h5py.File(path, "w") as f:
         for name, t in model.state_dict().items():
-            if tied and name == "lm_head.weight":
+            if tied and name == "lm_head.weight" and not aliases:
                 continue
             f.create_dataset(f"model/{name}", data=t.detach().float().numpy())
 
@@ -151,6 +154,7 @@ def main():
     model = LlamaForCausalLM(config_of(args.config))
     model.train()
     write_h5(model, os.path.join(args.out, "init.h5"), tied)
+    write_h5(model, os.path.join(args.out, "state_dict.h5"), tied, aliases=True)
     with contextlib.redirect_stdout(None):
         model.save_pretrained(os.path.join(args.out, "hf_init"), safe_serialization=True,
                               max_shard_size=f"{args.shard_kb}KB")

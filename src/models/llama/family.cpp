@@ -209,12 +209,13 @@ std::string hf_extra_json(const ModelArgs& a) {
 }
 
 // Older conversions keep each layer's rotary inverse frequencies as a tensor (a buffer, not a
-// parameter: the tables are computed here); a tied model's file may still hold lm_head.weight.
+// parameter: the tables are computed here); a tied model's state_dict holds lm_head.weight, the
+// embedding under a second name.
 HfNames hf_names(const ModelArgs& a) {
   HfNames names;
   for (int64_t i = 0; i < a.i64("num_hidden_layers"); ++i)
     names.ignored.insert("model.layers." + std::to_string(i) + ".self_attn.rotary_emb.inv_freq");
-  if (a.flag("tie_word_embeddings")) names.ignored.insert("lm_head.weight");
+  if (a.flag("tie_word_embeddings")) names.aliases["model.embed_tokens.weight"] = {"lm_head.weight"};
   return names;
 }
 

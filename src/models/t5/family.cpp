@@ -146,12 +146,13 @@ std::string hf_extra_json(const ModelArgs& a) {
   return j.dump();
 }
 
-// T5's embedding is one tensor under up to four names: save_pretrained writes shared.weight only,
-// other writers (torch.save's state_dict, converted) write every alias.
+// T5's embedding is one tensor under up to four names (the tied lm_head.weight the fourth):
+// save_pretrained writes shared.weight only, other writers (torch.save's state_dict, converted)
+// write every alias.
 HfNames hf_names(const ModelArgs& a) {
   HfNames names;
   names.aliases["shared.weight"] = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight"};
-  if (a.flag("tie_word_embeddings")) names.ignored.insert("lm_head.weight");
+  if (a.flag("tie_word_embeddings")) names.aliases["shared.weight"].push_back("lm_head.weight");
   return names;
 }
 
