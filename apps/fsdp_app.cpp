@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
       env.decorate_world = [comm = faults.comm](std::unique_ptr<fsdp::Communicator> world) {
         return fsdp::make_faulty_communicator(std::move(world), comm);
       };
-    trainer = std::make_unique<fsdp::Trainer>(config, env);
+    trainer = fsdp::Trainer::create(config, env);
   } catch (const std::exception& e) {
     setup_error = fsdp::describe(e);
     if (setup_error.empty()) setup_error = "unknown error";

@@ -123,8 +123,8 @@ RunResult train_once(const std::string& yaml, std::vector<std::string> overrides
         return std::unique_ptr<fsdp::DeviceRuntime>(std::move(d));
       };
     {
-      fsdp::Trainer trainer(c, env);
-      r.summary = trainer.run();
+      const std::unique_ptr<fsdp::Trainer> trainer = fsdp::Trainer::create(c, env);
+      r.summary = trainer->run();
       if (fake) {
         r.counts = fake->counts();
         r.device_errors = fake->errors();

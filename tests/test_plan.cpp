@@ -23,6 +23,7 @@
 #include "tensor/host_runtime.h"
 #include "tensor/meta_runtime.h"
 #include "train/plan.h"
+#include "train/run_schedule.h"
 #include "train/trainer.h"
 
 namespace {
@@ -131,6 +132,50 @@ const char* kLlama =
     "fsdp: {auto_wrap: {policy: transformer_layer}}\n";
 
 }  // namespace
+
+// The run's schedule (train/run_schedule.h): steps, the evaluations and saves between them, the
+// closing events; and the plan's filter of it.
+std::string schedule_text(const fsdp::RunScheduleFacts& f, bool planned) {
+  static const char* kNames[] = {"s", "E", "S", "e", "c", "w"};
+  std::string out;
+  fsdp::PlanFilter filter;
+  fsdp::for_each_run_event(f, [&](const fsdp::RunEvent& e) {
+    if (planned && !filter.wanted(e)) return;
+    out += std::string(out.empty() ? "" : " ") + kNames[static_cast<int>(e.kind)] + std::to_string(e.step);
+  });
+  return out;
+}
+
+BOOST_AUTO_TEST_CASE(run_schedule_and_its_plan) {
+  fsdp::RunScheduleFacts f;
+  f.end_step = f.total_steps = 6;
+  f.steps_per_epoch = 3;
+  f.eval_every = fsdp::EvalEvery{fsdp::EvalEvery::When::steps, 2};
+  f.saves = true;
+  f.save_every_steps = 4;
+  f.save_weights = true;
+  // Evaluations after 2, 4, 6 steps (none closing: one just ran), a save after 4, the closing one.
+  BOOST_TEST(schedule_text(f, false) == "s0 s1 E2 s2 s3 E4 S4 s4 s5 E6 c6 w6");
+  BOOST_TEST(schedule_text(f, true) == "s0 s1 E2 s2 E4 S4 c6 w6");
+  // Per epoch: the closing evaluation is the last epoch's; a launch stopped early has none.
+  f.eval_every = fsdp::EvalEvery{};
+  f.save_every_steps = 0;
+  BOOST_TEST(schedule_text(f, false) == "s0 s1 s2 E3 s3 s4 s5 E6 c6 w6");
+  f.end_step = 4;
+  BOOST_TEST(schedule_text(f, false) == "s0 s1 s2 E3 s3 c4 w4");
+  // Never: no evaluation at all; a resumed launch saves at its end; a save at the end is not repeated.
+  f.eval_every = fsdp::EvalEvery{fsdp::EvalEvery::When::never, 0};
+  f.start_step = 2;
+  f.end_step = 6;
+  f.save_every_steps = 3;
+  BOOST_TEST(schedule_text(f, false) == "s2 S3 s3 s4 s5 S6 w6");
+  BOOST_TEST(schedule_text(f, true) == "s2 S3 s3 w6");
+  // Evaluated only at the end: no step after it, so the plan's second evaluation never comes.
+  f = {};
+  f.end_step = f.total_steps = 3;
+  f.steps_per_epoch = 3;
+  BOOST_TEST(schedule_text(f, true) == "s0 s1 E3");
+}
 
 BOOST_AUTO_TEST_CASE(plan_matches_measured_llama) {
   check_plan_against_run(kLlama, {});

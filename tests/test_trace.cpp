@@ -97,8 +97,8 @@ Run train_once(const std::string& dir, std::vector<std::string> overrides, bool 
     fsdp::PlanRequest request;
     request.world_size = world_size();
     r.plan = fsdp::plan_memory(fsdp::for_world_size(c, world_size()), request);
-    fsdp::Trainer trainer(c, env);
-    trainer.run();
+    const std::unique_ptr<fsdp::Trainer> trainer = fsdp::Trainer::create(c, env);
+    trainer->run();
   } catch (const std::exception& e) {
     r.error = e.what();
   }
@@ -390,8 +390,8 @@ BOOST_AUTO_TEST_CASE(no_trace_no_breakdown) {
     env.world_size = world_size();
     env.world = world.get();
     env.mpi_comm = MPI_COMM_WORLD;
-    fsdp::Trainer trainer(c, env);
-    trainer.run();
+    const std::unique_ptr<fsdp::Trainer> trainer = fsdp::Trainer::create(c, env);
+    trainer->run();
   } catch (const std::exception& e) {
     error = e.what();
   }

@@ -66,8 +66,7 @@ MemoryPlan plan_memory(const Config& config, const PlanRequest& request) {
   };
   env.train_data = request.train_data;
   env.eval_data = request.eval_data;
-  Trainer trainer(config, env);
-  return trainer.plan();
+  return Trainer::create(config, env)->plan();
 }
 
 namespace {

@@ -20,6 +20,7 @@
 #include "train/checkpointing.h"
 #include "train/generation.h"
 #include "train/model_from_config.h"
+#include "train/run_schedule.h"
 #include "train/trace_file.h"
 #include "train/trainer_state.h"
 
@@ -51,39 +52,54 @@ const Seq2SeqDataset* eval_pairs(const ModelConfig& model, const Datasets& data)
 
 }  // namespace
 
-Trainer::Trainer(const Config& config, const RunEnv& env_in) : s_(std::make_unique<State>(config, env_in.world_size)) {
-  State& s = *s_;
+// Set-up, in the order failures should surface: the device before the data ("no CUDA device"
+// should not wait for a dataset to load), the data before the model (a missing dataset should fail
+// before minutes of model set-up). Nothing of the model exists yet.
+std::unique_ptr<Trainer::State> Trainer::prepare(const Config& config, const RunEnv& env_in) {
+  auto state = std::make_unique<State>(config, env_in.world_size);
+  State& s = *state;
   const Config& c = s.c;
   s.env = env_in;
   if (c.train.threads > 0 && !s.env.planning) {
     openblas_set_num_threads(static_cast<int>(c.train.threads));
     omp_set_num_threads(static_cast<int>(c.train.threads));
   }
-  // The device before the data: "no CUDA device" should not wait for a dataset to load.
   const Device device = c.train.device;
   s.runtime =
       s.env.make_runtime ? s.env.make_runtime(s.mem, s.env.local_rank) : make_runtime(device, s.mem, s.env.local_rank);
   s.runtime->kernels().set_matmul_precision(c.train.matmul_precision);
   s.comms = make_run_communicators(c, s.env.mpi_comm, *s.runtime, !s.env.world, s.env.decorate_world);
   if (!s.env.world) s.env.world = s.comms.world.get();
-  // Data first: a missing dataset should fail before minutes of model set-up.
   if (s.env.train_data && s.env.eval_data)
     s.data = {s.env.train_data, s.env.eval_data};
   else
     s.data = load_data_agreed(c, *s.env.world);
   s.node_colors = gather_node_colors(s.env);
-  const std::vector<int>& node_colors = s.node_colors;
-  // The plan, before anything of the model is allocated: a run that cannot fit stops here.
-  if (!s.env.planning) {
+  return state;
+}
+
+// Plan, check, build: the memory plan runs the real step on the meta device with this run's data
+// and node map before anything of the model is allocated, so a run that cannot fit stops here.
+// A plan's own trainer (env.planning) is built without one.
+std::unique_ptr<Trainer> Trainer::create(const Config& config, const RunEnv& env) {
+  std::unique_ptr<State> s = prepare(config, env);
+  if (!s->env.planning) {
     PlanRequest request;
-    request.world_size = s.env.world_size;
-    request.node_color_of_rank = node_colors;
-    request.train_data = s.data.train;
-    request.eval_data = s.data.eval;
-    s.plan = plan_memory(c, request);
-    check_plan_fits(s.plan, static_cast<int>(std::count(node_colors.begin(), node_colors.end(), s.env.node_color)),
-                    *s.runtime);
+    request.world_size = s->env.world_size;
+    request.node_color_of_rank = s->node_colors;
+    request.train_data = s->data.train;
+    request.eval_data = s->data.eval;
+    s->plan = plan_memory(s->c, request);
+    const auto ranks_here = std::count(s->node_colors.begin(), s->node_colors.end(), s->env.node_color);
+    check_plan_fits(s->plan, static_cast<int>(ranks_here), *s->runtime);
   }
+  return std::unique_ptr<Trainer>(new Trainer(std::move(s)));
+}
+
+Trainer::Trainer(std::unique_ptr<State> prepared) : s_(std::move(prepared)) {
+  State& s = *s_;
+  const Config& c = s.c;
+  const std::vector<int>& node_colors = s.node_colors;
   s.model = make_model(c.model);
   const int64_t outputs = c.model.family().outputs(c.model.args);
   if (s.data.train->num_classes() > outputs)
@@ -246,42 +262,35 @@ MemoryPlan Trainer::plan() {
   const Config& c = s.c;
   FsdpEngine& engine = *s.engine;
   MemoryPlan plan;
-  // The schedule: two steps (the second gathers while the first's buffers are all alive: the
-  // steady state); a periodic save; an evaluation, then a step after it and another evaluation
-  // (activation buffers change shape both ways); the closing save; output.save_weights.
+  // The run's own schedule, filtered (run_schedule.h): the events that reach every peak.
   const double lr = c.train.optimizer.lr;
-  int64_t step = 0;
-  auto step_once = [&] {
-    train_step(step++, lr);
-    const StepTraffic& t = engine.step_traffic();
-    plan.all_gather = t.all_gather;
-    plan.reduce_scatter = t.reduce_scatter;
-    plan.all_reduce = t.all_reduce;
-  };
-  auto evaluate_once = [&] {
-    evaluate();
-    // ROUGE decodes with every unit gathered: one decoding batch per rank reaches its peak.
-    if (const int64_t n = rouge_samples(); n > 0) {
-      const GenerationOptions g = generation_options();
-      rouge_of_samples(*s.model, engine, *eval_pairs(s.c.model, s.data), std::min(n, g.batch_size * s.env.world_size),
-                       g, s.mem);
+  PlanFilter filter;
+  for_each_run_event(schedule_facts(0, s.total_steps), [&](const RunEvent& e) {
+    if (!filter.wanted(e)) return;
+    switch (e.kind) {
+      case RunEvent::Kind::step: {
+        train_step(e.step, lr);
+        const StepTraffic& t = engine.step_traffic();
+        plan.all_gather = t.all_gather;
+        plan.reduce_scatter = t.reduce_scatter;
+        plan.all_reduce = t.all_reduce;
+        return;
+      }
+      case RunEvent::Kind::evaluate:
+      case RunEvent::Kind::close_evaluate:
+        evaluate();
+        // ROUGE decodes with every unit gathered: one decoding batch per rank reaches its peak.
+        if (const int64_t n = rouge_samples(); n > 0) {
+          const GenerationOptions g = generation_options();
+          rouge_of_samples(*s.model, engine, *eval_pairs(s.c.model, s.data),
+                           std::min(n, g.batch_size * s.env.world_size), g, s.mem);
+        }
+        return;
+      case RunEvent::Kind::save:
+      case RunEvent::Kind::close_save: save("", e.step, lr); return;
+      case RunEvent::Kind::save_weights: write_weights(); return;
     }
-  };
-  while (step < std::min<int64_t>(s.total_steps, 2)) step_once();
-  const bool saves = !c.checkpoint.dir.empty();
-  if (saves && c.checkpoint.every_steps > 0) save("", step, lr);
-  if (!c.train.eval_every.never() && s.total_steps > 0) {
-    evaluate_once();
-    const EvalEvery& every = c.train.eval_every;
-    const bool step_after_eval =
-        every.when == EvalEvery::When::epoch ? s.total_steps > s.steps_per_epoch : every.steps < s.total_steps;
-    if (step_after_eval) {
-      step_once();
-      evaluate_once();
-    }
-  }
-  if (saves) save("", step, lr);
-  if (!c.output.save_weights.empty()) write_weights();
+  });
 
   plan.model = c.model.kind;
   plan.strategy = std::string(name_of(kStrategies, engine.options().strategy));
@@ -317,21 +326,32 @@ TrainSummary Trainer::run() {
                                : s.total_steps;
   Tracer& trace = *s.tracer;
   try {
-    for (int64_t step = s.start_step; step < end_step; ++step) {
-      trace.begin_step(step);
-      const auto t0 = Clock::now();
-      p.lr = s.schedule->lr(step, step / s.steps_per_epoch);
-      const StepResult r = train_step(step, p.lr);
-      // On a device the step's backward and optimizer are still queued when train_step returns
-      // (the loss is read after the forward): wait, so step_time_s is the step's own time. On the
-      // first H200 run, without this, step 1 read 0.49 s and every later step 1.11 s (each one
-      // paying for the tail of the one before).
-      if (s.runtime->device() != Device::cpu) s.runtime->synchronize(s.runtime->compute_stream());
-      const double step_s = seconds_since(t0);
-      report_step(step, r, step_s, trace.end_step());
-      maybe_evaluate(step);
-      maybe_checkpoint(step + 1);
-    }
+    for_each_run_event(schedule_facts(s.start_step, end_step), [&](const RunEvent& e) {
+      switch (e.kind) {
+        case RunEvent::Kind::step: {
+          const int64_t step = e.step;
+          trace.begin_step(step);
+          const auto t0 = Clock::now();
+          p.lr = s.schedule->lr(step, step / s.steps_per_epoch);
+          const StepResult r = train_step(step, p.lr);
+          // On a device the step's backward and optimizer are still queued when train_step
+          // returns (the loss is read after the forward): wait, so step_time_s is the step's own
+          // time. On the first H200 run, without this, step 1 read 0.49 s and every later step
+          // 1.11 s (each one paying for the tail of the one before).
+          if (s.runtime->device() != Device::cpu) s.runtime->synchronize(s.runtime->compute_stream());
+          report_step(step, r, seconds_since(t0), trace.end_step());
+          return;
+        }
+        case RunEvent::Kind::evaluate:
+        case RunEvent::Kind::close_evaluate: evaluate_and_report(e.step, (e.step - 1) / s.steps_per_epoch); return;
+        case RunEvent::Kind::save:
+        case RunEvent::Kind::close_save: save_step(e.step); return;
+        case RunEvent::Kind::save_weights:
+          p.bar.reset();
+          write_weights();
+          return;
+      }
+    });
     finish();
   } catch (...) {
     // No gather now (a rank may be gone): each rank that gets here keeps its own spans.
@@ -397,10 +417,18 @@ void Trainer::report_step(int64_t step, const StepResult& r, double step_s, cons
   }
 }
 
-void Trainer::maybe_evaluate(int64_t step) {
+RunScheduleFacts Trainer::schedule_facts(int64_t start_step, int64_t end_step) const {
   const State& s = *s_;
-  const bool epoch_end = step % s.steps_per_epoch == s.steps_per_epoch - 1;
-  if (s.c.train.eval_every.due(step + 1, epoch_end)) evaluate_and_report(step + 1, step / s.steps_per_epoch);
+  RunScheduleFacts f;
+  f.start_step = start_step;
+  f.end_step = end_step;
+  f.total_steps = s.total_steps;
+  f.steps_per_epoch = s.steps_per_epoch;
+  f.eval_every = s.c.train.eval_every;
+  f.save_every_steps = s.c.checkpoint.every_steps;
+  f.saves = !s.c.checkpoint.dir.empty();
+  f.save_weights = !s.c.output.save_weights.empty();
+  return f;
 }
 
 void Trainer::evaluate_and_report(int64_t step_done, int64_t epoch) {
@@ -444,11 +472,6 @@ void Trainer::evaluate_and_report(int64_t step_done, int64_t epoch) {
   p.metrics->write(j);
 }
 
-void Trainer::maybe_checkpoint(int64_t done) {
-  const CheckpointConfig& ck = s_->c.checkpoint;
-  if (ck.every_steps > 0 && done % ck.every_steps == 0) save_step(done);
-}
-
 void Trainer::save_step(int64_t done) {
   State& s = *s_;
   Progress& p = s.progress;
@@ -471,14 +494,8 @@ void Trainer::finish() {
   Progress& p = s.progress;
   const Config& c = s.c;
   TrainSummary& summary = p.summary;
-  const bool finished = summary.steps == s.total_steps;
-  // The closing evaluation belongs to the end of training, not to a launch that stops early.
-  if (finished && !c.train.eval_every.never() && p.last_eval_step != summary.steps && s.total_steps > 0)
-    evaluate_and_report(summary.steps, (s.total_steps - 1) / s.steps_per_epoch);
-  if (!c.checkpoint.dir.empty() && summary.steps > s.start_step) save_step(summary.steps);
   p.bar.reset();
   summary.samples_per_s = p.timed_s > 0 ? static_cast<double>(p.timed_samples) / p.timed_s : 0.0;
-  if (!c.output.save_weights.empty()) write_weights();
   if (s.env.rank != 0) return;
   std::printf("done: %lld steps, %.1f samples/s, peak memory %.1f MiB (planned %.1f MiB)\n",
               static_cast<long long>(summary.steps), summary.samples_per_s, s.mem.peak_total_bytes() / 1048576.0,
@@ -491,9 +508,6 @@ void Trainer::finish() {
                        .object("mem_plan_bytes", s.plan.peaks_json()));
 }
 
-TrainSummary train(const Config& config, const RunEnv& env) {
-  Trainer trainer(config, env);
-  return trainer.run();
-}
+TrainSummary train(const Config& config, const RunEnv& env) { return Trainer::create(config, env)->run(); }
 
 }  // namespace fsdp

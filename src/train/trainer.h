@@ -23,6 +23,7 @@ struct GenerationOptions;
 struct CheckpointMeta;
 struct CheckpointStats;
 struct StepBreakdown;
+struct RunScheduleFacts;
 
 struct RunEnv {
   int rank = 0;
@@ -61,7 +62,11 @@ struct TrainSummary {
 
 class Trainer {
  public:
-  Trainer(const Config& config, const RunEnv& env);  // set-up phase
+  // The set-up phase, in three steps: prepare (device, communicators, data, node map), the memory
+  // plan on the meta device checked against this device (a run that cannot fit stops before any
+  // of the model is allocated; skipped for a plan's own trainer, env.planning), then the model,
+  // engine and optimizer.
+  static std::unique_ptr<Trainer> create(const Config& config, const RunEnv& env);
   ~Trainer();
   Trainer(const Trainer&) = delete;  // owns the MPI communicators, engine and open files
   Trainer& operator=(const Trainer&) = delete;
@@ -93,17 +98,16 @@ class Trainer {
   // The validation set through the FSDP hooks, each rank its slice of every batch, the sums added
   // over all ranks (evaluate.cpp).
   EvalResult evaluate();
-  // The loop's named calls (run() is the loop): the metrics line (with the step breakdown when
-  // tracing) and progress of one step, the
-  // evaluation when train.eval_every says so, the periodic save, and the run's end (closing
-  // evaluation and save, save_weights, the done line).
+  // The events' calls (run() executes the schedule): the metrics line (with the step breakdown
+  // when tracing) and progress of one step, an evaluation, a save, and the run's done line.
   void report_step(int64_t step, const StepResult& result, double step_s, const StepBreakdown& breakdown);
   void write_trace_file();  // the end of a traced run (collective)
-  void maybe_evaluate(int64_t step);
+  // The run's schedule (run_schedule.h) for the steps [start_step, end_step): run() executes
+  // every event, plan() the filtered ones.
+  RunScheduleFacts schedule_facts(int64_t start_step, int64_t end_step) const;
   void evaluate_and_report(int64_t step_done, int64_t epoch);
-  void maybe_checkpoint(int64_t steps_done);
   void save_step(int64_t steps_done);
-  void finish();
+  void finish();  // the done line and metrics
   GenerationOptions generation_options() const;
   // generate.rouge_samples resolved: how many validation samples each evaluation scores.
   int64_t rouge_samples() const;
@@ -119,6 +123,8 @@ class Trainer {
   std::string diverged(int64_t step, const std::string& what) const;
 
   struct State;
+  static std::unique_ptr<State> prepare(const Config& config, const RunEnv& env);
+  explicit Trainer(std::unique_ptr<State> prepared);  // the model, engine, optimizer; restore()
   std::unique_ptr<State> s_;
 };
 
