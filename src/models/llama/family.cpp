@@ -10,6 +10,7 @@ namespace fsdp {
 
 namespace {
 
+// LlamaConfig's keys, one entry each with its doc line: long because it is a table (as schema()).
 std::vector<ArgSpec> llama_args() {
   return {
       {"vocab_size",
