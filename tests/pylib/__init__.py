@@ -10,6 +10,7 @@
   ckpt     reading checkpoint files (h5py, numpy) and their names
   configs  the small models the end-to-end suites train
   venv     the Hugging Face venv (tests/reference/hf_venv.sh)
+  reference  the common end of the Hugging Face reference checks (check_t5, check_llama)
 
 A suite puts tests/ on sys.path once, at its top, and imports from here:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/

@@ -33,7 +33,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import h5py
 import numpy as np
@@ -44,7 +43,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # tests/: pylib and reference.*
 from pylib.launch import Fail, run_logged  # noqa: E402
 from pylib.metrics import losses_by_step as losses_of  # noqa: E402
 from pylib.report import Report  # noqa: E402
-from pylib.venv import hf_python  # noqa: E402
+from pylib.reference import run_configs  # noqa: E402
 from reference.check_t5 import LOSS_RTOL, compare_load, compare_losses, compare_params, read_group  # noqa: E402
 
 CONFIGS = ["gqa", "tied"]
@@ -281,29 +280,9 @@ def main():
     for exe in (app, ckpt_tool):
         if not os.access(exe, os.X_OK):
             raise SystemExit(f"check_llama: FAIL: no executable {exe}")
-    os.environ.update({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                       "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
     os.makedirs(args.out, exist_ok=True)
-    t0 = time.time()
-    fails = []
-    try:
-        py = hf_python()
-    except Fail as e:
-        R.check("Hugging Face venv", False, str(e))
-        R.print_counts()
-        print(f"check_llama: FAIL: {e}")
-        sys.exit(1)
-    for cfg_name in args.config or CONFIGS:
-        try:
-            fails += check_config(app, ckpt_tool, py, cfg_name, os.path.abspath(args.out), args.set)
-        except Fail as e:
-            R.check(cfg_name, False, str(e))
-            fails.append(f"{cfg_name}: {e}")
-    R.print_counts()
-    if fails:
-        print(f"check_llama: FAIL: {'; '.join(fails)}")
-        sys.exit(1)
-    print(f"check_llama: PASS ({time.time() - t0:.1f} s)")
+    run_configs("check_llama", R, args.config or CONFIGS,
+                lambda cfg_name, py: check_config(app, ckpt_tool, py, cfg_name, os.path.abspath(args.out), args.set))
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # tests/: pylib (and reference.t5_ref
 from pylib.launch import Fail, run_logged  # noqa: E402
 from pylib.metrics import losses_by_step as losses_of  # noqa: E402
 from pylib.report import Report  # noqa: E402
-from pylib.venv import hf_python  # noqa: E402
+from pylib.reference import run_configs  # noqa: E402
 
 PYTHON = "/usr/bin/python3"
 LOSS_RTOL = 1e-5
@@ -273,33 +273,16 @@ def main():
     app = os.path.join(args.app, "apps", "fsdp_app") if os.path.isdir(args.app) else args.app
     if not os.access(app, os.X_OK):
         raise SystemExit(f"check_t5: FAIL: no fsdp_app executable at {app}")
-    # One thread everywhere, as check_reference.py: fsdp_app runs alone (np 1, Open MPI's singleton
-    # mode, as root in CI); the equivalence across world sizes is tests/fsdp's.
-    os.environ.update({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                       "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
     os.makedirs(args.out, exist_ok=True)
-    t0 = time.time()
-    fails = []
-    try:
-        py = hf_python()
-    except Fail as e:
-        R.check("Hugging Face venv", False, str(e))
-        R.print_counts()
-        print(f"check_t5: FAIL: {e}")
-        sys.exit(1)
-    for cfg_name in args.config or CONFIGS:
+
+    def check_one(cfg_name, py):
         t1 = time.time()
         try:
-            fails += check_config([app], py, cfg_name, os.path.abspath(args.out), args.steps, args.set)
-        except Fail as e:
-            R.check(cfg_name, False, str(e))
-            fails.append(f"{cfg_name}: {e}")
-        print(f"{cfg_name}: {time.time() - t1:.1f} s", flush=True)
-    R.print_counts()
-    if fails:
-        print(f"check_t5: FAIL: {'; '.join(fails)}")
-        sys.exit(1)
-    print(f"check_t5: PASS ({time.time() - t0:.1f} s)")
+            return check_config([app], py, cfg_name, os.path.abspath(args.out), args.steps, args.set)
+        finally:
+            print(f"{cfg_name}: {time.time() - t1:.1f} s", flush=True)
+
+    run_configs("check_t5", R, args.config or CONFIGS, check_one)
 
 
 if __name__ == "__main__":
