@@ -5,6 +5,7 @@
 #include "ckpt/hf_weights.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstring>
 
@@ -86,7 +87,7 @@ void read_shards(SafetensorsReader& reader, const std::vector<Source>& sources, 
         copy.resize(static_cast<size_t>(hi - lo));
         reader.read_f32(*alias, lo - p_begin, hi - lo, copy.data());
         for (int64_t k = 0; k < hi - lo; ++k)
-          if (std::memcmp(&copy[static_cast<size_t>(k)], values + k, sizeof(float)) != 0)
+          if (std::bit_cast<uint32_t>(copy[static_cast<size_t>(k)]) != std::bit_cast<uint32_t>(values[k]))
             throw Error(reader.file_path(alias->file) + ": tensor " + alias->tensor->name + " differs from " +
                         src.entry->tensor->name + ", which it aliases (tied), at element " +
                         std::to_string(lo - p_begin + k) + ": " + std::to_string(copy[static_cast<size_t>(k)]) +
