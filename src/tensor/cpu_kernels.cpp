@@ -61,6 +61,19 @@ void dispatch(F&& f, bool flag, Flags... rest) {
     dispatch([&](auto... c) { f(std::false_type{}, c...); }, rest...);
 }
 
+// y[i] = f(a[i]) or f(a[i], b[i]) over n elements (b null: one input), threads past
+// kParallelMin: the element-wise kernels whose per-element math is kernel_math.h's.
+template <class F>
+void elementwise(float* y, const float* a, const float* b, int64_t n, F f) {
+  if (!b) {
+#pragma omp parallel for simd if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) y[i] = f(a[i], 0.0f);
+    return;
+  }
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = f(a[i], b[i]);
+}
+
 class CpuKernels final : public Kernels {
  public:
   Device device() const override { return Device::cpu; }
@@ -153,27 +166,22 @@ class CpuKernels final : public Kernels {
     ops::gelu_backward(dx, dy, x, n);
   }
   void gelu_tanh_forward(float* y, const float* x, int64_t n) override {
-#pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) y[i] = kmath::gelu_tanh_forward(x[i]);
+    elementwise(y, x, nullptr, n, [](float v, float) { return kmath::gelu_tanh_forward(v); });
   }
   void gelu_tanh_backward(float* dx, const float* dy, const float* x, int64_t n) override {
-#pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) dx[i] = kmath::gelu_tanh_backward(dy[i], x[i]);
+    elementwise(dx, dy, x, n, [](float g, float v) { return kmath::gelu_tanh_backward(g, v); });
   }
   void silu_forward(float* y, const float* x, int64_t n) override {
-#pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) y[i] = kmath::silu_forward(x[i]);
+    elementwise(y, x, nullptr, n, [](float v, float) { return kmath::silu_forward(v); });
   }
   void silu_backward(float* dx, const float* dy, const float* x, int64_t n) override {
-#pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) dx[i] = kmath::silu_backward(dy[i], x[i]);
+    elementwise(dx, dy, x, n, [](float g, float v) { return kmath::silu_backward(g, v); });
   }
   void add(float* y, const float* a, const float* b, int64_t n) override { ops::add(y, a, b, n); }
   void add_inplace(float* y, const float* x, int64_t n) override { ops::add_inplace(y, x, n); }
 
   void mul(float* y, const float* a, const float* b, int64_t n) override {
-#pragma omp parallel for simd if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) y[i] = a[i] * b[i];
+    elementwise(y, a, b, n, [](float u, float v) { return u * v; });
   }
 
   void scale(float* x, float factor, int64_t n) override {
