@@ -26,8 +26,7 @@ __device__ inline float apply(Unary op, float a, float b, float y) {
 }
 __host__ __device__ inline bool reads_b(Unary op) {
   return op == Unary::relu_backward || op == Unary::gelu_backward || op == Unary::gelu_tanh_backward ||
-         op == Unary::silu_backward ||
-         op == Unary::add || op == Unary::mul;
+         op == Unary::silu_backward || op == Unary::add || op == Unary::mul;
 }
 // Four elements a thread with 16-byte accesses (all of y, a and b aligned to 16 bytes): the
 // element-wise kernels (residual adds, GELU) were 10.1% of the H200 step, at memory speed.

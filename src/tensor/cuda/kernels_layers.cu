@@ -100,8 +100,8 @@ __global__ void maxpool2_backward_k(float* dx, const float* dy, const int32_t* a
   }
 }
 // One thread per rotated pair: (rows, heads, D/2).
-__global__ void rope_k(float* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t heads,
-                       int64_t D, int64_t ld, int64_t pos0, bool backward) {
+__global__ void rope_k(float* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t heads, int64_t D,
+                       int64_t ld, int64_t pos0, bool backward) {
   const int64_t half = D / 2, n = rows * heads * half;
   for (int64_t k = gtid(); k < n; k += gstride()) {
     const int64_t i = k % half, h = (k / half) % heads, r = k / (half * heads);
