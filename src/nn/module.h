@@ -26,6 +26,8 @@ struct ParamInit {
   // >= 0: this row of a 2-D parameter starts at zero whatever the kind (nn.Embedding's
   // padding_idx, which HF's _init_weights zeroes after drawing the rest).
   int64_t zero_row = -1;
+
+  static ParamInit normal(double std) { return {Kind::normal, 0.0f, static_cast<float>(std)}; }  // N(0, std)
 };
 
 struct Param {
@@ -75,6 +77,15 @@ struct RunCtx {
       fsdp::ensure(t, shape, dtype, category, *runtime);
     else
       fsdp::ensure(t, shape, dtype, category, mem);
+  }
+  // A tensor made on the host where this pass's kernels read it: a copy on a device runtime
+  // (charged to activations), the tensor itself on the host (masks, ids, tables).
+  Tensor to_run_device(const Tensor& host) const {
+    return runtime && runtime->device() != Device::cpu ? to_device(*runtime, host, MemCategory::activations) : host;
+  }
+  // A tensor of this pass on the host: a copy from a device runtime, else the tensor itself.
+  Tensor to_host_memory(const Tensor& t) const {
+    return t.device() == Device::cpu ? t : to_host(*runtime, t, MemCategory::activations, mem);
   }
   // Every module's forward and backward call these around its own work (Layer does it for its
   // subclasses); they reach the hooks only for modules marked hooked, so they cost a branch.

@@ -41,12 +41,10 @@ void llama_rope_tables(float* cos, float* sin, int64_t positions, int64_t head_d
 
 namespace {
 
-ParamInit normal_std(double std) { return {ParamInit::Kind::normal, 0.0f, static_cast<float>(std)}; }
-
 // A Linear initialised as HF's LlamaPreTrainedModel._init_weights does: N(0, initializer_range),
 // bias zero.
 void hf_init(Linear& l, const LlamaConfig& c) {
-  l.weight.init = normal_std(c.initializer_range);
+  l.weight.init = ParamInit::normal(c.initializer_range);
   if (l.bias) l.bias->init = {ParamInit::Kind::constant, 0.0f, 0.0f};
 }
 
@@ -318,7 +316,7 @@ class LlamaModel : public Layer {
  public:
   LlamaModel(const std::string& name, const LlamaConfig& c) : Layer(name, "LlamaModel"), c_(c) {
     embed_tokens = &add_child<Embedding>(child_name("embed_tokens"), c.vocab_size, c.hidden_size);
-    embed_tokens->weight.init = normal_std(c.initializer_range);
+    embed_tokens->weight.init = ParamInit::normal(c.initializer_range);
     embed_tokens->weight.init.zero_row = c.pad_token_id;
     for (int64_t i = 0; i < c.num_hidden_layers; ++i)
       layers_.push_back(
@@ -375,9 +373,8 @@ class LlamaModel : public Layer {
     Tensor cos = Tensor::empty({T, half}, DType::f32, MemCategory::activations, ctx.mem);
     Tensor sin = Tensor::empty({T, half}, DType::f32, MemCategory::activations, ctx.mem);
     llama_rope_tables(cos.f32(), sin.f32(), T, 2 * half, c_.rope_theta, c_.rope_scaling_factor);
-    const bool device = ctx.runtime && ctx.runtime->device() != Device::cpu;
-    state_.cos = device ? to_device(*ctx.runtime, cos, MemCategory::activations) : cos;
-    state_.sin = device ? to_device(*ctx.runtime, sin, MemCategory::activations) : sin;
+    state_.cos = ctx.to_run_device(cos);
+    state_.sin = ctx.to_run_device(sin);
     state_.positions = T;
   }
 
@@ -385,12 +382,10 @@ class LlamaModel : public Layer {
   // as -1 (nn.Embedding gives its row no gradient; the kernel skips negative ids).
   const Tensor& grad_ids(RunCtx& ctx) {
     if (c_.pad_token_id < 0) return ids_;
-    const bool device = ids_.device() != Device::cpu;
-    Tensor host = device ? to_host(*ctx.runtime, ids_, MemCategory::activations, ctx.mem)
-                         : Tensor::empty(ids_.shape(), DType::i32, MemCategory::activations, ctx.mem);
-    const int32_t* src = device ? host.i32() : ids_.i32();
-    for (int64_t i = 0; i < ids_.numel(); ++i) host.i32()[i] = src[i] == c_.pad_token_id ? -1 : src[i];
-    pad_masked_ = device ? to_device(*ctx.runtime, host, MemCategory::activations) : host;
+    const Tensor ids = ctx.to_host_memory(ids_);
+    Tensor host = Tensor::empty(ids_.shape(), DType::i32, MemCategory::activations, ctx.mem);
+    for (int64_t i = 0; i < ids_.numel(); ++i) host.i32()[i] = ids.i32()[i] == c_.pad_token_id ? -1 : ids.i32()[i];
+    pad_masked_ = ctx.to_run_device(host);
     return pad_masked_;
   }
 
@@ -400,13 +395,6 @@ class LlamaModel : public Layer {
   Tensor ids_, emb_, out_, none_;
   Tensor pad_masked_;  // (B, T) i32: ids with the padding id as -1, during backward
 };
-
-// Host or runtime memory for a tensor made on the host (decoding's ids).
-Tensor upload(RunCtx& ctx, const Tensor& host) {
-  if (ctx.runtime && ctx.runtime->device() != Device::cpu)
-    return to_device(*ctx.runtime, host, MemCategory::activations);
-  return host;
-}
 
 // generate()'s steps: the prompts (N, P) read in one forward of the model's own modules, filling
 // the cache; the first step returns the logits of each prompt's last position, every later step
@@ -447,7 +435,7 @@ class LlamaDecoding final : public DecodeSteps {
         throw Error("llama generate: token " + std::to_string(id) + " outside the vocab");
       ids.i32()[i] = id;
     }
-    const Tensor logits = head_.forward(ctx_, model_.forward(ctx_, upload(ctx_, ids)));  // (N, 1, V)
+    const Tensor logits = head_.forward(ctx_, model_.forward(ctx_, ctx_.to_run_device(ids)));  // (N, 1, V)
     ++cache_.t;
     keep_rows(logits, 0, 1);
     return last_.data();
@@ -457,8 +445,7 @@ class LlamaDecoding final : public DecodeSteps {
   // Position `at` of each sequence's (T, V) logits, on the host, as (N, V).
   void keep_rows(const Tensor& logits, int64_t at, int64_t T) {
     const int64_t V = c_.vocab_size;
-    const Tensor host =
-        logits.device() == Device::cpu ? logits : to_host(*ctx_.runtime, logits, MemCategory::activations, ctx_.mem);
+    const Tensor host = ctx_.to_host_memory(logits);
     last_.resize(static_cast<size_t>(N_ * V));
     for (int64_t i = 0; i < N_; ++i) std::copy_n(host.f32() + (i * T + at) * V, V, last_.data() + i * V);
   }
@@ -478,7 +465,7 @@ class LlamaForCausalLM : public Model {
   explicit LlamaForCausalLM(const LlamaConfig& c)
       : Model("LlamaForCausalLM", std::make_unique<CrossEntropyLoss>(kIgnoreIndex)), c_(c) {
     model_ = &add_child<LlamaModel>("model", c_);
-    lm_head_ = &add_child<LmHead>("lm_head", c.hidden_size, c.vocab_size, normal_std(c.initializer_range),
+    lm_head_ = &add_child<LmHead>("lm_head", c.hidden_size, c.vocab_size, ParamInit::normal(c.initializer_range),
                                   c.tie_word_embeddings ? &model_->embed_tokens->weight : nullptr);
   }
   std::vector<std::string> block_types() const override { return {"LlamaDecoderLayer"}; }
@@ -487,8 +474,7 @@ class LlamaForCausalLM : public Model {
     if (prompts.ndim() != 2 || prompts.dim(1) < 1)
       throw Error("llama generate: prompts " + shape_str(prompts.shape()) + " are not (B, P) with P >= 1");
     if (o.num_beams != 1) throw Error("llama generate: beam search is not implemented (generate.num_beams 1)");
-    const Tensor host =
-        prompts.device() == Device::cpu ? prompts : to_host(*ctx.runtime, prompts, MemCategory::activations, ctx.mem);
+    const Tensor host = ctx.to_host_memory(prompts);
     for (int64_t i = 0; i < host.numel(); ++i)
       if (host.i32()[i] < 0 || host.i32()[i] >= c_.vocab_size)
         throw Error("llama generate: prompt token " + std::to_string(host.i32()[i]) + " outside vocab_size " +

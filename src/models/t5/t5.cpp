@@ -19,15 +19,6 @@ namespace fsdp {
 
 namespace {
 
-ParamInit normal_std(double std) { return {ParamInit::Kind::normal, 0.0f, static_cast<float>(std)}; }
-
-// Host or runtime memory for a tensor computed on the host (masks, shifted ids, buckets).
-Tensor upload(RunCtx& ctx, const Tensor& host) {
-  if (ctx.runtime && ctx.runtime->device() != Device::cpu)
-    return to_device(*ctx.runtime, host, MemCategory::activations);
-  return host;
-}
-
 // Decoding (generate()): the decoder runs one position per running sequence per step, against the
 // keys and values of the positions before it (HF's past_key_values). N sequences, I = H * d_kv.
 struct DecodeCache {
@@ -75,14 +66,14 @@ class T5Attention : public Layer {
         state_(state) {
     const double f = c.initializer_factor, d_model = static_cast<double>(c.d_model);
     const double inner = static_cast<double>(c.num_heads * c.d_kv);
-    q.weight.init = normal_std(f * std::pow(d_model * static_cast<double>(c.d_kv), -0.5));
-    k.weight.init = normal_std(f * std::pow(d_model, -0.5));
-    v.weight.init = normal_std(f * std::pow(d_model, -0.5));
-    o.weight.init = normal_std(f * std::pow(inner, -0.5));
+    q.weight.init = ParamInit::normal(f * std::pow(d_model * static_cast<double>(c.d_kv), -0.5));
+    k.weight.init = ParamInit::normal(f * std::pow(d_model, -0.5));
+    v.weight.init = ParamInit::normal(f * std::pow(d_model, -0.5));
+    o.weight.init = ParamInit::normal(f * std::pow(inner, -0.5));
     if (relative_bias) {
       relative_attention_bias =
           &add_child<Embedding>(child_name("relative_attention_bias"), c.relative_attention_num_buckets, c.num_heads);
-      relative_attention_bias->weight.init = normal_std(f * std::pow(d_model, -0.5));
+      relative_attention_bias->weight.init = ParamInit::normal(f * std::pow(d_model, -0.5));
     }
   }
 
@@ -292,13 +283,13 @@ class DenseActDense : public Layer {
     if (gated_) {
       wi = &add_child<Linear>(child_name("wi_0"), c.d_model, c.d_ff, false);
       wi_1 = &add_child<Linear>(child_name("wi_1"), c.d_model, c.d_ff, false);
-      wi_1->weight.init = normal_std(in_std);
+      wi_1->weight.init = ParamInit::normal(in_std);
     } else {
       wi = &add_child<Linear>(child_name("wi"), c.d_model, c.d_ff, false);
     }
-    wi->weight.init = normal_std(in_std);
+    wi->weight.init = ParamInit::normal(in_std);
     wo = &add_child<Linear>(child_name("wo"), c.d_ff, c.d_model, false);
-    wo->weight.init = normal_std(f * std::pow(static_cast<double>(c.d_ff), -0.5));
+    wo->weight.init = ParamInit::normal(f * std::pow(static_cast<double>(c.d_ff), -0.5));
     dropout = &add_child<Dropout>(child_name("dropout"), c.dropout_rate);
     if (gated_)
       act = &add_child<GELU>(child_name("act"), true);
@@ -429,12 +420,12 @@ class T5Stack : public Layer {
       for (int64_t j = 0; j <= t; ++j)
         host.i32()[j] =
             t5_relative_bucket(j - t, false, c_.relative_attention_num_buckets, c_.relative_attention_max_distance);
-      state_.bucket = upload(ctx, host);
+      state_.bucket = ctx.to_run_device(host);
     } else if (state_.bucket_T != T) {  // the same for every batch of one length: made once
       Tensor host = Tensor::empty({T, T}, DType::i32, MemCategory::activations, ctx.mem);
       t5_relative_buckets(host.i32(), T, T, !state_.decoder, c_.relative_attention_num_buckets,
                           c_.relative_attention_max_distance);
-      state_.bucket = upload(ctx, host);
+      state_.bucket = ctx.to_run_device(host);
       state_.bucket_T = T;
     }
     ctx.ensure(state_.ones, {B}, DType::f32);
@@ -499,9 +490,9 @@ class T5Decoding final : public DecodeSteps {
       std::copy_n(valid.i32() + (i / beams) * S, S, mask.i32() + i * S);
     }
     ctx.ensure(enc_, {N_, S, C}, DType::f32);
-    ctx.kernels().embedding_forward(enc_.f32(), upload(ctx, rows).i32(), enc.f32(), nullptr, 1, N_, S * C);
+    ctx.kernels().embedding_forward(enc_.f32(), ctx.to_run_device(rows).i32(), enc.f32(), nullptr, 1, N_, S * C);
     cache_.Tmax = max_steps;
-    decoder_.set_inputs(upload(ctx, mask), enc_);
+    decoder_.set_inputs(ctx.to_run_device(mask), enc_);
     decoder_.set_decode_cache(&cache_);
   }
   ~T5Decoding() override {
@@ -524,10 +515,9 @@ class T5Decoding final : public DecodeSteps {
         throw Error("t5 generate: token " + std::to_string(tokens[static_cast<size_t>(i)]) + " outside the vocab");
       ids.i32()[i] = tokens[static_cast<size_t>(i)];
     }
-    const Tensor logits = head_.forward(ctx_, decoder_.forward(ctx_, upload(ctx_, ids)));  // (N, 1, V)
+    const Tensor logits = head_.forward(ctx_, decoder_.forward(ctx_, ctx_.to_run_device(ids)));  // (N, 1, V)
     ++cache_.t;
-    if (logits.device() == Device::cpu) return logits.f32();
-    host_logits_ = to_host(*ctx_.runtime, logits, MemCategory::activations, ctx_.mem);
+    host_logits_ = ctx_.to_host_memory(logits);
     return host_logits_.f32();
   }
 
@@ -544,7 +534,7 @@ class T5Decoding final : public DecodeSteps {
     for (int64_t p = 0; p < t; ++p)
       for (int64_t i = 0; i < N_; ++i)
         rows.i32()[p * N_ + i] = static_cast<int32_t>(p * N_ + origin[static_cast<size_t>(i)]);
-    const Tensor dev_rows = upload(ctx_, rows);
+    const Tensor dev_rows = ctx_.to_run_device(rows);
     const int64_t I = c_.num_heads * c_.d_kv;
     for (DecodeCache::Layer& layer : cache_.layers)
       for (Tensor* kv : {&layer.k, &layer.v}) {
@@ -569,12 +559,12 @@ class T5Model : public Model {
   explicit T5Model(const T5Config& c)
       : Model("T5ForConditionalGeneration", std::make_unique<CrossEntropyLoss>(kIgnoreIndex)), c_(c) {
     shared_ = &add_child<Embedding>("shared", c.vocab_size, c.d_model);
-    shared_->weight.init = normal_std(c.initializer_factor);
+    shared_->weight.init = ParamInit::normal(c.initializer_factor);
     encoder_ = &add_child<T5Stack>("encoder", c_, *shared_, false);
     decoder_ = &add_child<T5Stack>("decoder", c_, *shared_, true);
     // lm_head: its own weight, or shared.weight when tied (then x is first scaled by d_model^-0.5,
     // as HF does).
-    lm_head_ = &add_child<LmHead>("lm_head", c.d_model, c.vocab_size, normal_std(c.initializer_factor),
+    lm_head_ = &add_child<LmHead>("lm_head", c.d_model, c.vocab_size, ParamInit::normal(c.initializer_factor),
                                   c.tie_word_embeddings ? &shared_->weight : nullptr,
                                   static_cast<float>(std::pow(static_cast<double>(c.d_model), -0.5)));
   }
@@ -583,7 +573,7 @@ class T5Model : public Model {
   std::vector<std::vector<int32_t>> generate(RunCtx& ctx, const Tensor& inputs, const GenerateOptions& o) override {
     if (inputs.ndim() != 2) throw Error("t5 generate: inputs " + shape_str(inputs.shape()) + " are not (B, S)");
     const Tensor valid = source_mask(ctx, inputs);
-    encoder_->set_inputs(upload(ctx, valid), Tensor());
+    encoder_->set_inputs(ctx.to_run_device(valid), Tensor());
     const Tensor enc = encoder_->forward(ctx, inputs);
     GenerateOptions t5 = o;
     t5.decoder_start_id = static_cast<int32_t>(c_.decoder_start_token_id);
@@ -618,8 +608,7 @@ class T5Model : public Model {
 
   // (B, S) i32 on the host: 1 where the source token is not pad (0). Errors on ids outside the vocab.
   Tensor source_mask(RunCtx& ctx, const Tensor& inputs) const {
-    const Tensor src =
-        inputs.device() != Device::cpu ? to_host(*ctx.runtime, inputs, MemCategory::activations, ctx.mem) : inputs;
+    const Tensor src = ctx.to_host_memory(inputs);
     Tensor valid = Tensor::empty(src.shape(), DType::i32, MemCategory::activations, ctx.mem);
     for (int64_t i = 0; i < src.numel(); ++i) {
       const int32_t id = src.i32()[i];
@@ -634,8 +623,7 @@ class T5Model : public Model {
   // decoder_start_token_id, ignored labels as pad 0), made on the host: a device run brings the
   // ids over once per step (a host wait; the batch is a few KB).
   void prepare(RunCtx& ctx, const Tensor& inputs, const Tensor& targets) {
-    const Tensor labels =
-        targets.device() != Device::cpu ? to_host(*ctx.runtime, targets, MemCategory::activations, ctx.mem) : targets;
+    const Tensor labels = ctx.to_host_memory(targets);
     const int64_t B = labels.dim(0), L = labels.dim(1), V = c_.vocab_size;
     const Tensor valid = source_mask(ctx, inputs);
     Tensor dec = Tensor::empty({B, L}, DType::i32, MemCategory::activations, ctx.mem);
@@ -649,8 +637,8 @@ class T5Model : public Model {
         const int32_t prev = t == 0 ? static_cast<int32_t>(c_.decoder_start_token_id) : y[b * L + t - 1];
         dec.i32()[b * L + t] = prev == kIgnoreIndex ? 0 : prev;
       }
-    key_valid_ = upload(ctx, valid);
-    decoder_ids_ = upload(ctx, dec);
+    key_valid_ = ctx.to_run_device(valid);
+    decoder_ids_ = ctx.to_run_device(dec);
   }
 
   T5Config c_;
