@@ -19,6 +19,7 @@
 #include "comm/agree.h"
 #include "comm/comm.h"
 #include "comm/mpi_env.h"
+#include "config/cluster.h"
 #include "config/config.h"
 #include "test_faults.h"
 #include "train/plan.h"
@@ -34,6 +35,8 @@ struct Args {
   bool keys = false;      // --keys: print the key reference
   bool plan = false;
   int plan_world_size = 0;  // 0: this launch's
+  std::string cluster;      // --cluster: a timed plan on this preset or file
+  int ranks_per_node = 0;   // 0: the cluster's devices_per_node
   int64_t generate = 0;     // --generate N: samples to decode instead of training
 };
 
@@ -55,6 +58,16 @@ Args parse_args(int argc, char** argv) {
   app.add_option("--world-size", a.plan_world_size, "plan for N ranks instead of the ranks of this launch")
       ->type_name("N")
       ->check(fsdp_cli::integer_in(1, 9'999'999, "a positive number of ranks"));
+  app.add_option("--cluster", a.cluster,
+                 "with --plan: also predict the step's time, tokens/s, MFU and exposed\n"
+                 "communication on this cluster: a preset (dgx-h100, dgx-h200, a100-node,\n"
+                 "cpu-2core) or a YAML file (docs/performance.md, Timed plan)")
+      ->type_name("NAME|FILE");
+  app.add_option("--ranks-per-node", a.ranks_per_node,
+                 "with --plan --world-size: ranks on each node (default: the cluster's\n"
+                 "devices per node, or one node for the whole world without --cluster)")
+      ->type_name("N")
+      ->check(fsdp_cli::integer_in(1, 9'999'999, "a positive number of ranks"));
   app.add_option("--generate", a.generate,
                  "decode the first N validation samples (sequence-to-sequence models) and\n"
                  "print one JSON line each (index, source, reference, generated); no training")
@@ -69,6 +82,9 @@ Args parse_args(int argc, char** argv) {
     return a;
   }
   if (a.plan_world_size > 0 && !a.plan) throw fsdp::Error("--world-size goes with --plan");
+  if (!a.cluster.empty() && !a.plan) throw fsdp::Error("--cluster goes with --plan");
+  if (a.ranks_per_node > 0 && a.plan_world_size == 0)
+    throw fsdp::Error("--ranks-per-node goes with --plan --world-size (a launch's plan uses its own nodes)");
   if (a.plan && a.generate > 0) throw fsdp::Error("--plan and --generate do not go together");
   if (a.keys && (!a.input.empty() || !a.overrides.empty() || a.plan || a.generate > 0))
     throw fsdp::Error("--keys prints the key reference and goes alone (no input file or other options)");
@@ -106,7 +122,13 @@ int main(int argc, char** argv) {
       // HYBRID with shard_group_size 0 shards over a node: this launch's nodes, or one node for
       // a --world-size of its own.
       if (args.plan_world_size == 0) request.node_color_of_rank = mpi.node_color_of_rank();
-      std::string text = fsdp::plan_memory(config, request).text();
+      request.ranks_per_node = args.ranks_per_node;
+      std::optional<fsdp::ClusterSpec> cluster;
+      if (!args.cluster.empty()) cluster = fsdp::load_cluster(args.cluster);
+      request.cluster = cluster ? &*cluster : nullptr;
+      const fsdp::MemoryPlan plan = fsdp::plan_memory(config, request);
+      std::string text = plan.text();
+      if (plan.time) text += plan.time->text(plan.world_size);
       if (mpi.rank() == 0) std::fputs(text.c_str(), stdout);
       return 0;
     }

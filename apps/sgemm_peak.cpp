@@ -1,8 +1,11 @@
-// sgemm_peak [--threads N] [--size N] [--reps R]
+// sgemm_peak [--threads N] [--size N] [--reps R] [--memory]
 // Measures the single-precision GEMM rate the project's BLAS (OpenBLAS) reaches on this machine:
 // C = A * B with square N x N f32 matrices (default 2048), R timed repetitions after one
 // warm-up, and prints the best and median GFLOP/s (2 N^3 flops per product). The core benchmark
 // (jobs/bench-core.sh) reports achieved model FLOP rates as a fraction of this peak.
+// --memory instead measures memcpy of 256 MiB split over N threads (default 1): the best rate in
+// GB/s (1e9 bytes copied per second) and the memory traffic it is (read + write, 2x), which is
+// what a cluster file's memory_GBps holds (jobs/calibrate-cluster.sh).
 #include <cblas.h>
 
 #include <algorithm>
@@ -11,12 +14,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
 
 [[noreturn]] void usage(const char* problem) {
-  std::fprintf(stderr, "sgemm_peak: %s\nusage: sgemm_peak [--threads N] [--size N] [--reps R]\n", problem);
+  std::fprintf(stderr, "sgemm_peak: %s\nusage: sgemm_peak [--threads N] [--size N] [--reps R] [--memory]\n", problem);
   std::exit(1);
 }
 
@@ -27,13 +31,45 @@ long parse_positive(const char* flag, const char* text) {
   return v;
 }
 
+// The best of R copies of 256 MiB, each split into `threads` contiguous parts copied at once.
+int memory_rate(long threads, long reps) {
+  const size_t bytes = size_t{256} << 20;
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  const size_t part = bytes / static_cast<size_t>(threads);
+  auto copy = [&] {
+    std::vector<std::thread> pool;
+    for (long t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        const size_t off = part * static_cast<size_t>(t);
+        std::memcpy(dst.data() + off, src.data() + off, t + 1 == threads ? bytes - off : part);
+      });
+    for (auto& th : pool) th.join();
+  };
+  copy();  // warm-up: page faults
+  double best = 0;
+  for (long r = 0; r < reps; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    copy();
+    best = std::max(best, static_cast<double>(bytes) /
+                              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9);
+  }
+  std::printf("memcpy 256 MiB, %ld threads, %ld reps: best %.2f GB/s copied, memory traffic %.2f GB/s\n", threads, reps,
+              best, 2 * best);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   long threads = 0, n = 2048, reps = 5;
+  bool memory = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "-h" || a == "--help") usage("measures OpenBLAS sgemm GFLOP/s");
+    if (a == "-h" || a == "--help") usage("measures OpenBLAS sgemm GFLOP/s (--memory: memcpy GB/s)");
+    if (a == "--memory") {
+      memory = true;
+      continue;
+    }
     if (i + 1 >= argc) usage(("missing value after " + a).c_str());
     if (a == "--threads")
       threads = parse_positive("--threads", argv[++i]);
@@ -44,6 +80,7 @@ int main(int argc, char** argv) {
     else
       usage(("unknown option " + a).c_str());
   }
+  if (memory) return memory_rate(threads > 0 ? threads : 1, reps);
   if (threads > 0) openblas_set_num_threads(static_cast<int>(threads));
 
   const size_t elems = static_cast<size_t>(n) * n;

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "tensor/kernels.h"
+#include "tensor/timeline.h"
 
 namespace fsdp {
 
@@ -24,21 +25,30 @@ class MetaKernels final : public Kernels {
   void gemm(bool, bool, int64_t M, int64_t N, int64_t K, float, const float*, int64_t, const float*, int64_t, float,
             float*, int64_t) override {
     charge_operands(M, N, K, 1);
+    time_gemm(M, N, K, 1, false);
   }
   void gemm_strided_batched(bool, bool, int64_t M, int64_t N, int64_t K, float, const float*, int64_t, int64_t,
                             const float*, int64_t, int64_t, float, float*, int64_t, int64_t, int64_t batch) override {
     charge_operands(M, N, K, batch);
+    time_gemm(M, N, K, batch, false);
   }
-  void gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*, int64_t,
-                 float, float*, int64_t) override {}
+  void gemm_bf16(bool, bool, int64_t M, int64_t N, int64_t K, float, const uint16_t*, int64_t, const uint16_t*, int64_t,
+                 float, float*, int64_t) override {
+    time_gemm(M, N, K, 1, true);
+  }
   // The GEMMs of CudaKernels::linear_forward/backward, one after the other.
   void linear_forward(float*, const float*, const float*, const float*, int64_t rows, int64_t in,
                       int64_t out) override {
     charge_operands(rows, out, in, 1);
+    time_gemm(rows, out, in, 1, false);
+    floats(rows * out);  // the bias
   }
   // With dX, CudaKernels rounds dY once for both GEMMs: its copy, with X's and then with W's.
   void linear_backward(float* dX, float*, float*, const float*, const float*, const float*, int64_t rows, int64_t in,
                        int64_t out) override {
+    time_gemm(out, in, rows, 1, false);
+    if (dX) time_gemm(rows, in, out, 1, false);
+    floats(rows * out);  // db
     if (!dX || rows == 0 || in == 0 || out == 0) {
       charge_operands(out, in, rows, 1);
       if (dX) charge_operands(rows, in, out, 1);
@@ -46,58 +56,114 @@ class MetaKernels final : public Kernels {
     }
     charge(rounded_operand_element_bytes(precision_) * (rows * out + std::max(rows * in, out * in)));
   }
-  void im2col(const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) override {}
-  void col2im(const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) override {}
-  void conv_bias_permute(float*, const float*, const float*, int64_t, int64_t, int64_t) override {}
-  void conv_grad_permute(float*, float*, const float*, int64_t, int64_t, int64_t) override {}
-  void relu_forward(float*, const float*, int64_t) override {}
-  void relu_backward(float*, const float*, const float*, int64_t) override {}
-  void gelu_forward(float*, const float*, int64_t) override {}
-  void gelu_backward(float*, const float*, const float*, int64_t) override {}
-  void gelu_tanh_forward(float*, const float*, int64_t) override {}
-  void gelu_tanh_backward(float*, const float*, const float*, int64_t) override {}
-  void silu_forward(float*, const float*, int64_t) override {}
-  void silu_backward(float*, const float*, const float*, int64_t) override {}
-  void rope(float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool) override {}
-  void add(float*, const float*, const float*, int64_t) override {}
-  void add_inplace(float*, const float*, int64_t) override {}
-  void mul(float*, const float*, const float*, int64_t) override {}
-  void scale(float*, float, int64_t) override {}
-  void fill(float*, float, int64_t) override {}
-  void dropout_forward(float*, float*, const float*, int64_t, int64_t, float, uint64_t, uint64_t, int64_t) override {}
-  void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int64_t, int64_t,
-                         float) override {}
+  void im2col(const float*, float*, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t, int64_t,
+              int64_t) override {
+    floats(2 * B * C * H * W * K * K);
+  }
+  void col2im(const float*, float*, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t, int64_t,
+              int64_t) override {
+    floats(2 * B * C * H * W * K * K);
+  }
+  void conv_bias_permute(float*, const float*, const float*, int64_t B, int64_t out, int64_t P) override {
+    floats(2 * B * out * P);
+  }
+  void conv_grad_permute(float*, float*, const float*, int64_t B, int64_t out, int64_t P) override {
+    floats(2 * B * out * P);
+  }
+  void relu_forward(float*, const float*, int64_t n) override { floats(2 * n); }
+  void relu_backward(float*, const float*, const float*, int64_t n) override { floats(3 * n); }
+  void gelu_forward(float*, const float*, int64_t n) override { floats(2 * n); }
+  void gelu_backward(float*, const float*, const float*, int64_t n) override { floats(3 * n); }
+  void gelu_tanh_forward(float*, const float*, int64_t n) override { floats(2 * n); }
+  void gelu_tanh_backward(float*, const float*, const float*, int64_t n) override { floats(3 * n); }
+  void silu_forward(float*, const float*, int64_t n) override { floats(2 * n); }
+  void silu_backward(float*, const float*, const float*, int64_t n) override { floats(3 * n); }
+  void rope(float*, const float*, const float*, int64_t rows, int64_t T, int64_t heads, int64_t D, int64_t, int64_t,
+            bool) override {
+    floats(2 * rows * T * heads * D);
+  }
+  void add(float*, const float*, const float*, int64_t n) override { floats(3 * n); }
+  void add_inplace(float*, const float*, int64_t n) override { floats(3 * n); }
+  void mul(float*, const float*, const float*, int64_t n) override { floats(3 * n); }
+  void scale(float*, float, int64_t n) override { floats(2 * n); }
+  void fill(float*, float, int64_t n) override { floats(n); }
+  void dropout_forward(float*, float*, const float*, int64_t B, int64_t per_sample, float, uint64_t, uint64_t,
+                       int64_t) override {
+    floats(3 * B * per_sample);
+  }
+  void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int64_t rows, int64_t C,
+                         float) override {
+    floats(2 * rows * C);
+  }
   void layernorm_backward(float*, const float*, float*, float*, const float*, const float*, const float*, const float*,
-                          const float*, int64_t, int64_t) override {}
-  void log_softmax_forward(float*, const float*, int64_t, int64_t) override {}
-  void log_softmax_backward(float*, const float*, const float*, int64_t, int64_t) override {}
-  void causal_softmax_forward(float*, CausalRows, float*, float*) override {}
-  void causal_softmax_recompute(float*, CausalRows, const float*, const float*) override {}
-  void causal_softmax_backward(float*, const float*, CausalRows, float) override {}
-  void rmsnorm_forward(float*, float*, const float*, const float*, int64_t, int64_t, float) override {}
-  void rmsnorm_backward(float*, const float*, float*, const float*, const float*, const float*, const float*, int64_t,
-                        int64_t) override {}
-  void attention_softmax_forward(float*, const float*, const int32_t*, bool, int64_t, int64_t, int64_t,
-                                 int64_t) override {}
-  void softmax_backward(float*, const float*, int64_t, int64_t) override {}
-  void relative_bias_forward(float*, const float*, const int32_t*, int64_t, int64_t, int64_t) override {}
-  void relative_bias_backward(float*, const float*, const int32_t*, int64_t, int64_t, int64_t, int64_t) override {}
-  void maxpool2_forward(float*, int32_t*, const float*, int64_t, int64_t, int64_t) override {}
-  void maxpool2_backward(float*, const float*, const int32_t*, int64_t, int64_t, int64_t) override {}
-  void embedding_forward(float*, const int32_t*, const float*, const float*, int64_t, int64_t, int64_t) override {}
-  void embedding_backward(float*, float*, const float*, const int32_t*, int64_t, int64_t, int64_t) override {}
-  void nll_sum(const float*, const int32_t*, int64_t, int64_t, double* sum, int64_t* correct) override {
+                          const float*, int64_t rows, int64_t C) override {
+    floats(3 * rows * C);
+  }
+  void log_softmax_forward(float*, const float*, int64_t rows, int64_t C) override { floats(2 * rows * C); }
+  void log_softmax_backward(float*, const float*, const float*, int64_t rows, int64_t C) override {
+    floats(3 * rows * C);
+  }
+  void causal_softmax_forward(float*, CausalRows g, float*, float*) override { floats(g.planes * g.rows * g.T); }
+  void causal_softmax_recompute(float*, CausalRows g, const float*, const float*) override {
+    floats(g.planes * g.rows * g.T);
+  }
+  void causal_softmax_backward(float*, const float*, CausalRows g, float) override {
+    floats(2 * g.planes * g.rows * g.T);
+  }
+  void rmsnorm_forward(float*, float*, const float*, const float*, int64_t rows, int64_t C, float) override {
+    floats(2 * rows * C);
+  }
+  void rmsnorm_backward(float*, const float*, float*, const float*, const float*, const float*, const float*,
+                        int64_t rows, int64_t C) override {
+    floats(3 * rows * C);
+  }
+  void attention_softmax_forward(float*, const float*, const int32_t*, bool, int64_t B, int64_t H, int64_t Tq,
+                                 int64_t Tk) override {
+    floats(2 * B * H * Tq * Tk);
+  }
+  void softmax_backward(float*, const float*, int64_t rows, int64_t Tk) override { floats(3 * rows * Tk); }
+  void relative_bias_forward(float*, const float*, const int32_t*, int64_t H, int64_t Tq, int64_t Tk) override {
+    floats(H * Tq * Tk);
+  }
+  void relative_bias_backward(float*, const float*, const int32_t*, int64_t B, int64_t H, int64_t Tq,
+                              int64_t Tk) override {
+    floats(B * H * Tq * Tk);
+  }
+  void maxpool2_forward(float*, int32_t*, const float*, int64_t planes, int64_t H, int64_t W) override {
+    floats(2 * planes * H * W);
+  }
+  void maxpool2_backward(float*, const float*, const int32_t*, int64_t planes, int64_t H, int64_t W) override {
+    floats(2 * planes * H * W);
+  }
+  void embedding_forward(float*, const int32_t*, const float*, const float*, int64_t B, int64_t T, int64_t C) override {
+    floats(2 * B * T * C);
+  }
+  void embedding_backward(float*, float*, const float*, const int32_t*, int64_t B, int64_t T, int64_t C) override {
+    floats(2 * B * T * C);
+  }
+  void nll_sum(const float*, const int32_t*, int64_t rows, int64_t C, double* sum, int64_t* correct) override {
+    floats(rows * C);
     *sum = 0.0;
     *correct = 0;
   }
-  void nll_backward(float*, const int32_t*, int64_t, int64_t, float) override {}
-  void cross_entropy_backward(float*, const float*, const int32_t*, int64_t, int64_t, float) override {}
-  void adamw_step(float*, const float*, float*, float*, int64_t, const AdamWArgs&) override {}
-  void sgd_step(float*, const float*, float*, int64_t, const SgdArgs&) override {}
-  void adadelta_step(float*, const float*, float*, float*, int64_t, const AdadeltaArgs&) override {}
-  void cast(void*, DType, const void*, DType, int64_t) override {}
-  double sum_squares(const float*, int64_t) override { return 0.0; }
-  bool all_finite(const float*, int64_t) override { return true; }
+  void nll_backward(float*, const int32_t*, int64_t rows, int64_t C, float) override { floats(rows * C); }
+  void cross_entropy_backward(float*, const float*, const int32_t*, int64_t rows, int64_t C, float) override {
+    floats(2 * rows * C);
+  }
+  void adamw_step(float*, const float*, float*, float*, int64_t n, const AdamWArgs&) override { floats(7 * n); }
+  void sgd_step(float*, const float*, float*, int64_t n, const SgdArgs&) override { floats(5 * n); }
+  void adadelta_step(float*, const float*, float*, float*, int64_t n, const AdadeltaArgs&) override { floats(7 * n); }
+  void cast(void*, DType dst, const void*, DType src, int64_t n) override {
+    bytes(static_cast<double>(n) * static_cast<double>(dtype_bytes(dst) + dtype_bytes(src)));
+  }
+  double sum_squares(const float*, int64_t n) override {
+    floats(n);
+    return 0.0;
+  }
+  bool all_finite(const float*, int64_t n) override {
+    floats(n);
+    return true;
+  }
   // Fused attention is the GPU's (cuDNN). Its workspace is cuDNN's to choose at run time; the plan
   // takes the forward's as none and the backward's as an f32 dQ accumulator and a row sum,
   // B*H*T*(hd + 1) floats (what its deterministic flash backward keeps; test_gpu prints the real
@@ -109,9 +175,16 @@ class MetaKernels final : public Kernels {
     if (device_ == Device::cpu) return Kernels::fused_attention_workspace_bytes(s, backward);
     return backward ? s.B * s.H * s.T * (s.hd + 1) * static_cast<int64_t>(sizeof(float)) : 0;
   }
-  void fused_attention_forward(const FusedAttentionShape&, const uint16_t*, uint16_t*, float*, void*) override {}
-  void fused_attention_backward(const FusedAttentionShape&, const uint16_t*, const uint16_t*, const uint16_t*,
-                                const float*, uint16_t*, void*) override {}
+  // Causal flash attention: QK^T and PV over half the (T, T) square, bf16 operands; the backward's
+  // five GEMMs to the forward's two (recomputing P), 2.5x its FLOPs.
+  void fused_attention_forward(const FusedAttentionShape& sh, const uint16_t*, uint16_t*, float*, void*) override {
+    time_attention(sh, 1.0);
+  }
+  void fused_attention_backward(const FusedAttentionShape& sh, const uint16_t*, const uint16_t*, const uint16_t*,
+                                const float*, uint16_t*, void*) override {
+    time_attention(sh, 2.5);
+  }
+  void set_timeline(Timeline* timeline) { timeline_ = timeline; }
 
  private:
   void charge_operands(int64_t M, int64_t N, int64_t K, int64_t batch) {
@@ -125,8 +198,26 @@ class MetaKernels final : public Kernels {
     tracker_.on_free(MemCategory::activations, static_cast<size_t>(bytes), MemSpace::device);
   }
 
+  // The timed plan's costs (tensor/timeline.h): FLOPs and bytes of each call at its shapes.
+  void time_gemm(int64_t M, int64_t N, int64_t K, int64_t batch, bool bf16) {
+    if (!timeline_) return;
+    const double m = static_cast<double>(M), n = static_cast<double>(N), k = static_cast<double>(K);
+    const double b = static_cast<double>(batch), elem = bf16 ? 2.0 : 4.0;
+    timeline_->gemm(2.0 * m * n * k * b, b * (elem * (m * k + k * n) + 4.0 * m * n), precision_, bf16);
+  }
+  void time_attention(const FusedAttentionShape& sh, double factor) {
+    if (!timeline_) return;
+    const double bh = static_cast<double>(sh.B * sh.H), t = static_cast<double>(sh.T), hd = static_cast<double>(sh.hd);
+    timeline_->gemm(factor * 2.0 * bh * t * t * hd, factor * bh * t * hd * 2.0 * 5.0, precision_, true);
+  }
+  void floats(int64_t n) { bytes(4.0 * static_cast<double>(n)); }
+  void bytes(double b) {
+    if (timeline_) timeline_->memory_bound(b);
+  }
+
   Device device_;
   MemoryTracker& tracker_;
+  Timeline* timeline_ = nullptr;
 };
 
 size_t page_rounded(size_t bytes) {
@@ -146,8 +237,10 @@ void release(void* p, size_t bytes) { munmap(p, page_rounded(bytes)); }
 
 class MetaRuntime final : public DeviceRuntime {
  public:
-  MetaRuntime(Device planned, MemoryTracker& tracker)
-      : device_(planned), tracker_(tracker), kernels_(planned, tracker) {}
+  MetaRuntime(Device planned, MemoryTracker& tracker, Timeline* timeline)
+      : device_(planned), tracker_(tracker), kernels_(planned, tracker), timeline_(timeline) {
+    kernels_.set_timeline(timeline);
+  }
   Device device() const override { return device_; }
   std::string describe() const override { return "meta (" + std::string(device_name(device_)) + ", plan only)"; }
   MemoryTracker& tracker() override { return tracker_; }
@@ -174,32 +267,57 @@ class MetaRuntime final : public DeviceRuntime {
     release(base, *reinterpret_cast<size_t*>(base) + sizeof(size_t));
   }
   bool is_device_pointer(const void*) const override { return false; }  // never asked: no device_comm in a plan
-  void copy_async(void* dst, const void*, size_t bytes, CopyKind kind, Stream) override {
+  void copy_async(void* dst, const void*, size_t bytes, CopyKind kind, Stream stream) override {
+    if (timeline_)
+      timeline_->copy_on(lane(stream), static_cast<double>(bytes),
+                         kind == CopyKind::host_to_device || kind == CopyKind::device_to_host);
     // Host reads of device values see zeros. Reading an untouched page maps the zero page, so
     // a large staging buffer that is already zero stays uncommitted.
     if (kind != CopyKind::device_to_host || bytes == 0) return;
     const auto* d = static_cast<const unsigned char*>(dst);
     if (std::any_of(d, d + bytes, [](unsigned char b) { return b != 0; })) std::memset(dst, 0, bytes);
   }
-  void memset_async(void*, int, size_t, Stream) override {}
-  Stream compute_stream() override { return {}; }
-  Stream comm_stream() override { return {}; }
-  std::unique_ptr<Event> record(Stream) override { return std::make_unique<DoneEvent>(); }
-  void wait(Stream, const Event&) override {}
-  void synchronize(const Event&, double) override {}
-  void synchronize(Stream) override {}
+  void memset_async(void*, int, size_t bytes, Stream stream) override {
+    if (timeline_) timeline_->copy_on(lane(stream), static_cast<double>(bytes) / 2, false);
+  }
+  // Without a timeline every stream is the host's (a memory plan needs no order). With one, a
+  // planned GPU has its two streams, told apart by these tags; events carry their lane's time.
+  Stream compute_stream() override { return {timed_device() ? timeline_->tag(Lane::compute) : nullptr}; }
+  Stream comm_stream() override { return {timed_device() ? timeline_->tag(Lane::comm) : nullptr}; }
+  std::unique_ptr<Event> record(Stream stream) override {
+    return std::make_unique<TimedEvent>(timeline_ ? timeline_->now(lane(stream)) : 0.0);
+  }
+  void wait(Stream stream, const Event& event) override {
+    if (const auto* e = dynamic_cast<const TimedEvent*>(&event); timeline_ && e)
+      timeline_->wait_until(lane(stream), e->at_s);
+  }
+  void synchronize(const Event& event, double) override {
+    if (const auto* e = dynamic_cast<const TimedEvent*>(&event); timeline_ && e)
+      timeline_->wait_until(Lane::host, e->at_s);
+  }
+  void synchronize(Stream stream) override {
+    if (timeline_) timeline_->wait_until(Lane::host, timeline_->now(lane(stream)));
+  }
   Kernels& kernels() override { return kernels_; }
 
  private:
+  struct TimedEvent final : DoneEvent {
+    explicit TimedEvent(double t) : at_s(t) {}
+    double at_s;
+  };
+  bool timed_device() const { return timeline_ && device_ != Device::cpu; }
+  Lane lane(Stream s) const { return timeline_->lane_of(s.native); }
+
   Device device_;
   MemoryTracker& tracker_;
   MetaKernels kernels_;
+  Timeline* timeline_;
 };
 
 }  // namespace
 
-std::unique_ptr<DeviceRuntime> make_meta_runtime(Device planned, MemoryTracker& tracker) {
-  return std::make_unique<MetaRuntime>(planned, tracker);
+std::unique_ptr<DeviceRuntime> make_meta_runtime(Device planned, MemoryTracker& tracker, Timeline* timeline) {
+  return std::make_unique<MetaRuntime>(planned, tracker, timeline);
 }
 
 }  // namespace fsdp

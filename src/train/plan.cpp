@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <set>
 #include <string>
 
 #include "comm/meta_comm.h"
+#include "config/cluster.h"
 #include "config/config.h"
 #include "tensor/error.h"
 #include "tensor/meta_runtime.h"
@@ -44,16 +46,43 @@ std::string human_bytes(double b) {
 MemoryPlan plan_memory(const Config& config, const PlanRequest& request) {
   const int world = request.world_size;
   if (world < 1) throw Error("memory plan: world size " + std::to_string(world) + " is not >= 1");
+  const ClusterSpec* cluster = request.cluster;
+  if (request.ranks_per_node < 0)
+    throw Error("memory plan: ranks per node " + std::to_string(request.ranks_per_node) + " is not >= 1");
   std::vector<int> nodes = request.node_color_of_rank;
   if (nodes.empty()) {
-    const int per_node = request.ranks_per_node > 0 ? request.ranks_per_node : world;
+    const int per_node = request.ranks_per_node > 0 ? request.ranks_per_node
+                         : cluster                  ? cluster->devices_per_node
+                                                    : world;
     for (int r = 0; r < world; ++r) nodes.push_back(r / per_node);
   }
   if (nodes.size() != static_cast<size_t>(world))
     throw Error("memory plan: node colors of " + std::to_string(nodes.size()) + " ranks for " + std::to_string(world));
   // Node-shared memory as the run's backend would give it (only some backends map it).
   const std::optional<BackendEntry> backend = find_backend(config.comm.backend);
-  std::unique_ptr<Communicator> meta_world = make_meta_communicator(world, 0, {}, backend && backend->maps_node_memory);
+  // A timed plan: one clock for the meta device and every communicator split from the world.
+  std::unique_ptr<Timeline> timeline;
+  std::shared_ptr<MetaTiming> timing;
+  TimePlan time;
+  if (cluster) {
+    if (cluster->device != config.train.device)
+      throw Error("plan: cluster " + cluster->name + " computes on " + std::string(device_name(cluster->device)) +
+                  " and the input trains on " + std::string(device_name(config.train.device)) + " (set train.device " +
+                  std::string(device_name(cluster->device)) + ")");
+    const FabricSpec& fabric = cluster->fabric(config.comm.backend);
+    time.cluster = cluster->name;
+    time.backend = config.comm.backend;
+    time.ranks_per_node = static_cast<int>(std::count(nodes.begin(), nodes.end(), nodes[0]));
+    time.nodes = static_cast<int>(std::set<int>(nodes.begin(), nodes.end()).size());
+    time.ranks_per_device = (time.ranks_per_node + cluster->devices_per_node - 1) / cluster->devices_per_node;
+    time.overlaps = fabric.overlaps_compute;
+    DeviceRates rates = cluster->rates;
+    rates.ranks_per_device = time.ranks_per_device;
+    timeline = std::make_unique<Timeline>(rates, cluster->device != Device::cpu, fabric.overlaps_compute);
+    timing = std::make_shared<MetaTiming>(MetaTiming{timeline.get(), fabric, nodes});
+  }
+  std::unique_ptr<Communicator> meta_world =
+      make_meta_communicator(world, 0, {}, backend && backend->maps_node_memory, timing);
   RunEnv env;
   env.rank = 0;
   env.world_size = world;
@@ -61,12 +90,82 @@ MemoryPlan plan_memory(const Config& config, const PlanRequest& request) {
   env.node_color = nodes[0];
   env.node_color_of_rank = nodes;
   env.planning = true;
-  env.make_runtime = [device = config.train.device](MemoryTracker& tracker, int) {
-    return make_meta_runtime(device, tracker);
+  env.make_runtime = [device = config.train.device, t = timeline.get()](MemoryTracker& tracker, int) {
+    return make_meta_runtime(device, tracker, t);
   };
+  env.timeline = timeline.get();
   env.train_data = request.train_data;
   env.eval_data = request.eval_data;
-  return Trainer::create(config, env)->plan();
+  MemoryPlan plan = Trainer::create(config, env)->plan();
+  if (cluster && plan.time) {
+    // The trainer measured its step on the timeline; the cluster's side is added here.
+    TimePlan& t = *plan.time;
+    const TimePlan step = t;
+    t = time;
+    t.step_s = step.step_s;
+    t.gemm_s = step.gemm_s, t.memory_bound_s = step.memory_bound_s, t.copy_s = step.copy_s;
+    t.gemm_flops = step.gemm_flops;
+    t.collective_s = step.collective_s;
+    t.collective_calls = step.collective_calls;
+    t.samples_per_step = step.samples_per_step;
+    t.tokens_per_sample = step.tokens_per_sample;
+    const bool bf16 = config.fsdp.mixed_precision.param_dtype == DType::bf16 ||
+                      config.train.matmul_precision == MatmulPrecision::medium;
+    const bool tf32 = !bf16 && config.train.matmul_precision == MatmulPrecision::high;
+    t.precision = bf16 ? "bf16" : tf32 ? "tf32" : "f32";
+    t.peak_flops_per_s = bf16   ? cluster->peak_bf16_flops_per_s
+                         : tf32 ? cluster->peak_tf32_flops_per_s
+                                : cluster->peak_f32_flops_per_s;
+    t.modelled = {
+        "every kernel of the step at max(FLOPs / GEMM rate, bytes / memory bandwidth) plus a launch "
+        "overhead, in the order the real step calls them",
+        "every collective as a ring (comm/collective_cost.h) on the link its group crosses, issued and "
+        "waited for where the engine does (prefetch, stream events)",
+        std::string(t.overlaps ? "collectives overlap compute on their own stream"
+                               : "collectives do not overlap compute (the backend progresses only "
+                                 "while its rank polls)") +
+            (t.ranks_per_device > 1 ? "; " + std::to_string(t.ranks_per_device) + " ranks share each device's rates"
+                                    : "")};
+    t.not_modelled = {"host work between kernels (data loading, the trainer's bookkeeping)",
+                      "contention between a rank's compute and its collectives for memory bandwidth or SMs",
+                      "NCCL tree/NVLS algorithms, network congestion, stragglers"};
+  }
+  return plan;
+}
+
+double TimePlan::comm_s() const {
+  double s = 0;
+  for (double c : collective_s) s += c;
+  return s;
+}
+
+std::string TimePlan::text(int world_size) const {
+  std::string t;
+  char line[320];
+  auto add = [&](const char* fmt, auto... args) {
+    std::snprintf(line, sizeof line, fmt, args...);
+    t += line;
+  };
+  const double samples_s = step_s > 0 ? samples_per_step / step_s : 0;
+  add("time plan on %s (%s; %d rank%s per node, %d node%s), one training step, per rank:\n", cluster.c_str(),
+      backend.c_str(), ranks_per_node, ranks_per_node == 1 ? "" : "s", nodes, nodes == 1 ? "" : "s");
+  add("  step          %10.4f s   %.1f samples/s", step_s, samples_s);
+  if (tokens_per_sample > 0)
+    add("   %.0f tokens/s (%.0f per rank)", samples_s * tokens_per_sample, samples_s * tokens_per_sample / world_size);
+  add("\n  MFU           %9.1f %%   %.3g GEMM FLOPs per rank at the %s peak %.3g TFLOP/s\n", 100 * mfu(), gemm_flops,
+      precision.c_str(), peak_flops_per_s / 1e12);
+  add("  compute       %10.4f s   GEMM %.4f s, memory-bound %.4f s, copies %.4f s\n", compute_s(), gemm_s,
+      memory_bound_s, copy_s);
+  const char* names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast"};
+  for (size_t k = 0; k < collective_s.size(); ++k)
+    if (collective_calls[k] > 0)
+      add("  %-14s%10.4f s   %lld call%s\n", names[k], collective_s[k], static_cast<long long>(collective_calls[k]),
+          collective_calls[k] == 1 ? "" : "s");
+  add("  exposed comm  %10.4f s   of %.4f s communication (%s)\n", exposed_comm_s(), comm_s(),
+      overlaps ? "overlapped where the engine's prefetch allows" : "not overlapped by this backend");
+  for (const std::string& m : modelled) t += "  modelled: " + m + "\n";
+  for (const std::string& m : not_modelled) t += "  not modelled: " + m + "\n";
+  return t;
 }
 
 namespace {

@@ -13,12 +13,14 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "fsdp/fsdp.h"
 #include "tensor/memory.h"
 #include "tensor/tensor.h"
+#include "tensor/timeline.h"
 #include "train/metrics.h"  // JsonLine
 
 namespace fsdp {
@@ -26,8 +28,13 @@ namespace fsdp {
 struct Config;
 class Dataset;
 
+struct ClusterSpec;
+
 struct PlanRequest {
   int world_size = 1;
+  // A timed plan (TimePlan) on this cluster (config/cluster.h); null: memory only. The ranks
+  // fill nodes ranks_per_node at a time (0: the cluster's devices_per_node).
+  const ClusterSpec* cluster = nullptr;
   // The planned world's nodes: ranks_per_node consecutive ranks each (HYBRID's shard groups when
   // fsdp.hybrid.shard_group_size is 0). 0: all ranks on one node. node_color_of_rank, when not
   // empty, gives every rank's node instead (a run plans for its own launch).
@@ -42,6 +49,34 @@ struct UnitPlan {
   int64_t numel = 0;         // parameters in the unit
   int64_t padded_numel = 0;  // rounded up to a multiple of the shard group size N
   int64_t shard_numel = 0;   // padded_numel / N: what each rank keeps
+};
+
+// One training step's predicted time on a cluster, per rank (rank 0): the step's own calls on
+// the meta device, each kernel at its FLOPs and bytes, each collective at its ring cost, in the
+// engine's order on the planned streams (tensor/timeline.h, comm/collective_cost.h).
+struct TimePlan {
+  std::string cluster, backend;
+  int ranks_per_node = 1, nodes = 1, ranks_per_device = 1;
+  bool overlaps = true;                               // the backend's collectives progress during compute
+  double step_s = 0;                                  // from the step's first call to the end of its last
+  double gemm_s = 0, memory_bound_s = 0, copy_s = 0;  // busy time of the kernels
+  double gemm_flops = 0;                              // this rank's GEMM FLOPs in the step (recompute included)
+  double peak_flops_per_s = 0;                        // the device's dense peak at the GEMMs' precision (MFU)
+  std::string precision;                              // "f32", "tf32", "bf16"
+  std::array<double, kCollectiveKindCount> collective_s{};
+  std::array<int64_t, kCollectiveKindCount> collective_calls{};
+  double samples_per_step = 0;   // global batch
+  double tokens_per_sample = 0;  // 0: not a token model
+  std::vector<std::string> modelled, not_modelled;
+
+  double compute_s() const { return gemm_s + memory_bound_s + copy_s; }
+  double comm_s() const;
+  double exposed_comm_s() const { return step_s > compute_s() ? step_s - compute_s() : 0.0; }
+  // Of the device's peak: the ranks sharing a device (CPU ranks on one node) share its peak.
+  double mfu() const {
+    return step_s > 0 && peak_flops_per_s > 0 ? gemm_flops * ranks_per_device / step_s / peak_flops_per_s : 0;
+  }
+  std::string text(int world_size) const;
 };
 
 struct MemoryPlan {
@@ -61,6 +96,7 @@ struct MemoryPlan {
   // One training step's collectives (all micro-batches), FsdpEngine::step_traffic.
   CollectiveCount all_gather, reduce_scatter, all_reduce;
   std::vector<std::string> notes;  // assumptions the prediction rests on
+  std::optional<TimePlan> time;    // with PlanRequest::cluster
 
   int64_t peak(MemCategory c) const { return peak_bytes[static_cast<size_t>(c)]; }
   // The printed plan: model and units, one line per category and per collective, totals.

@@ -17,6 +17,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "tensor/error.h"
+#include "tensor/timeline.h"
 #include "train/checkpointing.h"
 #include "train/generation.h"
 #include "train/model_from_config.h"
@@ -269,7 +270,27 @@ MemoryPlan Trainer::plan() {
     if (!filter.wanted(e)) return;
     switch (e.kind) {
       case RunEvent::Kind::step: {
+        Timeline* clock = s.env.timeline;
+        const double t0 = clock ? clock->latest() : 0;
+        const Timeline::Busy busy0 = clock ? clock->busy() : Timeline::Busy{};
         train_step(e.step, lr);
+        if (clock) {  // the last step planned is the steady state's (the second)
+          const Timeline::Busy& b = clock->busy();
+          TimePlan t;
+          t.step_s = clock->latest() - t0;
+          t.gemm_s = b.gemm_s - busy0.gemm_s;
+          t.memory_bound_s = b.memory_bound_s - busy0.memory_bound_s;
+          t.copy_s = b.copy_s - busy0.copy_s;
+          t.gemm_flops = b.gemm_flops - busy0.gemm_flops;
+          for (size_t k = 0; k < t.collective_s.size(); ++k) {
+            t.collective_s[k] = b.collective_s[k] - busy0.collective_s[k];
+            t.collective_calls[k] = b.collective_calls[k] - busy0.collective_calls[k];
+          }
+          t.samples_per_step = static_cast<double>(s.global_batch);
+          if (c.model.family().task != ModelTask::image_classification)
+            t.tokens_per_sample = static_cast<double>(shape_numel(s.data.train->target_shape()));
+          plan.time = t;
+        }
         const StepTraffic& t = engine.step_traffic();
         plan.all_gather = t.all_gather;
         plan.reduce_scatter = t.reduce_scatter;

@@ -19,6 +19,7 @@ class DeviceRuntime;
 class MemoryTracker;
 class Dataset;
 struct MemoryPlan;
+class Timeline;
 struct GenerationOptions;
 struct CheckpointMeta;
 struct CheckpointStats;
@@ -41,6 +42,9 @@ struct RunEnv {
   // A plan's trainer (plan_memory): no files read or written, no output, no plan of its own;
   // Trainer::plan instead of run.
   bool planning = false;
+  // A timed plan's clock (tensor/timeline.h), which the meta runtime and communicators advance:
+  // Trainer::plan times its last training step on it. Null: memory only.
+  Timeline* timeline = nullptr;
   // Tests only (installed by fsdp_app from FSDP_TEST_KILL_RANK_DURING_SAVE): called on every
   // rank in the middle of each save, after it wrote its pieces and before the file is complete.
   std::function<void(int64_t steps_done)> during_save;
