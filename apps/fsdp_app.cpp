@@ -37,6 +37,7 @@ struct Args {
   int plan_world_size = 0;  // 0: this launch's
   std::string cluster;      // --cluster: a timed plan on this preset or file
   int ranks_per_node = 0;   // 0: the cluster's devices_per_node
+  bool suggest = false;     // --suggest: rank the strategies on the cluster
   int64_t generate = 0;     // --generate N: samples to decode instead of training
 };
 
@@ -68,6 +69,10 @@ Args parse_args(int argc, char** argv) {
                  "devices per node, or one node for the whole world without --cluster)")
       ->type_name("N")
       ->check(fsdp_cli::integer_in(1, 9'999'999, "a positive number of ranks"));
+  app.add_flag("--suggest", a.suggest,
+               "with --plan --cluster: rank FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD and\n"
+               "NO_SHARD, with and without activation checkpointing and cpu_offload, by\n"
+               "predicted step time among those that fit in memory");
   app.add_option("--generate", a.generate,
                  "decode the first N validation samples (sequence-to-sequence models) and\n"
                  "print one JSON line each (index, source, reference, generated); no training")
@@ -83,6 +88,7 @@ Args parse_args(int argc, char** argv) {
   }
   if (a.plan_world_size > 0 && !a.plan) throw fsdp::Error("--world-size goes with --plan");
   if (!a.cluster.empty() && !a.plan) throw fsdp::Error("--cluster goes with --plan");
+  if (a.suggest && (!a.plan || a.cluster.empty())) throw fsdp::Error("--suggest goes with --plan --cluster C");
   if (a.ranks_per_node > 0 && a.plan_world_size == 0)
     throw fsdp::Error("--ranks-per-node goes with --plan --world-size (a launch's plan uses its own nodes)");
   if (a.plan && a.generate > 0) throw fsdp::Error("--plan and --generate do not go together");
@@ -126,6 +132,11 @@ int main(int argc, char** argv) {
       std::optional<fsdp::ClusterSpec> cluster;
       if (!args.cluster.empty()) cluster = fsdp::load_cluster(args.cluster);
       request.cluster = cluster ? &*cluster : nullptr;
+      if (args.suggest) {
+        const std::string text = fsdp::suggestions_text(fsdp::suggest_strategies(config, request), request);
+        if (mpi.rank() == 0) std::fputs(text.c_str(), stdout);
+        return 0;
+      }
       const fsdp::MemoryPlan plan = fsdp::plan_memory(config, request);
       std::string text = plan.text();
       if (plan.time) text += plan.time->text(plan.world_size);

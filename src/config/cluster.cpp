@@ -31,7 +31,8 @@ struct Preset {
 // node here are Debian's, without CUDA support: their collectives go through host staging at the
 // host link's rate and do not overlap compute (issue 40 brings the CUDA-aware ones).
 // cpu-2core: this machine (2 cores of an AMD EPYC, AVX2), measured by jobs/calibrate-cluster.sh
-// on 2026-11-28 (docs/performance.md, "Timed plan").
+// on 2026-11-28 (docs/performance.md, "The timed plan against measured steps"); one node, so its
+// inter-node link is the 8-rank intra one, not a measurement.
 constexpr Preset kPresets[] = {
     {"dgx-h100", R"(
 name: dgx-h100
@@ -86,14 +87,24 @@ name: cpu-2core
 device: cpu
 devices_per_node: 2
 host_memory_GiB: 23
-gemm_TFLOPs: {f32: 0.1, tf32: 0.1, bf16: 0.1}
+gemm_TFLOPs: {f32: 0.0193, tf32: 0.0193, bf16: 0.0193}
 gemm_efficiency: 1
-memory_GBps: 10
-host_link_GBps: 10
+memory_GBps: 14.73
+host_link_GBps: 14.73
 kernel_overhead_us: 2
 backends:
-  mpi: {intra: {busbw_GBps: 3, latency_us: 10}, inter: {busbw_GBps: 1, latency_us: 30}, overlaps_compute: false}
-  ucx: {intra: {busbw_GBps: 3, latency_us: 10}, inter: {busbw_GBps: 1, latency_us: 30}, overlaps_compute: false}
+  mpi:
+    intra: {busbw_GBps: 0.760, latency_us: 18.77}
+    inter: {busbw_GBps: 0.760, latency_us: 18.77}
+    intra_by_ranks: {2: {busbw_GBps: 1.808, latency_us: 5.64}, 3: {busbw_GBps: 1.282, latency_us: 6.08},
+                     4: {busbw_GBps: 1.306, latency_us: 6.97}, 8: {busbw_GBps: 0.760, latency_us: 18.77}}
+    overlaps_compute: false
+  ucx:
+    intra: {busbw_GBps: 0.447, latency_us: 95.56}
+    inter: {busbw_GBps: 0.447, latency_us: 95.56}
+    intra_by_ranks: {2: {busbw_GBps: 1.686, latency_us: 8.00}, 3: {busbw_GBps: 0.878, latency_us: 66.50},
+                     4: {busbw_GBps: 0.867, latency_us: 48.35}, 8: {busbw_GBps: 0.447, latency_us: 95.56}}
+    overlaps_compute: false
 )"},
 };
 

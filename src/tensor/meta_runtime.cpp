@@ -78,9 +78,9 @@ class MetaKernels final : public Kernels {
   void gelu_tanh_backward(float*, const float*, const float*, int64_t n) override { floats(3 * n); }
   void silu_forward(float*, const float*, int64_t n) override { floats(2 * n); }
   void silu_backward(float*, const float*, const float*, int64_t n) override { floats(3 * n); }
-  void rope(float*, const float*, const float*, int64_t rows, int64_t T, int64_t heads, int64_t D, int64_t, int64_t,
+  void rope(float*, const float*, const float*, int64_t rows, int64_t, int64_t heads, int64_t D, int64_t, int64_t,
             bool) override {
-    floats(2 * rows * T * heads * D);
+    floats(2 * rows * heads * D);  // rows already count every position
   }
   void add(float*, const float*, const float*, int64_t n) override { floats(3 * n); }
   void add_inplace(float*, const float*, int64_t n) override { floats(3 * n); }

@@ -44,8 +44,9 @@ double Timeline::collective(Lane lane, CollectiveKind kind, double seconds) {
   const auto k = static_cast<size_t>(kind);
   busy_.collective_s[k] += seconds;
   ++busy_.collective_calls[k];
-  // Without background progress the rank moves the data itself, on the host, in issue order.
-  return run(comm_overlaps_ ? (device_streams_ ? lane : Lane::comm) : Lane::host, seconds);
+  // Without background progress the collective holds up compute: the rank moves the data
+  // itself (the CPU), or the device waits for host-staged copies.
+  return run(comm_overlaps_ ? (device_streams_ ? lane : Lane::comm) : kernel_lane(), seconds);
 }
 
 void Timeline::wait_until(Lane lane, double t) {

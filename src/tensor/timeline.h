@@ -13,7 +13,8 @@
 //   comm     the communication stream: a collective starts when the lane (which waited for
 //            compute's events) and the host have reached it. Where the cluster says the backend
 //            does not progress in the background (MPI and UCX on the CPU: a nonblocking collective
-//            moves when its rank polls), collectives run on the host lane instead: no overlap.
+//            moves when its rank polls; Debian's MPI on a GPU node stages through the host),
+//            collectives run on the compute lane instead: no overlap.
 // An event carries its lane's time; waiting on it moves the waiting lane forward to it.
 #include <array>
 #include <cstdint>

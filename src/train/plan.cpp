@@ -133,6 +133,88 @@ MemoryPlan plan_memory(const Config& config, const PlanRequest& request) {
   return plan;
 }
 
+std::vector<StrategyChoice> suggest_strategies(const Config& config, const PlanRequest& request) {
+  if (!request.cluster) throw Error("--suggest needs --cluster (the ranking is by predicted step time)");
+  const ClusterSpec& cluster = *request.cluster;
+  struct Candidate {
+    Strategy strategy;
+    const char* name;
+  };
+  const Candidate strategies[] = {{Strategy::full_shard, "FULL_SHARD"},
+                                  {Strategy::shard_grad_op, "SHARD_GRAD_OP"},
+                                  {Strategy::hybrid_shard, "HYBRID_SHARD"},
+                                  {Strategy::no_shard, "NO_SHARD"}};
+  const bool device = cluster.device != Device::cpu;
+  std::vector<StrategyChoice> choices;
+  for (const Candidate& cand : strategies)
+    for (const bool ac : {false, true})
+      for (const bool offload : device ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+        Config c = config;
+        c.fsdp.sharding_strategy = cand.strategy;
+        c.fsdp.shard_group_size = 0;  // HYBRID: a node's ranks
+        c.fsdp.activation_checkpointing = ac;
+        c.fsdp.cpu_offload = offload;
+        StrategyChoice choice;
+        choice.label =
+            std::string(cand.name) + (ac ? " + activation checkpointing" : "") + (offload ? " + cpu_offload" : "");
+        try {
+          MemoryPlan plan = plan_memory(c, request);
+          const int ranks_per_node = plan.time ? plan.time->ranks_per_node : 1;
+          choice.per_rank_bytes = static_cast<double>(device ? plan.device_peak_bytes : plan.host_peak_bytes);
+          choice.fits = static_cast<double>(ranks_per_node) * static_cast<double>(plan.host_peak_bytes) <=
+                            cluster.host_memory_bytes &&
+                        (!device || static_cast<double>(plan.device_peak_bytes) <= cluster.device_memory_bytes);
+          choice.plan = std::move(plan);
+        } catch (const std::exception& e) {
+          choice.refused = describe(e);
+        }
+        choices.push_back(std::move(choice));
+      }
+  auto rank_of = [](const StrategyChoice& c) { return !c.plan ? 2 : c.fits ? 0 : 1; };
+  std::stable_sort(choices.begin(), choices.end(), [&](const StrategyChoice& a, const StrategyChoice& b) {
+    if (rank_of(a) != rank_of(b)) return rank_of(a) < rank_of(b);
+    if (rank_of(a) == 0) return a.plan->time->step_s < b.plan->time->step_s;
+    if (rank_of(a) == 1) return a.per_rank_bytes < b.per_rank_bytes;
+    return false;
+  });
+  return choices;
+}
+
+std::string suggestions_text(const std::vector<StrategyChoice>& choices, const PlanRequest& request) {
+  const ClusterSpec& cluster = *request.cluster;
+  const bool device = cluster.device != Device::cpu;
+  std::string t;
+  char line[400];
+  std::snprintf(line, sizeof line,
+                "strategies on %s for %d ranks, ranked by predicted step time among those that fit (%s memory: "
+                "%s per %s):\n",
+                cluster.name.c_str(), request.world_size, device ? "device" : "host",
+                human_bytes(device ? cluster.device_memory_bytes : cluster.host_memory_bytes).c_str(),
+                device ? "GPU" : "node");
+  t += line;
+  std::snprintf(line, sizeof line, "  %-2s %-50s %10s %12s %6s %11s %s\n", "#", "strategy", "step (s)", "tokens/s/rank",
+                "MFU", "peak/rank", "fits");
+  t += line;
+  int i = 0;
+  for (const StrategyChoice& c : choices) {
+    ++i;
+    if (!c.plan) {
+      std::snprintf(line, sizeof line, "  %-2d %-50s refused: %s\n", i, c.label.c_str(), c.refused.c_str());
+      t += line;
+      continue;
+    }
+    const TimePlan& tp = *c.plan->time;
+    const double per_rank =
+        tp.step_s > 0 ? tp.samples_per_step * std::max(tp.tokens_per_sample, 1.0) / tp.step_s / c.plan->world_size : 0;
+    std::snprintf(line, sizeof line, "  %-2d %-50s %10.4f %12.0f %5.1f%% %11s %s\n", i, c.label.c_str(), tp.step_s,
+                  per_rank, 100 * tp.mfu(), human_bytes(c.per_rank_bytes).c_str(), c.fits ? "yes" : "no");
+    t += line;
+  }
+  t += "  (tokens/s/rank: samples/s for image models; peak/rank: the device's peak, or the host's on a CPU node; "
+       "fits: that peak within the device, and every rank's host peak within the node's memory)\n";
+  return t;
+}
+
 double TimePlan::comm_s() const {
   double s = 0;
   for (double c : collective_s) s += c;

@@ -108,6 +108,20 @@ struct MemoryPlan {
 // Throws Error, as the run would, on a configuration the run rejects.
 MemoryPlan plan_memory(const Config& config, const PlanRequest& request);
 
+// `fsdp_app IN.yaml --plan --suggest --cluster C`: the timed plan of each strategy FULL_SHARD,
+// SHARD_GRAD_OP, HYBRID_SHARD (shard groups of one node), NO_SHARD, each with and without
+// activation checkpointing and (on a GPU) cpu_offload, everything else as the input has it.
+struct StrategyChoice {
+  std::string label;               // "FULL_SHARD + activation checkpointing"
+  std::optional<MemoryPlan> plan;  // empty when the run would refuse the combination
+  std::string refused;             // the run's own error line, when it would
+  bool fits = false;               // within the cluster's device and host memory
+  double per_rank_bytes = 0;       // the peak that must fit: the device's, or the host's on a CPU
+};
+// Ranked: those that fit by predicted step time, then those that do not, then the refused.
+std::vector<StrategyChoice> suggest_strategies(const Config& config, const PlanRequest& request);
+std::string suggestions_text(const std::vector<StrategyChoice>& choices, const PlanRequest& request);
+
 // A run that cannot fit is refused before it allocates, with the numbers, instead of being
 // killed by the kernel's OOM killer (or a CUDA out-of-memory) minutes later: Error when
 // ranks_on_node x the planned host peak exceeds the node's MemAvailable, or, on a device run,
