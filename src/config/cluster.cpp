@@ -119,10 +119,16 @@ class Reader {
     if (!n.IsMap()) fail(path, "is not a mapping");
     for (const auto& kv : n) {
       const std::string k = kv.first.as<std::string>();
-      if (!known.count(k)) {
+      if (!known.contains(k)) {
         std::string list;
-        for (const std::string& s : known) list += (list.empty() ? "" : ", ") + s;
-        fail(path.empty() ? k : path + "." + k, "unknown key (known: " + list + ")");
+        for (const std::string& s : known) {
+          if (!list.empty()) list += ", ";
+          list += s;
+        }
+        std::string key = path;
+        if (!key.empty()) key += ".";
+        key += k;
+        fail(key, "unknown key (known: " + list + ")");
       }
     }
   }
@@ -157,7 +163,10 @@ const FabricSpec& ClusterSpec::fabric(const std::string& backend) const {
   const auto it = backends.find(backend);
   if (it != backends.end()) return it->second;
   std::string have;
-  for (const auto& [k, v] : backends) have += (have.empty() ? "" : ", ") + k;
+  for (const auto& [k, v] : backends) {
+    if (!have.empty()) have += ", ";
+    have += k;
+  }
   throw Error("cluster " + name + " describes no " + backend + " links (it has: " + have + ")");
 }
 
@@ -245,7 +254,10 @@ ClusterSpec load_cluster(const std::string& name_or_path) {
   std::ifstream in(name_or_path);
   if (!in) {
     std::string names;
-    for (const Preset& p : kPresets) names += (names.empty() ? "" : ", ") + std::string(p.name);
+    for (const Preset& p : kPresets) {
+      if (!names.empty()) names += ", ";
+      names += p.name;
+    }
     throw Error("--cluster " + name_or_path + ": no such preset (" + names + ") or readable file");
   }
   std::stringstream text;
