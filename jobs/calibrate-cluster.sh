@@ -6,11 +6,13 @@
 #
 # What it measures (one node; the inter-node link cannot be measured on one node: it is written
 # as the intra link of the largest group, marked so in the file):
-#   gemm_TFLOPs    apps/sgemm_peak, one thread, 1024^3, best of 5 (the CPU has one f32 rate: tf32
-#                  and bf16 are written the same). One core is the device: a model's GEMMs (128-2048
+#   gemm_TFLOPs    apps/sgemm_peak, one thread, 512^3, the median of 20 (a model's GEMM sizes; the
+#                  best of 1024^3 was 15% above what they reach). The CPU has one f32 rate: tf32
+#                  and bf16 are written the same. One core is the device: a model's GEMMs (128-2048
 #                  rows) gain little from a second OpenBLAS thread (measured: np 1 with 2 threads
 #                  0.74 s a step, 2 ranks of one thread each 0.63 s), so the node is `cores`
 #                  devices and ranks beyond them share one (ranks_per_device).
+#   gemm_half_dim  from the median rate at 64^3: r64 = r512 x 64 / (64 + h), so h = 64 (r512/r64 - 1)
 #   memory_GBps    apps/sgemm_peak --memory, one thread: memcpy's read + write traffic
 #   backends       fsdp_bench at each np (mpi, ucx; all_gather, reduce_scatter, all_reduce, 1 KiB
 #                  to 64 MiB): per np, latency = the median over the three ops of the 1 KiB call's
@@ -36,7 +38,8 @@ cores=$(getconf _NPROCESSORS_ONLN)
 work=$(dirname "$out")/calibration-raw
 mkdir -p "$work"
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-"$build/apps/sgemm_peak" --threads 1 --size 1024 --reps 5 | tee "$work/sgemm.txt"
+"$build/apps/sgemm_peak" --threads 1 --size 512 --reps 20 | tee "$work/sgemm.txt"
+"$build/apps/sgemm_peak" --threads 1 --size 64 --reps 200 | tee "$work/sgemm64.txt"
 "$build/apps/sgemm_peak" --memory --threads 1 --reps 5 | tee "$work/memory.txt"
 for np in $nps; do
   threads=$((cores / np)); [ "$threads" -ge 1 ] || threads=1
@@ -47,7 +50,9 @@ done
 /usr/bin/python3 - "$work" "$out" "$name" "$cores" "$nps" <<'PY'
 import csv, re, statistics, sys, datetime
 work, out, name, cores, nps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), [int(n) for n in sys.argv[5].split()]
-gflops = float(re.search(r"best ([\d.]+) GFLOP/s", open(f"{work}/sgemm.txt").read()).group(1))
+gflops = float(re.search(r"median ([\d.]+) GFLOP/s", open(f"{work}/sgemm.txt").read()).group(1))
+r64 = float(re.search(r"median ([\d.]+) GFLOP/s", open(f"{work}/sgemm64.txt").read()).group(1))
+half_dim = max(0.0, 64 * (gflops / r64 - 1))
 traffic = float(re.search(r"memory traffic ([\d.]+) GB/s", open(f"{work}/memory.txt").read()).group(1))
 links = {}
 for np in nps:
@@ -67,7 +72,7 @@ tf = gflops / 1000
 lines = [f"# Measured by jobs/calibrate-cluster.sh on {datetime.date.today()} ({cores} cores).",
          f"name: {name}", "device: cpu", f"devices_per_node: {cores}",
          "host_memory_GiB: %d" % (int(open('/proc/meminfo').readline().split()[1]) // (1 << 20)),
-         f"gemm_TFLOPs: {{f32: {tf:.4f}, tf32: {tf:.4f}, bf16: {tf:.4f}}}", "gemm_efficiency: 1",
+         f"gemm_TFLOPs: {{f32: {tf:.4f}, tf32: {tf:.4f}, bf16: {tf:.4f}}}", "gemm_efficiency: 1", f"gemm_half_dim: {half_dim:.1f}",
          f"memory_GBps: {traffic:.2f}", f"host_link_GBps: {traffic:.2f}", "kernel_overhead_us: 2", "backends:"]
 for backend, by_np in links.items():
     largest = by_np[max(by_np)]

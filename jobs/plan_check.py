@@ -9,7 +9,9 @@ the median step_time_s of the steps after the first (which pays for allocation),
 `fsdp_app --plan --world-size N --ranks-per-node N --cluster FILE` with the same --set keys for
 the predicted step, and prints a Markdown table with the error of each row (predicted / measured
 - 1). OPENBLAS_NUM_THREADS = cores / np (at least 1), as jobs/calibrate-cluster.sh assumed.
---quick: np 1 and 2, FULL_SHARD and NO_SHARD, mpi only (a test runs it on a tiny model).
+--quick: np 1 and 2, FULL_SHARD and NO_SHARD, mpi only.
+--measured TABLE.md: take the measured steps of an earlier table (its rows) instead of running
+them again: a new cluster file or model of the cost is checked against the same measurements.
 Not a test itself: timings on a shared machine vary; run it on an idle node.
 """
 import argparse
@@ -54,7 +56,17 @@ def rows(args):
                     yield model, np, strategy, backend
 
 
-def run_row(args, model, np, strategy, backend, work):
+def earlier(path):
+    """{(model, np, strategy, backend): measured step} from a table this script wrote."""
+    rows = {}
+    for line in open(path):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 9 and cells[1].isdigit():
+            rows[(cells[0], int(cells[1]), cells[2], cells[3])] = float(cells[4])
+    return rows
+
+
+def run_row(args, model, np, strategy, backend, work, measured_before):
     sets = MODELS[model] + [c.format(steps=args.steps) for c in COMMON]
     sets += [f"fsdp.sharding_strategy={strategy}", f"comm.backend={backend}"]
     if strategy == "HYBRID_SHARD":
@@ -66,9 +78,12 @@ def run_row(args, model, np, strategy, backend, work):
     with open(base, "w") as f:
         f.write("train: {eval_every: never}\n")
     cmd = ["mpirun", "-np", str(np), args.app, base] + set_args + ["--set", f"output.metrics={metrics}"]
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, timeout=900)
-    steps = [json.loads(l) for l in open(metrics) if '"step_time_s"' in l]
-    measured = statistics.median(s["step_time_s"] for s in steps[1:])
+    if (model, np, strategy, backend) in measured_before:
+        measured = measured_before[(model, np, strategy, backend)]
+    else:
+        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, timeout=900)
+        steps = [json.loads(l) for l in open(metrics) if '"step_time_s"' in l]
+        measured = statistics.median(s["step_time_s"] for s in steps[1:])
     plan = subprocess.run([args.app, base, "--plan", "--world-size", str(np), "--ranks-per-node", str(np),
                            "--cluster", args.cluster] + set_args, check=True, capture_output=True, text=True).stdout
     m = re.search(r"^  step\s+([\d.]+) s", plan, re.M)
@@ -85,15 +100,17 @@ def main():
     p.add_argument("--rows", default="transformer,t5")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--measured", default="")
     args = p.parse_args()
     for k in ("OMPI_MCA_rmaps_base_oversubscribe", "OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"):
         os.environ.setdefault(k, "1")
     lines = ["| model | np | strategy | backend | measured step (s) | predicted (s) | compute (s) | exposed comm (s) | error |",
              "|---|---|---|---|---|---|---|---|---|"]
     errors = []
+    before = earlier(args.measured) if args.measured else {}
     with tempfile.TemporaryDirectory() as work:
         for model, np, strategy, backend in rows(args):
-            measured, predicted, compute, exposed = run_row(args, model, np, strategy, backend, work)
+            measured, predicted, compute, exposed = run_row(args, model, np, strategy, backend, work, before)
             err = predicted / measured - 1
             errors.append(abs(err))
             lines.append(f"| {model} | {np} | {strategy} | {backend} | {measured:.3f} | {predicted:.3f} | {compute:.3f} | "

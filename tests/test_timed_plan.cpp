@@ -96,6 +96,43 @@ BOOST_AUTO_TEST_CASE(collective_formulas_are_nccl_tests) {
   BOOST_TEST(fsdp::link_for(f, 8, 2).bus_bytes_per_s == 1e8);
 }
 
+// The lanes' rules (tensor/timeline.h) on round numbers.
+BOOST_AUTO_TEST_CASE(timeline_lanes) {
+  using fsdp::Lane;
+  fsdp::DeviceRates r;
+  r.f32_gemm_flops_per_s = r.tf32_gemm_flops_per_s = 1e9;
+  r.bf16_gemm_flops_per_s = 4e9;
+  r.memory_bytes_per_s = 1e9;
+  r.host_link_bytes_per_s = 1e8;
+  // A GPU: kernels on the compute lane, collectives on the comm lane beside them.
+  fsdp::Timeline gpu(r, true, true);
+  gpu.gemm(1e9, 0, 1024, fsdp::MatmulPrecision::highest, false);  // 1 s
+  gpu.gemm(4e9, 0, 1024, fsdp::MatmulPrecision::medium, false);   // bf16: 1 s
+  BOOST_TEST(gpu.now(Lane::compute) == 2.0);
+  BOOST_TEST(gpu.now(Lane::host) == 0.0);  // launches are asynchronous
+  const double end = gpu.collective(Lane::comm, CollectiveKind::all_gather, 1.5);
+  BOOST_TEST(end == 1.5);  // started with the host at 0, beside the kernels
+  gpu.wait_until(Lane::compute, end);
+  BOOST_TEST(gpu.now(Lane::compute) == 2.0);  // already past it
+  gpu.copy_on(Lane::comm, 1e8, true);         // host link: 1 s after the all_gather
+  BOOST_TEST(gpu.now(Lane::comm) == 2.5);
+  gpu.wait_until(Lane::host, gpu.now(Lane::comm));
+  BOOST_TEST(gpu.latest() == 2.5);
+  BOOST_TEST(gpu.busy().gemm_s == 2.0);
+  BOOST_TEST(gpu.busy().collective_s[0] == 1.5);
+  BOOST_TEST(gpu.busy().collective_calls[0] == 1);
+  // The CPU without background progress: one lane, everything in order.
+  r.ranks_per_device = 2;
+  r.gemm_half_dim = 64;
+  fsdp::Timeline cpu(r, false, false);
+  cpu.gemm(1e9, 0, 64, fsdp::MatmulPrecision::highest, false);  // half the rate, half the core: 4 s
+  BOOST_TEST(cpu.now(Lane::host) == 4.0);
+  cpu.collective(Lane::host, CollectiveKind::reduce_scatter, 1.0);
+  cpu.memory_bound(1e9);  // 1 s x 2 ranks on the device
+  BOOST_TEST(cpu.now(Lane::host) == 7.0);
+  BOOST_TEST(cpu.latest() == 7.0);
+}
+
 BOOST_AUTO_TEST_CASE(cluster_files_and_their_errors) {
   for (const std::string& name : fsdp::cluster_preset_names()) {
     const fsdp::ClusterSpec c = fsdp::load_cluster(name);
@@ -124,7 +161,8 @@ BOOST_AUTO_TEST_CASE(cluster_files_and_their_errors) {
   };
   BOOST_TEST(bad("memory_GBps: 10", "memory_GBs: 10") ==
              "cluster t.yaml: memory_GBs: unknown key (known: backends, device, device_memory_GiB, devices_per_node, "
-             "gemm_TFLOPs, gemm_efficiency, host_link_GBps, host_memory_GiB, kernel_overhead_us, memory_GBps, name)");
+             "gemm_TFLOPs, gemm_efficiency, gemm_half_dim, host_link_GBps, host_memory_GiB, kernel_overhead_us, "
+             "memory_GBps, name)");
   BOOST_TEST(bad("memory_GBps: 10", "memory_GBps: -1") == "cluster t.yaml: memory_GBps: is not a positive number");
   BOOST_TEST(bad("device: cpu", "device: gpu") == "cluster t.yaml: device: is 'gpu', not cpu or cuda");
   BOOST_TEST(bad("devices_per_node: 2", "devices_per_node: 2.5") ==

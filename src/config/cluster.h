@@ -12,6 +12,8 @@
 //   gemm_TFLOPs: {f32: 66.9, tf32: 494.7, bf16: 989.4}   # dense peaks: MFU's denominator
 //   gemm_efficiency: 0.75         # the fraction of the peak a large GEMM reaches (sgemm_peak,
 //                                 # cuBLAS): the plan's GEMM time is FLOPs / (peak x this)
+//   gemm_half_dim: 0              # optional: a GEMM of smallest dimension d runs at
+//                                 # d / (d + this) of that rate (small GEMMs; 0: none)
 //   memory_GBps: 3350             # what a streaming kernel reaches (memory-bound ops)
 //   host_link_GBps: 55            # host <-> device copies (cpu: unused)
 //   kernel_overhead_us: 5         # per kernel (launch; on the CPU, the loop's start)

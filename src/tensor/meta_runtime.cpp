@@ -203,12 +203,14 @@ class MetaKernels final : public Kernels {
     if (!timeline_) return;
     const double m = static_cast<double>(M), n = static_cast<double>(N), k = static_cast<double>(K);
     const double b = static_cast<double>(batch), elem = bf16 ? 2.0 : 4.0;
-    timeline_->gemm(2.0 * m * n * k * b, b * (elem * (m * k + k * n) + 4.0 * m * n), precision_, bf16);
+    timeline_->gemm(2.0 * m * n * k * b, b * (elem * (m * k + k * n) + 4.0 * m * n), std::min({m, n, k}), precision_,
+                    bf16);
   }
   void time_attention(const FusedAttentionShape& sh, double factor) {
     if (!timeline_) return;
     const double bh = static_cast<double>(sh.B * sh.H), t = static_cast<double>(sh.T), hd = static_cast<double>(sh.hd);
-    timeline_->gemm(factor * 2.0 * bh * t * t * hd, factor * bh * t * hd * 2.0 * 5.0, precision_, true);
+    timeline_->gemm(factor * 2.0 * bh * t * t * hd, factor * bh * t * hd * 2.0 * 5.0, std::min(t, hd), precision_,
+                    true);
   }
   void floats(int64_t n) { bytes(4.0 * static_cast<double>(n)); }
   void bytes(double b) {

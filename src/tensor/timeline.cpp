@@ -13,12 +13,13 @@ double Timeline::run(Lane lane, double seconds) {
   return clock;
 }
 
-void Timeline::gemm(double flops, double bytes, MatmulPrecision precision, bool bf16_operands) {
+void Timeline::gemm(double flops, double bytes, double min_dim, MatmulPrecision precision, bool bf16_operands) {
   double rate = rates_.f32_gemm_flops_per_s;
   if (bf16_operands || precision == MatmulPrecision::medium)
     rate = rates_.bf16_gemm_flops_per_s;
   else if (precision == MatmulPrecision::high)
     rate = rates_.tf32_gemm_flops_per_s;
+  if (rates_.gemm_half_dim > 0) rate *= min_dim / (min_dim + rates_.gemm_half_dim);
   const double s =
       std::max(flops / rate, bytes / rates_.memory_bytes_per_s) * rates_.ranks_per_device + rates_.kernel_overhead_s;
   busy_.gemm_s += s;

@@ -33,6 +33,9 @@ struct DeviceRates {
   double memory_bytes_per_s = 0;
   double host_link_bytes_per_s = 0;  // host <-> device copies (PCIe/C2C); the CPU: memory
   double kernel_overhead_s = 0;
+  // Small GEMMs reach less of the rate: one whose smallest dimension is d runs at
+  // d / (d + gemm_half_dim) of it (0: every GEMM at the full rate).
+  double gemm_half_dim = 0;
   // Ranks that share this device's rates (CPU ranks on shared cores): each kernel takes this
   // many times longer.
   int ranks_per_device = 1;
@@ -51,7 +54,8 @@ class Timeline {
   Timeline(const DeviceRates& rates, bool device_streams, bool comm_overlaps);
 
   // Kernels (on the compute lane; the host lane on the CPU).
-  void gemm(double flops, double bytes, MatmulPrecision precision, bool bf16_operands);
+  // min_dim: the GEMM's smallest dimension (M, N or K).
+  void gemm(double flops, double bytes, double min_dim, MatmulPrecision precision, bool bf16_operands);
   void memory_bound(double bytes);
   // A copy or memset on `lane` (a staging copy may be on the comm stream); host <-> device copies
   // at the host link's rate, the rest at memory bandwidth (read and write: 2 x bytes).
