@@ -8,7 +8,8 @@ For each row (model x np x strategy x backend) it trains `--steps` steps under m
 the median step_time_s of the steps after the first (which pays for allocation), then asks
 `fsdp_app --plan --world-size N --ranks-per-node N --cluster FILE` with the same --set keys for
 the predicted step, and prints a Markdown table with the error of each row (predicted / measured
-- 1). OPENBLAS_NUM_THREADS = cores / np (at least 1), as jobs/calibrate-cluster.sh assumed.
+- 1). One BLAS and OpenMP thread per rank: the plan's device is one core, as
+jobs/calibrate-cluster.sh measures it.
 --quick: np 1 and 2, FULL_SHARD and NO_SHARD, mpi only.
 --measured TABLE.md: take the measured steps of an earlier table (its rows) instead of running
 them again: a new cluster file or model of the cost is checked against the same measurements.
@@ -95,7 +96,9 @@ def run_row(args, model, np, strategy, backend, work, measured_before):
         sets.append(f"fsdp.hybrid.shard_group_size={np // 2}")  # 2 replicas of np/2
     metrics = os.path.join(work, f"{model}_{np}_{strategy}_{backend}.jsonl")
     set_args = [a for s in sets for a in ("--set", s)]
-    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(max(1, os.cpu_count() // np)), OMP_NUM_THREADS=str(max(1, os.cpu_count() // np)))
+    # One thread per rank at every np: the plan's device is one core (jobs/calibrate-cluster.sh),
+    # so np 1 runs on one core too, as predicted.
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     base = os.path.join(work, "base.yaml")  # every key comes from --set: one file for every model
     with open(base, "w") as f:
         f.write("train: {eval_every: never}\n")

@@ -84,8 +84,9 @@ BOOST_AUTO_TEST_CASE(collective_formulas_are_nccl_tests) {
              boost::test_tools::tolerance(1e-12));
   BOOST_TEST(fsdp::collective_seconds(CollectiveKind::broadcast, 1e9, 8, 1, f) == 1.0 + 3e-6,
              boost::test_tools::tolerance(1e-12));
-  // A group across nodes runs at the inter-node link; one rank costs nothing.
-  BOOST_TEST(fsdp::collective_seconds(CollectiveKind::all_gather, 4e9, 4, 2, f) == 30.0 + 3e-5,
+  // A group across nodes runs at the inter-node link's bandwidth; of its ring's 4 hops 2 cross
+  // nodes (inter-node latency) and 2 stay inside one; one rank costs nothing.
+  BOOST_TEST(fsdp::collective_seconds(CollectiveKind::all_gather, 4e9, 4, 2, f) == 30.0 + 3 * (2e-5 + 2e-6) / 4,
              boost::test_tools::tolerance(1e-12));
   BOOST_TEST(fsdp::collective_seconds(CollectiveKind::all_gather, 4e9, 1, 1, f) == 0.0);
   // Measured sizes: interpolated between them, the nearest end beyond.
@@ -94,6 +95,33 @@ BOOST_AUTO_TEST_CASE(collective_formulas_are_nccl_tests) {
   BOOST_TEST(fsdp::link_for(f, 3, 1).latency_s == 2e-5, boost::test_tools::tolerance(1e-15));
   BOOST_TEST(fsdp::link_for(f, 8, 1).bus_bytes_per_s == 1e9);
   BOOST_TEST(fsdp::link_for(f, 8, 2).bus_bytes_per_s == 1e8);
+}
+
+// all_reduce as a tree where the backend has one: the ring's bandwidth term, and the faster
+// latency of the two (collective_cost.h).
+BOOST_AUTO_TEST_CASE(all_reduce_tree_latency) {
+  fsdp::FabricSpec f;
+  f.intra = {1e9, 1e-6};
+  f.inter = {1e8, 1e-5};
+  // 1024 ranks on 128 nodes of 8: the ring's step averages 128 inter- and 896 intra-node hops.
+  const double ring_step_s = (128 * 1e-5 + 896 * 1e-6) / 1024;
+  const double ring_s = 1024e6 * 2 * 1023 / 1024 / 1e8 + 2 * 1023 * ring_step_s;
+  BOOST_TEST(fsdp::collective_seconds(CollectiveKind::all_reduce, 1024e6, 1024, 128, f) == ring_s,
+             boost::test_tools::tolerance(1e-12));
+  f.all_reduce_tree = true;  // up and down: 7 levels of nodes, a chain of 7 inside each
+  BOOST_TEST(fsdp::collective_seconds(CollectiveKind::all_reduce, 1024e6, 1024, 128, f) ==
+                 1024e6 * 2 * 1023 / 1024 / 1e8 + 2 * (7 * 1e-5 + 7 * 1e-6),
+             boost::test_tools::tolerance(1e-12));
+  // One node of 8: recursive doubling's 2 x 3 steps against the ring's 14.
+  BOOST_TEST(fsdp::collective_seconds(CollectiveKind::all_reduce, 8e8, 8, 1, f) == 8e8 * 2 * 7 / 8 / 1e9 + 6e-6,
+             boost::test_tools::tolerance(1e-12));
+  // 2 ranks: the ring's 2 steps, the tree's 2: the same.
+  BOOST_TEST(fsdp::collective_seconds(CollectiveKind::all_reduce, 2e8, 2, 1, f) == 2e8 / 1e9 + 2e-6,
+             boost::test_tools::tolerance(1e-12));
+  // all_gather has no tree (NCCL's rings): 1023 ring steps.
+  BOOST_TEST(fsdp::collective_seconds(CollectiveKind::all_gather, 1024e6, 1024, 128, f) ==
+                 1024e6 * 1023 / 1024 / 1e8 + 1023 * ring_step_s,
+             boost::test_tools::tolerance(1e-12));
 }
 
 // The lanes' rules (tensor/timeline.h) on round numbers.
@@ -121,6 +149,7 @@ BOOST_AUTO_TEST_CASE(timeline_lanes) {
   BOOST_TEST(gpu.busy().gemm_s == 2.0);
   BOOST_TEST(gpu.busy().collective_s[0] == 1.5);
   BOOST_TEST(gpu.busy().collective_calls[0] == 1);
+  BOOST_TEST(gpu.busy().kernels == 2);  // the GEMMs; copies and collectives are not kernels
   // The CPU without background progress: one lane, everything in order.
   r.ranks_per_device = 2;
   r.gemm_half_dim = 64;
@@ -131,6 +160,7 @@ BOOST_AUTO_TEST_CASE(timeline_lanes) {
   cpu.memory_bound(1e9);  // 1 s x 2 ranks on the device
   BOOST_TEST(cpu.now(Lane::host) == 7.0);
   BOOST_TEST(cpu.latest() == 7.0);
+  BOOST_TEST(cpu.busy().kernels == 2);
 }
 
 BOOST_AUTO_TEST_CASE(cluster_files_and_their_errors) {
@@ -147,6 +177,8 @@ BOOST_AUTO_TEST_CASE(cluster_files_and_their_errors) {
   BOOST_TEST(h100.fabric("nccl").inter.bus_bytes_per_s == 45e9);
   BOOST_TEST(h100.fabric("nccl").overlaps_compute);
   BOOST_TEST(!h100.fabric("mpi").overlaps_compute);
+  BOOST_TEST(h100.fabric("nccl").all_reduce_tree);
+  BOOST_TEST(!h100.fabric("ucx").all_reduce_tree);  // our UCX all_reduce is a ring
 
   const fsdp::ClusterSpec cpu = fsdp::parse_cluster(kCpuNode, "t.yaml");
   BOOST_TEST(cpu.fabric("mpi").intra_by_ranks.size() == 2u);
@@ -173,6 +205,8 @@ BOOST_AUTO_TEST_CASE(cluster_files_and_their_errors) {
              "cluster t.yaml: backends.mpi.intra_by_ranks.1: the key is not a number of ranks >= 2");
   BOOST_TEST(bad("overlaps_compute: false", "overlaps_compute: no") ==
              "cluster t.yaml: backends.mpi.overlaps_compute: is not true or false");
+  BOOST_TEST(bad("overlaps_compute: false", "overlaps_compute: false\n    all_reduce_tree: 1.5") ==
+             "cluster t.yaml: backends.mpi.all_reduce_tree: is not true or false");
   BOOST_TEST(bad("    intra: {busbw_GBps: 1, latency_us: 10}\n", "") == "cluster t.yaml: backends.mpi.intra: missing");
   BOOST_TEST(error_of([] { (void)fsdp::load_cluster("/nonexistent/c.yaml"); }) ==
              "--cluster /nonexistent/c.yaml: no such preset (dgx-h100, dgx-h200, a100-node, cpu-2core) or readable "
@@ -211,11 +245,12 @@ BOOST_AUTO_TEST_CASE(serial_backend_adds_up) {
   const double ag_bytes = static_cast<double>(four.all_gather.bytes);
   BOOST_TEST(t.collective_s[0] == ag_bytes * 0.75 / 1e9 + static_cast<double>(four.all_gather.calls) * 3 * 30e-6,
              boost::test_tools::tolerance(1e-9));
-  // Two nodes of 2: the inter-node link.
+  // Two nodes of 2: the inter-node link's bandwidth; 2 of the ring's 4 hops cross nodes (30 us),
+  // 2 stay inside one (the 2-rank intra link's 10 us).
   const fsdp::MemoryPlan two_nodes = fsdp::plan_memory(cfg(kLm), req(4, cpu, 2));
   BOOST_TEST(two_nodes.time->nodes == 2);
   BOOST_TEST(two_nodes.time->collective_s[0] ==
-                 ag_bytes * 0.75 / 0.5e9 + static_cast<double>(four.all_gather.calls) * 3 * 30e-6,
+                 ag_bytes * 0.75 / 0.5e9 + static_cast<double>(four.all_gather.calls) * 3 * (2 * 30e-6 + 2 * 10e-6) / 4,
              boost::test_tools::tolerance(1e-9));
   // MFU: the device's FLOPs (2 ranks' worth) over the step at its peak.
   BOOST_TEST(t.mfu() == 2 * t.gemm_flops / t.step_s / 0.02e12, boost::test_tools::tolerance(1e-12));

@@ -1,5 +1,6 @@
 #include "comm/collective_cost.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace fsdp {
@@ -35,10 +36,24 @@ LinkSpec link_for(const FabricSpec& fabric, int ranks, int nodes) {
 double collective_seconds(CollectiveKind kind, double size_bytes, int ranks, int nodes, const FabricSpec& fabric) {
   if (ranks <= 1 || size_bytes <= 0) return 0;
   const LinkSpec link = link_for(fabric, ranks, nodes);
-  double steps = ranks - 1;
-  if (kind == CollectiveKind::all_reduce) steps = 2.0 * (ranks - 1);
-  if (kind == CollectiveKind::broadcast) steps = std::ceil(std::log2(ranks));
-  return size_bytes * bus_factor(kind, ranks) / link.bus_bytes_per_s + steps * link.latency_s;
+  // A ring's step latency: on one node the link's; across nodes the ring visits each node's
+  // ranks in turn, so `nodes` of its hops cross the network and the rest stay inside a node.
+  const double n = ranks, hops_out = nodes > 1 ? nodes : 0;
+  const double intra_latency_s = link_for(fabric, std::max(2, ranks / std::max(1, nodes)), 1).latency_s;
+  const double ring_step_s =
+      nodes > 1 ? (hops_out * link.latency_s + (n - hops_out) * intra_latency_s) / n : link.latency_s;
+  double latency_s = (n - 1) * ring_step_s;
+  if (kind == CollectiveKind::all_reduce) latency_s = 2 * (n - 1) * ring_step_s;
+  if (kind == CollectiveKind::broadcast) latency_s = std::ceil(std::log2(n)) * link.latency_s;
+  if (kind == CollectiveKind::all_reduce && fabric.all_reduce_tree) {
+    // Up and down a tree: across nodes a binary tree of the nodes plus a chain inside each node
+    // (NCCL's); on one node, recursive doubling's log2 steps.
+    const double tree_s = nodes > 1 ? 2 * (std::ceil(std::log2(static_cast<double>(nodes))) * link.latency_s +
+                                           (n / nodes - 1) * intra_latency_s)
+                                    : 2 * std::ceil(std::log2(n)) * link.latency_s;
+    latency_s = std::min(latency_s, tree_s);
+  }
+  return size_bytes * bus_factor(kind, ranks) / link.bus_bytes_per_s + latency_s;
 }
 
 }  // namespace fsdp

@@ -8,13 +8,20 @@
 //            factor = (n-1)/n for all_gather and reduce_scatter, 2(n-1)/n for all_reduce, 1 for
 //            broadcast. A ring's time is size x factor / busbw.
 //   latency  a ring's steps each pay it: n-1 (all_gather, reduce_scatter), 2(n-1) (all_reduce);
-//            broadcast is a pipelined tree: ceil(log2 n).
+//            broadcast is a pipelined tree: ceil(log2 n). A ring over several nodes visits each
+//            node's ranks in turn (NCCL's and a node-ordered MPI ring): `nodes` of its n hops pay
+//            the inter-node latency, the other n - nodes the intra-node one.
+//   tree     all_reduce where the backend has one (FabricSpec::all_reduce_tree: NCCL's double
+//            binary tree, Open MPI's recursive doubling for small buffers): the same busbw term;
+//            latency 2 x (ceil(log2 nodes) inter-node steps + (ranks per node - 1) intra-node
+//            ones: NCCL's tree of nodes with a chain inside each), on one node 2 ceil(log2 n)
+//            steps; the collective takes the faster of ring and tree, as NCCL's tuner does.
 //
 // The link: a group on one node takes the intra-node link, a group spanning nodes the inter-node
 // link (a ring across nodes runs at the slowest link it crosses: NCCL's rings over one NIC per
 // GPU, MPI's over the node's NICs). HYBRID's two groups are each costed this way: its shard group
-// inside a node, its replicate group across nodes. Not modelled: NCCL's tree/NVLS algorithms
-// (faster all_reduce latency at scale), congestion between jobs, rail topology.
+// inside a node, its replicate group across nodes. Not modelled: NVLS (NVLink SHARP), NCCL's
+// PAT all_gather, congestion between jobs, rail topology.
 #include <utility>
 #include <vector>
 
@@ -38,6 +45,8 @@ struct FabricSpec {
   // Whether collectives progress while the rank computes (NCCL on its stream: yes; MPI and UCX
   // on the CPU: a nonblocking collective moves when its rank polls, so no).
   bool overlaps_compute = true;
+  // Whether all_reduce may run as a tree (see above): NCCL and MPI yes, our UCX ring no.
+  bool all_reduce_tree = false;
 };
 
 double bus_factor(CollectiveKind kind, int ranks);

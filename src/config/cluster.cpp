@@ -46,8 +46,9 @@ memory_GBps: 3000
 host_link_GBps: 50
 kernel_overhead_us: 5
 backends:
-  nccl: {intra: {busbw_GBps: 360, latency_us: 7}, inter: {busbw_GBps: 45, latency_us: 15}}
-  mpi: {intra: {busbw_GBps: 20, latency_us: 20}, inter: {busbw_GBps: 20, latency_us: 30}, overlaps_compute: false}
+  nccl: {intra: {busbw_GBps: 360, latency_us: 7}, inter: {busbw_GBps: 45, latency_us: 15}, all_reduce_tree: true}
+  mpi: {intra: {busbw_GBps: 20, latency_us: 20}, inter: {busbw_GBps: 20, latency_us: 30}, overlaps_compute: false,
+        all_reduce_tree: true}
   ucx: {intra: {busbw_GBps: 20, latency_us: 20}, inter: {busbw_GBps: 20, latency_us: 30}, overlaps_compute: false}
 )"},
     {"dgx-h200", R"(
@@ -62,8 +63,9 @@ memory_GBps: 4300
 host_link_GBps: 50
 kernel_overhead_us: 5
 backends:
-  nccl: {intra: {busbw_GBps: 360, latency_us: 7}, inter: {busbw_GBps: 45, latency_us: 15}}
-  mpi: {intra: {busbw_GBps: 20, latency_us: 20}, inter: {busbw_GBps: 20, latency_us: 30}, overlaps_compute: false}
+  nccl: {intra: {busbw_GBps: 360, latency_us: 7}, inter: {busbw_GBps: 45, latency_us: 15}, all_reduce_tree: true}
+  mpi: {intra: {busbw_GBps: 20, latency_us: 20}, inter: {busbw_GBps: 20, latency_us: 30}, overlaps_compute: false,
+        all_reduce_tree: true}
   ucx: {intra: {busbw_GBps: 20, latency_us: 20}, inter: {busbw_GBps: 20, latency_us: 30}, overlaps_compute: false}
 )"},
     {"a100-node", R"(
@@ -78,8 +80,9 @@ memory_GBps: 1800
 host_link_GBps: 25
 kernel_overhead_us: 5
 backends:
-  nccl: {intra: {busbw_GBps: 230, latency_us: 8}, inter: {busbw_GBps: 22, latency_us: 15}}
-  mpi: {intra: {busbw_GBps: 12, latency_us: 20}, inter: {busbw_GBps: 12, latency_us: 30}, overlaps_compute: false}
+  nccl: {intra: {busbw_GBps: 230, latency_us: 8}, inter: {busbw_GBps: 22, latency_us: 15}, all_reduce_tree: true}
+  mpi: {intra: {busbw_GBps: 12, latency_us: 20}, inter: {busbw_GBps: 12, latency_us: 30}, overlaps_compute: false,
+        all_reduce_tree: true}
   ucx: {intra: {busbw_GBps: 12, latency_us: 20}, inter: {busbw_GBps: 12, latency_us: 30}, overlaps_compute: false}
 )"},
     {"cpu-2core", R"(
@@ -222,7 +225,7 @@ ClusterSpec parse_cluster(const std::string& text, const std::string& source) {
     const std::string path = "backends." + name;
     if (name != "mpi" && name != "ucx" && name != "nccl") r.fail(path, "is not a backend (mpi, ucx, nccl)");
     const YAML::Node f = kv.second;
-    r.only(f, path, {"intra", "inter", "intra_by_ranks", "overlaps_compute"});
+    r.only(f, path, {"intra", "inter", "intra_by_ranks", "overlaps_compute", "all_reduce_tree"});
     FabricSpec fabric;
     if (!f["intra"]) r.fail(path + ".intra", "missing");
     if (!f["inter"]) r.fail(path + ".inter", "missing");
@@ -243,6 +246,11 @@ ClusterSpec parse_cluster(const std::string& text, const std::string& source) {
       const std::optional<bool> v = config_internal::parse_bool(o);
       if (!v) r.fail(path + ".overlaps_compute", "is not true or false");
       fabric.overlaps_compute = *v;
+    }
+    if (const YAML::Node o = f["all_reduce_tree"]) {
+      const std::optional<bool> v = config_internal::parse_bool(o);
+      if (!v) r.fail(path + ".all_reduce_tree", "is not true or false");
+      fabric.all_reduce_tree = *v;
     }
     c.backends[name] = std::move(fabric);
   }

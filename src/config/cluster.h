@@ -23,6 +23,7 @@
 //       inter: {busbw_GBps: 45, latency_us: 15}
 //       intra_by_ranks: {2: {busbw_GBps: 5.1, latency_us: 12}, 4: {...}}   # optional
 //       overlaps_compute: true    # optional (default true)
+//       all_reduce_tree: true     # optional (default false): all_reduce may run as a tree
 //
 // GB = 1e9 bytes, GiB = 2^30. Errors name the file and key.
 #include <map>

@@ -24,12 +24,14 @@ void Timeline::gemm(double flops, double bytes, double min_dim, MatmulPrecision 
       std::max(flops / rate, bytes / rates_.memory_bytes_per_s) * rates_.ranks_per_device + rates_.kernel_overhead_s;
   busy_.gemm_s += s;
   busy_.gemm_flops += flops;
+  ++busy_.kernels;
   run(kernel_lane(), s);
 }
 
 void Timeline::memory_bound(double bytes) {
   const double s = bytes / rates_.memory_bytes_per_s * rates_.ranks_per_device + rates_.kernel_overhead_s;
   busy_.memory_bound_s += s;
+  ++busy_.kernels;
   run(kernel_lane(), s);
 }
 

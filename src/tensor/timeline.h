@@ -78,6 +78,7 @@ class Timeline {
   struct Busy {
     double gemm_s = 0, memory_bound_s = 0, copy_s = 0;
     double gemm_flops = 0;
+    int64_t kernels = 0;  // GEMMs and memory-bound kernels: each paid kernel_overhead_s
     std::array<double, kCollectiveKindCount> collective_s{};
     std::array<int64_t, kCollectiveKindCount> collective_calls{};
   };

@@ -105,6 +105,7 @@ MemoryPlan plan_memory(const Config& config, const PlanRequest& request) {
     t.step_s = step.step_s;
     t.gemm_s = step.gemm_s, t.memory_bound_s = step.memory_bound_s, t.copy_s = step.copy_s;
     t.gemm_flops = step.gemm_flops;
+    t.kernels = step.kernels;
     t.collective_s = step.collective_s;
     t.collective_calls = step.collective_calls;
     t.samples_per_step = step.samples_per_step;
@@ -119,8 +120,11 @@ MemoryPlan plan_memory(const Config& config, const PlanRequest& request) {
     t.modelled = {
         "every kernel of the step at max(FLOPs / GEMM rate, bytes / memory bandwidth) plus a launch "
         "overhead, in the order the real step calls them",
-        "every collective as a ring (comm/collective_cost.h) on the link its group crosses, issued and "
-        "waited for where the engine does (prefetch, stream events)",
+        std::string("every collective as a ring") +
+            (cluster->fabric(config.comm.backend).all_reduce_tree ? " (all_reduce as a tree where that is faster)"
+                                                                  : "") +
+            " (comm/collective_cost.h) on the link its group crosses, issued and waited for where the engine does "
+            "(prefetch, stream events)",
         std::string(t.overlaps ? "collectives overlap compute on their own stream"
                                : "collectives do not overlap compute (the backend progresses only "
                                  "while its rank polls)") +
@@ -128,7 +132,7 @@ MemoryPlan plan_memory(const Config& config, const PlanRequest& request) {
                                     : "")};
     t.not_modelled = {"host work between kernels (data loading, the trainer's bookkeeping)",
                       "contention between a rank's compute and its collectives for memory bandwidth or SMs",
-                      "NCCL tree/NVLS algorithms, network congestion, stragglers"};
+                      "NVLS (NVLink SHARP) and NCCL's PAT all_gather, network congestion, stragglers"};
   }
   return plan;
 }
@@ -236,8 +240,8 @@ std::string TimePlan::text(int world_size) const {
     add("   %.0f tokens/s (%.0f per rank)", samples_s * tokens_per_sample, samples_s * tokens_per_sample / world_size);
   add("\n  MFU           %9.1f %%   %.3g GEMM FLOPs per rank at the %s peak %.3g TFLOP/s\n", 100 * mfu(), gemm_flops,
       precision.c_str(), peak_flops_per_s / 1e12);
-  add("  compute       %10.4f s   GEMM %.4f s, memory-bound %.4f s, copies %.4f s\n", compute_s(), gemm_s,
-      memory_bound_s, copy_s);
+  add("  compute       %10.4f s   GEMM %.4f s, memory-bound %.4f s, copies %.4f s; %lld kernels\n", compute_s(), gemm_s,
+      memory_bound_s, copy_s, static_cast<long long>(kernels));
   const char* names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast"};
   for (size_t k = 0; k < collective_s.size(); ++k)
     if (collective_calls[k] > 0)

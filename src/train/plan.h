@@ -61,6 +61,7 @@ struct TimePlan {
   double step_s = 0;                                  // from the step's first call to the end of its last
   double gemm_s = 0, memory_bound_s = 0, copy_s = 0;  // busy time of the kernels
   double gemm_flops = 0;                              // this rank's GEMM FLOPs in the step (recompute included)
+  int64_t kernels = 0;                                // kernels in the step, each with the cluster's overhead
   double peak_flops_per_s = 0;                        // the device's dense peak at the GEMMs' precision (MFU)
   std::string precision;                              // "f32", "tf32", "bf16"
   std::array<double, kCollectiveKindCount> collective_s{};

@@ -282,6 +282,7 @@ MemoryPlan Trainer::plan() {
           t.memory_bound_s = b.memory_bound_s - busy0.memory_bound_s;
           t.copy_s = b.copy_s - busy0.copy_s;
           t.gemm_flops = b.gemm_flops - busy0.gemm_flops;
+          t.kernels = b.kernels - busy0.kernels;
           for (size_t k = 0; k < t.collective_s.size(); ++k) {
             t.collective_s[k] = b.collective_s[k] - busy0.collective_s[k];
             t.collective_calls[k] = b.collective_calls[k] - busy0.collective_calls[k];
