@@ -9,9 +9,9 @@
 # line "N passed, N failed" (", N skipped" when any were; tests/summary.py).
 # Usage: bash tests/sanitize.sh [BUILD_DIR] [extra meson test args]
 # Without extra arguments it runs every suite but e2e, mpi_more and cli (unit, app, mpi, fuzz
-# replays: every Boost.Test suite and every MPI suite, the MPI ones at world sizes 1, 3 and 8;
-# np 2, 4 and 5, suite mpi_more, run in the release build: under ASan they added ~100 s; np 3 gives
-# the uneven splits and odd rings, np 8 the large even case; cli, the apps' argv errors, runs in
+# replays: every Boost.Test suite and every MPI suite, the MPI ones at world sizes 1 and 3;
+# np 2, 4, 5 and 8, suite mpi_more, run in the release build: under ASan np 2, 4, 5 added ~100 s
+# and np 8 ~130 s; np 3 gives the uneven splits and odd rings; cli, the apps' argv errors, runs in
 # the release build too: 85 s under ASan in CI for parsing that test_app runs instrumented). The e2e scripts (torch reference, FSDP equivalence,
 # checkpoints end to end, multihost, Slurm, fault injection) run once, in the release build of
 # tests/run.sh; `bash tests/sanitize.sh build-asan --suite e2e` runs them here too (about 40
