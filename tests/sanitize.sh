@@ -72,7 +72,9 @@ if [ ! -f "$build/build.ninja" ]; then
 elif ! grep -q "clang++" "$build/build.ninja"; then
   fail "$build was configured with another compiler (sanitize.sh uses clang now): remove it and rerun"
 else
-  meson setup --reconfigure "$build" "${options[@]}" >/dev/null || fail "meson setup --reconfigure failed"
+  # `meson configure`, not `setup --reconfigure`: meson 1.0 keeps an existing build's cpp_args on
+  # --reconfigure (seen: -Dcpp_args given there did not reach build.ninja).
+  meson configure "$build" "${options[@]}" >/dev/null || fail "meson configure $build failed"
 fi
 if ! meson compile -C "$build" -j "$(getconf _NPROCESSORS_ONLN)" >"$build/compile.log" 2>&1; then
   tail -40 "$build/compile.log"
