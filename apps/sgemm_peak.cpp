@@ -1,4 +1,4 @@
-// sgemm_peak [--threads N] [--size N] [--reps R] [--memory]
+// sgemm_peak [--threads N] [--size N] [--reps R] [--memory | --dropout]
 // Measures the single-precision GEMM rate the project's BLAS (OpenBLAS) reaches on this machine:
 // C = A * B with square N x N f32 matrices (default 2048), R timed repetitions after one
 // warm-up, and prints the best and median GFLOP/s (2 N^3 flops per product). The core benchmark
@@ -6,6 +6,9 @@
 // --memory instead measures memcpy of 256 MiB split over N threads (default 1): the best rate in
 // GB/s (1e9 bytes copied per second) and the memory traffic it is (read + write, 2x), which is
 // what a cluster file's memory_GBps holds (jobs/calibrate-cluster.sh).
+// --dropout instead times the CPU kernels' dropout_forward (a Philox4x32-10 block per element)
+// on 4 Mi elements: the best rate in G elements/s, a cluster file's dropout_Gelem_per_s. Its
+// threads are OpenMP's (OMP_NUM_THREADS).
 #include <cblas.h>
 
 #include <algorithm>
@@ -13,14 +16,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "tensor/kernels.h"
+
 namespace {
 
 [[noreturn]] void usage(const char* problem) {
-  std::fprintf(stderr, "sgemm_peak: %s\nusage: sgemm_peak [--threads N] [--size N] [--reps R] [--memory]\n", problem);
+  std::fprintf(stderr, "sgemm_peak: %s\nusage: sgemm_peak [--threads N] [--size N] [--reps R] [--memory | --dropout]\n",
+               problem);
   std::exit(1);
 }
 
@@ -58,16 +65,37 @@ int memory_rate(long threads, long reps) {
   return 0;
 }
 
+// The best of R dropout_forward calls over 4 Mi elements (p 0.1), as the trainer calls it.
+int dropout_rate(long reps) {
+  const int64_t n = int64_t{1} << 22;
+  std::vector<float> x(static_cast<size_t>(n), 1.0f), y(x.size()), mask(x.size());
+  const std::unique_ptr<fsdp::Kernels> kernels = fsdp::make_cpu_kernels();
+  auto call = [&](uint64_t stream) {
+    kernels->dropout_forward(y.data(), mask.data(), x.data(), 1, n, 0.1f, 7, stream, 0);
+  };
+  call(0);  // warm-up: page faults
+  double best = 0;
+  for (long r = 0; r < reps; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    call(static_cast<uint64_t>(r) + 1);
+    best = std::max(best, static_cast<double>(n) /
+                              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9);
+  }
+  std::printf("dropout_forward 4 Mi elements, %ld reps: best %.4f G elements/s\n", reps, best);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   long threads = 0, n = 2048, reps = 5;
-  bool memory = false;
+  bool memory = false, dropout = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "-h" || a == "--help") usage("measures OpenBLAS sgemm GFLOP/s (--memory: memcpy GB/s)");
-    if (a == "--memory") {
-      memory = true;
+    if (a == "-h" || a == "--help")
+      usage("measures OpenBLAS sgemm GFLOP/s (--memory: memcpy GB/s; --dropout: dropout G elements/s)");
+    if (a == "--memory" || a == "--dropout") {
+      (a == "--memory" ? memory : dropout) = true;
       continue;
     }
     if (i + 1 >= argc) usage(("missing value after " + a).c_str());
@@ -80,7 +108,9 @@ int main(int argc, char** argv) {
     else
       usage(("unknown option " + a).c_str());
   }
+  if (memory && dropout) usage("--memory and --dropout are two measurements: give one");
   if (memory) return memory_rate(threads > 0 ? threads : 1, reps);
+  if (dropout) return dropout_rate(reps);
   if (threads > 0) openblas_set_num_threads(static_cast<int>(threads));
 
   const size_t elems = static_cast<size_t>(n) * n;

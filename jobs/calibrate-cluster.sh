@@ -14,6 +14,8 @@
 #                  devices and ranks beyond them share one (ranks_per_device).
 #   gemm_half_dim  from the median rate at 64^3: r64 = r512 x 64 / (64 + h), so h = 64 (r512/r64 - 1)
 #   memory_GBps    apps/sgemm_peak --memory, one thread: memcpy's read + write traffic
+#   dropout_Gelem_per_s  apps/sgemm_peak --dropout, one thread: the CPU kernels' dropout_forward
+#                  (a Philox block per element: about 20 ns each, 40x its memory traffic's time)
 #   backends       fsdp_bench at each np (mpi, ucx; all_gather, reduce_scatter, all_reduce, 1 KiB
 #                  to 64 MiB): per np, latency = the median over the three ops of the 1 KiB call's
 #                  time over its ring steps (n-1, or 2(n-1) for all_reduce), busbw = the median
@@ -41,6 +43,7 @@ export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_R
 "$build/apps/sgemm_peak" --threads 1 --size 512 --reps 20 | tee "$work/sgemm.txt"
 "$build/apps/sgemm_peak" --threads 1 --size 64 --reps 200 | tee "$work/sgemm64.txt"
 "$build/apps/sgemm_peak" --memory --threads 1 --reps 5 | tee "$work/memory.txt"
+OMP_NUM_THREADS=1 "$build/apps/sgemm_peak" --dropout --reps 5 | tee "$work/dropout.txt"
 for np in $nps; do
   threads=$((cores / np)); [ "$threads" -ge 1 ] || threads=1
   echo "fsdp_bench at np $np"
@@ -54,6 +57,7 @@ gflops = float(re.search(r"median ([\d.]+) GFLOP/s", open(f"{work}/sgemm.txt").r
 r64 = float(re.search(r"median ([\d.]+) GFLOP/s", open(f"{work}/sgemm64.txt").read()).group(1))
 half_dim = max(0.0, 64 * (gflops / r64 - 1))
 traffic = float(re.search(r"memory traffic ([\d.]+) GB/s", open(f"{work}/memory.txt").read()).group(1))
+dropout = float(re.search(r"best ([\d.]+) G elements/s", open(f"{work}/dropout.txt").read()).group(1))
 links = {}
 for np in nps:
     rows = list(csv.DictReader(open(f"{work}/bench_np{np}.csv")))
@@ -72,7 +76,7 @@ tf = gflops / 1000
 lines = [f"# Measured by jobs/calibrate-cluster.sh on {datetime.date.today()} ({cores} cores).",
          f"name: {name}", "device: cpu", f"devices_per_node: {cores}",
          "host_memory_GiB: %d" % (int(open('/proc/meminfo').readline().split()[1]) // (1 << 20)),
-         f"gemm_TFLOPs: {{f32: {tf:.4f}, tf32: {tf:.4f}, bf16: {tf:.4f}}}", "gemm_efficiency: 1", f"gemm_half_dim: {half_dim:.1f}",
+         f"gemm_TFLOPs: {{f32: {tf:.4f}, tf32: {tf:.4f}, bf16: {tf:.4f}}}", "gemm_efficiency: 1", f"gemm_half_dim: {half_dim:.1f}", f"dropout_Gelem_per_s: {dropout:.4f}",
          f"memory_GBps: {traffic:.2f}", f"host_link_GBps: {traffic:.2f}", "kernel_overhead_us: 2", "backends:"]
 for backend, by_np in links.items():
     largest = by_np[max(by_np)]

@@ -161,6 +161,15 @@ BOOST_AUTO_TEST_CASE(timeline_lanes) {
   BOOST_TEST(cpu.now(Lane::host) == 7.0);
   BOOST_TEST(cpu.latest() == 7.0);
   BOOST_TEST(cpu.busy().kernels == 2);
+  // Dropout: memory-bound unless its random numbers are slower (2 ranks on the device).
+  cpu.dropout(1e9, 1e9);  // no rate: 1 s x 2
+  BOOST_TEST(cpu.now(Lane::host) == 9.0);
+  r.dropout_elements_per_s = 1e8;
+  fsdp::Timeline rng(r, false, false);
+  rng.dropout(1e9, 1e9);  // 10 s of random numbers against 1 s of traffic, x 2
+  BOOST_TEST(rng.now(Lane::host) == 20.0);
+  BOOST_TEST(rng.busy().memory_bound_s == 20.0);
+  BOOST_TEST(rng.busy().kernels == 1);
 }
 
 BOOST_AUTO_TEST_CASE(cluster_files_and_their_errors) {
@@ -193,9 +202,15 @@ BOOST_AUTO_TEST_CASE(cluster_files_and_their_errors) {
   };
   BOOST_TEST(bad("memory_GBps: 10", "memory_GBs: 10") ==
              "cluster t.yaml: memory_GBs: unknown key (known: backends, device, device_memory_GiB, devices_per_node, "
-             "gemm_TFLOPs, gemm_efficiency, gemm_half_dim, host_link_GBps, host_memory_GiB, kernel_overhead_us, "
-             "memory_GBps, name)");
+             "dropout_Gelem_per_s, gemm_TFLOPs, gemm_efficiency, gemm_half_dim, host_link_GBps, host_memory_GiB, "
+             "kernel_overhead_us, memory_GBps, name)");
   BOOST_TEST(bad("memory_GBps: 10", "memory_GBps: -1") == "cluster t.yaml: memory_GBps: is not a positive number");
+  BOOST_TEST(fsdp::parse_cluster(std::string(kCpuNode) + "dropout_Gelem_per_s: 0.05\n", "t.yaml")
+                 .rates.dropout_elements_per_s == 0.05e9,
+             boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(fsdp::parse_cluster(kCpuNode, "t.yaml").rates.dropout_elements_per_s == 0.0);  // memory-bound
+  BOOST_TEST(bad("memory_GBps: 10", "memory_GBps: 10\ndropout_Gelem_per_s: -1") ==
+             "cluster t.yaml: dropout_Gelem_per_s: is not a number >= 0");
   BOOST_TEST(bad("device: cpu", "device: gpu") == "cluster t.yaml: device: is 'gpu', not cpu or cuda");
   BOOST_TEST(bad("devices_per_node: 2", "devices_per_node: 2.5") ==
              "cluster t.yaml: devices_per_node: is not a whole number");

@@ -187,9 +187,10 @@ ClusterSpec parse_cluster(const std::string& text, const std::string& source) {
   } catch (const YAML::Exception& e) {
     r.fail("", std::string("not YAML: ") + e.what());
   }
-  r.only(root, "",
-         {"name", "device", "devices_per_node", "device_memory_GiB", "host_memory_GiB", "gemm_TFLOPs",
-          "gemm_efficiency", "gemm_half_dim", "memory_GBps", "host_link_GBps", "kernel_overhead_us", "backends"});
+  r.only(
+      root, "",
+      {"name", "device", "devices_per_node", "device_memory_GiB", "host_memory_GiB", "gemm_TFLOPs", "gemm_efficiency",
+       "gemm_half_dim", "dropout_Gelem_per_s", "memory_GBps", "host_link_GBps", "kernel_overhead_us", "backends"});
   ClusterSpec c;
   c.source = source;
   if (!root["name"] || !root["name"].IsScalar()) r.fail("name", "missing");
@@ -218,6 +219,8 @@ ClusterSpec parse_cluster(const std::string& text, const std::string& source) {
   c.rates.host_link_bytes_per_s = r.positive(root, "", "host_link_GBps") * 1e9;
   c.rates.kernel_overhead_s = r.non_negative(root, "", "kernel_overhead_us") * 1e-6;
   if (root["gemm_half_dim"]) c.rates.gemm_half_dim = r.non_negative(root, "", "gemm_half_dim");
+  if (root["dropout_Gelem_per_s"])
+    c.rates.dropout_elements_per_s = r.non_negative(root, "", "dropout_Gelem_per_s") * 1e9;
   const YAML::Node b = root["backends"];
   if (!b || !b.IsMap() || b.size() == 0) r.fail("backends", "missing (a mapping of mpi, ucx, nccl to their links)");
   for (const auto& kv : b) {

@@ -14,6 +14,8 @@
 //                                 # cuBLAS): the plan's GEMM time is FLOPs / (peak x this)
 //   gemm_half_dim: 0              # optional: a GEMM of smallest dimension d runs at
 //                                 # d / (d + this) of that rate (small GEMMs; 0: none)
+//   dropout_Gelem_per_s: 0        # optional: dropout's random numbers per second (sgemm_peak
+//                                 # --dropout; 0 or absent: dropout is memory-bound)
 //   memory_GBps: 3350             # what a streaming kernel reaches (memory-bound ops)
 //   host_link_GBps: 55            # host <-> device copies (cpu: unused)
 //   kernel_overhead_us: 5         # per kernel (launch; on the CPU, the loop's start)

@@ -35,6 +35,15 @@ void Timeline::memory_bound(double bytes) {
   run(kernel_lane(), s);
 }
 
+void Timeline::dropout(double bytes, double elements) {
+  double s = bytes / rates_.memory_bytes_per_s;
+  if (rates_.dropout_elements_per_s > 0) s = std::max(s, elements / rates_.dropout_elements_per_s);
+  s = s * rates_.ranks_per_device + rates_.kernel_overhead_s;
+  busy_.memory_bound_s += s;
+  ++busy_.kernels;
+  run(kernel_lane(), s);
+}
+
 void Timeline::copy_on(Lane lane, double bytes, bool crosses_host_link) {
   if (bytes <= 0) return;
   const double s = crosses_host_link ? bytes / rates_.host_link_bytes_per_s

@@ -36,6 +36,10 @@ struct DeviceRates {
   // Small GEMMs reach less of the rate: one whose smallest dimension is d runs at
   // d / (d + gemm_half_dim) of it (0: every GEMM at the full rate).
   double gemm_half_dim = 0;
+  // Dropout's random numbers (a Philox4x32-10 block per element): elements per second one
+  // kernel reaches; 0: dropout is memory-bound like the rest (a GPU: its integer rate is far
+  // above its memory's). On a CPU core it is the slower of the two (sgemm_peak --dropout).
+  double dropout_elements_per_s = 0;
   // Ranks that share this device's rates (CPU ranks on shared cores): each kernel takes this
   // many times longer.
   int ranks_per_device = 1;
@@ -57,6 +61,8 @@ class Timeline {
   // min_dim: the GEMM's smallest dimension (M, N or K).
   void gemm(double flops, double bytes, double min_dim, MatmulPrecision precision, bool bf16_operands);
   void memory_bound(double bytes);
+  // Dropout's forward: memory-bound, or bound by its random numbers where the rate is set.
+  void dropout(double bytes, double elements);
   // A copy or memset on `lane` (a staging copy may be on the comm stream); host <-> device copies
   // at the host link's rate, the rest at memory bandwidth (read and write: 2 x bytes).
   void copy_on(Lane lane, double bytes, bool crosses_host_link);

@@ -514,7 +514,6 @@ void Trainer::save_step(int64_t done) {
 void Trainer::finish() {
   State& s = *s_;
   Progress& p = s.progress;
-  const Config& c = s.c;
   TrainSummary& summary = p.summary;
   p.bar.reset();
   summary.samples_per_s = p.timed_s > 0 ? static_cast<double>(p.timed_samples) / p.timed_s : 0.0;
