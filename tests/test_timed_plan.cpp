@@ -206,7 +206,7 @@ BOOST_AUTO_TEST_CASE(cluster_files_and_their_errors) {
              "kernel_overhead_us, memory_GBps, name)");
   BOOST_TEST(bad("memory_GBps: 10", "memory_GBps: -1") == "cluster t.yaml: memory_GBps: is not a positive number");
   BOOST_TEST(fsdp::parse_cluster(std::string(kCpuNode) + "dropout_Gelem_per_s: 0.05\n", "t.yaml")
-                 .rates.dropout_elements_per_s == 0.05e9,
+                     .rates.dropout_elements_per_s == 0.05e9,
              boost::test_tools::tolerance(1e-12));
   BOOST_TEST(fsdp::parse_cluster(kCpuNode, "t.yaml").rates.dropout_elements_per_s == 0.0);  // memory-bound
   BOOST_TEST(bad("memory_GBps: 10", "memory_GBps: 10\ndropout_Gelem_per_s: -1") ==

@@ -32,7 +32,8 @@ struct Preset {
 // host link's rate and do not overlap compute (issue 40 brings the CUDA-aware ones).
 // cpu-2core: this machine (2 cores of an AMD EPYC, AVX2), measured by jobs/calibrate-cluster.sh
 // on 2026-11-28 (docs/performance.md, "The timed plan against measured steps"); one node, so its
-// inter-node link is the 8-rank intra one, not a measurement.
+// inter-node link is the 8-rank intra one, not a measurement. It predates gemm_half_dim and
+// dropout_Gelem_per_s (not measured there): calibrate your own node with the script.
 constexpr Preset kPresets[] = {
     {"dgx-h100", R"(
 name: dgx-h100
