@@ -28,17 +28,16 @@ void Timeline::gemm(double flops, double bytes, double min_dim, MatmulPrecision 
   run(kernel_lane(), s);
 }
 
-void Timeline::memory_bound(double bytes) {
-  const double s = bytes / rates_.memory_bytes_per_s * rates_.ranks_per_device + rates_.kernel_overhead_s;
-  busy_.memory_bound_s += s;
-  ++busy_.kernels;
-  run(kernel_lane(), s);
-}
+void Timeline::memory_bound(double bytes) { non_gemm_kernel(bytes / rates_.memory_bytes_per_s); }
 
 void Timeline::dropout(double bytes, double elements) {
   double s = bytes / rates_.memory_bytes_per_s;
   if (rates_.dropout_elements_per_s > 0) s = std::max(s, elements / rates_.dropout_elements_per_s);
-  s = s * rates_.ranks_per_device + rates_.kernel_overhead_s;
+  non_gemm_kernel(s);
+}
+
+void Timeline::non_gemm_kernel(double alone_s) {
+  const double s = alone_s * rates_.ranks_per_device + rates_.kernel_overhead_s;
   busy_.memory_bound_s += s;
   ++busy_.kernels;
   run(kernel_lane(), s);

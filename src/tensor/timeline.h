@@ -96,6 +96,9 @@ class Timeline {
   Lane kernel_lane() const { return device_streams_ ? Lane::compute : Lane::host; }
   // Runs `seconds` of work on `lane`: starts when the lane and the host have reached it.
   double run(Lane lane, double seconds);
+  // A kernel other than a GEMM taking alone_s on a device of its own: the ranks sharing the
+  // device and the launch overhead added, counted as memory-bound.
+  void non_gemm_kernel(double alone_s);
 
   DeviceRates rates_;
   bool device_streams_, comm_overlaps_;
