@@ -37,8 +37,8 @@ struct DeviceRates {
   // d / (d + gemm_half_dim) of it (0: every GEMM at the full rate).
   double gemm_half_dim = 0;
   // Dropout's random numbers (a Philox4x32-10 block per element): elements per second one
-  // kernel reaches; 0: dropout is memory-bound like the rest (a GPU: its integer rate is far
-  // above its memory's). On a CPU core it is the slower of the two (sgemm_peak --dropout).
+  // kernel reaches; 0: dropout is memory-bound like the rest (the GPU presets: not measured on
+  // a GPU). On a CPU core they are 40x slower than its traffic (sgemm_peak --dropout).
   double dropout_elements_per_s = 0;
   // Ranks that share this device's rates (CPU ranks on shared cores): each kernel takes this
   // many times longer.
