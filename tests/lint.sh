@@ -14,6 +14,13 @@
 # (clang-tidy 14, 2 cores): analyzer 78.8 s deep vs 38.3 s shallow, the other checks 60.8 s;
 # the whole lint 2,250 CPU-s deep, the largest item of CI. Both find nothing in the tree today;
 # run deep before a release or after touching ownership/lifetime code (README, Quality).
+# The lint cache: clang-tidy and cppcheck analyse only the translation units whose key is not in
+# tests/lint/clean.txt, the units a recorded run found nothing in; a key changes with the unit's
+# preprocessed text, our files it includes, its flags and the tool's version and configuration
+# (tests/lint/lint_cache.py). Analysing all 109 units is about 1,500 CPU-s, the largest item of
+# CI; a change that touches a few units costs their share. LINT_FULL=1 analyses every unit;
+# LINT_RECORD=1 writes this run's clean units into tests/lint/clean.txt (commit it with the
+# change; stale lines only cost time). $BUILD/lint-clean.txt is always the updated list.
 # Installs the tools first (jobs/install-deps.sh), as tests/run.sh does.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,18 +38,25 @@ if [ ! -f "$build/compile_commands.json" ]; then
     # The GPU build's cuDNN attention (src/tensor/cuda/cudnn_attention.cpp) enters the database
     # only with the cuDNN frontend's headers (jobs/cudnn-frontend.sh: PyPI, cached). Without them
     # (or without cudnn.h) the build is configured without it, and this says the file is unchecked.
-    if fe=$(bash jobs/cudnn-frontend.sh 2>&1) && meson setup "$build" -Dcudnn_frontend_include="$fe" >"$build.setup.log" 2>&1; then
+    # -Dnative_arch=false: without -march=native the database, and so the lint cache's keys, do
+    # not depend on the CPU of the machine that runs lint.
+    if fe=$(bash jobs/cudnn-frontend.sh 2>&1) && meson setup "$build" -Dnative_arch=false -Dcudnn_frontend_include="$fe" >"$build.setup.log" 2>&1; then
       :
     else
       echo "lint: src/tensor/cuda/cudnn_attention.cpp not checked: $( (echo "$fe"; tail -3 "$build.setup.log" 2>/dev/null) | grep -m1 -iE 'error|cudnn-frontend:|cannot' | cut -c1-200)"
       rm -rf "$build"
-      meson setup "$build" >/dev/null || { echo "meson setup $build failed"; echo "0 passed, 3 failed"; exit 1; }
+      meson setup "$build" -Dnative_arch=false >/dev/null || { echo "meson setup $build failed"; echo "0 passed, 3 failed"; exit 1; }
     fi
   else
     echo "$build/compile_commands.json not found (configure it with meson setup)"
     echo "0 passed, 3 failed"
     exit 1
   fi
+fi
+if grep -q -- '-march=native' "$build/compile_commands.json"; then
+  echo "lint: $build was configured with -march=native; reconfiguring it with -Dnative_arch=false (the cache's keys must not depend on the CPU)"
+  meson configure "$build" -Dnative_arch=false >/dev/null && ninja -C "$build" build.ninja >/dev/null ||
+    { echo "cannot reconfigure $build (remove it and run again)"; echo "0 passed, 3 failed"; exit 1; }
 fi
 
 work=$(mktemp -d)
@@ -52,17 +66,17 @@ failed=0
 # Args: tool name, files checked, findings (unique diagnostics), log to show when there are any.
 report() {
   local tool=$1 files=$2 findings=$3 log=$4 status=$5
-  if [ "$files" -eq 0 ]; then status=1; echo "$tool: no files to check"; fi
+  case "$files" in 0 | "0 files"*) status=1; echo "$tool: no files to check" ;; esac
   if [ "$findings" -gt 0 ] || [ "$status" -ne 0 ]; then
     if [ -s "$log" ]; then
       # Paths relative to the repository root.
       sed -E "s#/[^/ ]+/\.\./#/#g; s#$root/##g" "$log" | head -n 400
       [ "$(wc -l <"$log")" -gt 400 ] && echo "... ($(wc -l <"$log") lines in all)"
     fi
-    echo "$tool: $files files, $findings findings: FAILED"
+    echo "$tool: $files, $findings findings: FAILED"
     failed=$((failed + 1))
   else
-    echo "$tool: $files files, 0 findings: ok"
+    echo "$tool: $files, 0 findings: ok"
     passed=$((passed + 1))
   fi
 }
@@ -90,16 +104,37 @@ nfiles=$(wc -l <"$work/files.txt")
 # every translation unit that includes it, so findings are counted once each (paths normalised).
 count_unique() { grep -E ': (warning|error): ' "$1" | sed -E 's#/[^/ ]+/\.\./#/#g' | sort -u | tee "$1.unique" | wc -l; }
 
+# The cache's keys, one per unit; without them (no clang++) every unit is analysed.
+manifest=tests/lint/clean.txt
+[ "${LINT_FULL:-0}" = 1 ] && manifest=/dev/null
+cache="python3 tests/lint/lint_cache.py"
+if ! $cache keys "$work/compile_commands.json" "$root" "$jobs" "$work/keys" 2>"$work/keys.log"; then
+  echo "lint: no cache keys ($(head -1 "$work/keys.log")): every unit is analysed"
+  sed 's/^/none /' "$work/files.txt" >"$work/keys"
+fi
+cp "$manifest" "$build/lint-clean.txt" 2>/dev/null || : >"$build/lint-clean.txt"
+# units_note TODO: "N files" or "N files (K analysed, the rest unchanged since the manifest)".
+units_note() {
+  local todo_count
+  todo_count=$(wc -l <"$1")
+  if [ "$todo_count" -eq "$nfiles" ]; then echo "$nfiles files"; else
+    echo "$nfiles files ($todo_count analysed, $((nfiles - todo_count)) unchanged since $manifest)"; fi
+}
+# record TOOL SALT CLEAN: the units listed in file CLEAN are clean for TOOL ($build/lint-clean.txt).
+record() { $cache record "$1" "$2" "$work/keys" "$3" "$build/lint-clean.txt"; }
+
 # clang-tidy: one process per translation unit, $jobs at a time. -Wno-unknown-warning-option:
 # the database holds GCC's flags, and a GCC-only warning option is not a finding.
+tidy_args=(--quiet --extra-arg=-Wno-unknown-warning-option --extra-arg=-Xclang --extra-arg=-analyzer-config
+  --extra-arg=-Xclang --extra-arg="mode=$analyzer_mode")
 if command -v clang-tidy >/dev/null; then
   mkdir -p "$work/tidy"
-  tr '\n' '\0' <"$work/files.txt" | xargs -0 -P "$jobs" -I{} sh -c \
-    'clang-tidy -p "$1" --quiet --extra-arg=-Wno-unknown-warning-option --extra-arg=-Xclang \
-       --extra-arg=-analyzer-config --extra-arg=-Xclang --extra-arg="mode=$4" \
-       "$2" >"$3/$(echo "$2" | tr / _).log" 2>&1 || echo "$2" >>"$3/crashed"' \
-    _ "$work" {} "$work/tidy" "$analyzer_mode"
-  cat "$work"/tidy/*.log >"$work/tidy.log" 2>/dev/null
+  tidy_salt="$(clang-tidy --version) $(clang++ --version 2>&1) ${tidy_args[*]} $(cat .clang-tidy)"
+  $cache split clang-tidy "$tidy_salt" "$work/keys" "$manifest" "$work/tidy.todo" >/dev/null
+  tr '\n' '\0' <"$work/tidy.todo" | xargs -0 -r -P "$jobs" -I{} sh -c \
+    'w=$1 f=$2 logs=$3; shift 3; clang-tidy -p "$w" "$@" "$f" >"$logs/$(echo "$f" | tr / _).log" 2>&1 || echo "$f" >>"$logs/crashed"' \
+    _ "$work" {} "$work/tidy" "${tidy_args[@]}"
+  cat "$work"/tidy/*.log >"$work/tidy.log" 2>/dev/null || : >"$work/tidy.log"
   tidy_findings=$(count_unique "$work/tidy.log")
   # clang-tidy exits non-zero on a compile error (counted above) or a crash; show which file.
   tidy_status=0
@@ -107,22 +142,42 @@ if command -v clang-tidy >/dev/null; then
     tidy_status=1
     { echo "clang-tidy failed on:"; cat "$work/tidy/crashed"; } >>"$work/tidy.log"
   fi
-  report "clang-tidy (analyzer $analyzer_mode)" "$nfiles" "$tidy_findings" "$work/tidy.log" "$tidy_status"
+  # Clean: every unit but those analysed with a finding in their own log, or a crash.
+  while read -r f; do
+    log="$work/tidy/$(echo "$f" | tr / _).log"
+    grep -qE ': (warning|error): ' "$log" 2>/dev/null || grep -qxF "$f" "$work/tidy/crashed" 2>/dev/null || echo "$f"
+  done <"$work/files.txt" >"$work/tidy.clean"
+  record clang-tidy "$tidy_salt" "$work/tidy.clean"
+  report "clang-tidy (analyzer $analyzer_mode)" "$(units_note "$work/tidy.todo")" "$tidy_findings" "$work/tidy.log" "$tidy_status"
 else
   echo "clang-tidy: not installed (bash jobs/install-deps.sh --tests)"
   failed=$((failed + 1))
 fi
 
 # cppcheck: the same translation units (their own headers included) with the database's flags.
+cppcheck_args=(--enable=warning,performance,portability --library=posix --library=gnu --library=openmp
+  --library=zlib --inline-suppr --suppressions-list=tests/lint/cppcheck.supp --error-exitcode=1)
 if command -v cppcheck >/dev/null; then
-  cppcheck --project="$work/compile_commands.json" --enable=warning,performance,portability \
-    --library=posix --library=gnu --library=openmp --library=zlib \
-    --inline-suppr --suppressions-list=tests/lint/cppcheck.supp --error-exitcode=1 \
-    -j "$jobs" --quiet --template='{file}:{line}:{column}: warning: {message} [{id}] ({severity})' \
-    >"$work/cppcheck.log" 2>&1
-  cppcheck_status=$?
+  cppcheck_salt="$(cppcheck --version) ${cppcheck_args[*]} $(cat tests/lint/cppcheck.supp)"
+  $cache split cppcheck "$cppcheck_salt" "$work/keys" "$manifest" "$work/cppcheck.todo" >/dev/null
+  python3 -c 'import json, sys
+todo = set(open(sys.argv[2]).read().split("\n"))
+json.dump([e for e in json.load(open(sys.argv[1])) if e["file"] in todo], open(sys.argv[3], "w"))' \
+    "$work/compile_commands.json" "$work/cppcheck.todo" "$work/cppcheck_db.json"
+  cppcheck_status=0
+  : >"$work/cppcheck.log"
+  if [ -s "$work/cppcheck.todo" ]; then
+    cppcheck --project="$work/cppcheck_db.json" "${cppcheck_args[@]}" -j "$jobs" --quiet \
+      --template='{file}:{line}:{column}: warning: {message} [{id}] ({severity})' >"$work/cppcheck.log" 2>&1
+    cppcheck_status=$?
+  fi
   cppcheck_findings=$(count_unique "$work/cppcheck.log")
-  report cppcheck "$nfiles" "$cppcheck_findings" "$work/cppcheck.log" "$cppcheck_status"
+  # A finding in a header cannot be pinned on one unit: clean are the units not analysed, and the
+  # analysed ones too only when there was no finding at all.
+  if [ "$cppcheck_findings" -eq 0 ] && [ "$cppcheck_status" -eq 0 ]; then cp "$work/files.txt" "$work/cppcheck.clean"; else
+    grep -vxF -f "$work/cppcheck.todo" "$work/files.txt" >"$work/cppcheck.clean"; fi
+  record cppcheck "$cppcheck_salt" "$work/cppcheck.clean"
+  report cppcheck "$(units_note "$work/cppcheck.todo")" "$cppcheck_findings" "$work/cppcheck.log" "$cppcheck_status"
 else
   echo "cppcheck: not installed (bash jobs/install-deps.sh --tests)"
   failed=$((failed + 1))
@@ -140,11 +195,15 @@ if command -v clang-format >/dev/null; then
   format_findings=$(count_unique "$work/format.log")
   format_bad_files=$(grep -E ': (warning|error): ' "$work/format.log" | cut -d: -f1 | sort -u | wc -l)
   [ "$format_findings" -gt 0 ] && echo "clang-format: $format_bad_files files need formatting (clang-format -i FILE)"
-  report clang-format "$format_files" "$format_findings" "$work/format.log" "$format_status"
+  report clang-format "$format_files files" "$format_findings" "$work/format.log" "$format_status"
 else
   echo "clang-format: not installed (bash jobs/install-deps.sh --tests)"
   failed=$((failed + 1))
 fi
 
+if [ "${LINT_RECORD:-0}" = 1 ]; then
+  cp "$build/lint-clean.txt" tests/lint/clean.txt
+  echo "lint: recorded $(grep -vc '^#' tests/lint/clean.txt) clean (tool, unit) pairs in tests/lint/clean.txt"
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
