@@ -11,6 +11,10 @@
 #                      Packages indices; the system's apt sources, so a mirror it uses is used
 #   DIR/train.csv      columns text, headline, title (= the package name); RFC 4180, all quoted
 #   DIR/val.csv        the held-out packages, about 5%
+#   DIR/sft_train.jsonl, DIR/sft_val.jsonl
+#                      the same rows as prompt/response pairs for supervised fine-tuning of a
+#                      causal LM (input/llama_sft.yaml): {"prompt": "Package: NAME\nSummary:
+#                      SYNOPSIS\nDescription:\n", "response": TEXT}, one JSON object a line
 #   DIR/spiece.model   spm_train unigram, 8000 pieces; pad 0, eos 1, unk 2, no bos (T5's ids)
 # Rows: Description-en's first line is the headline; the rest, with " ." lines as paragraph
 # breaks (written "\n") and the other lines joined by spaces, is the text. Dropped: a package seen
@@ -62,19 +66,32 @@ echo "lists: $(ls "$DIR"/lists/*_i18n_Translation-en* | wc -l) Translation-en fi
 
 # 2. The CSV files. The shortest list name first: the release's main list before its -updates
 # and -security lists, so that the release's packages come first and in name order.
-if [ ! -f "$DIR/train.csv" ] || [ ! -f "$DIR/val.csv" ] || [ ! -f "$DIR/counts.txt" ]; then
+if [ ! -f "$DIR/train.csv" ] || [ ! -f "$DIR/val.csv" ] || [ ! -f "$DIR/counts.txt" ] ||
+  [ ! -f "$DIR/sft_train.jsonl" ] || [ ! -f "$DIR/sft_val.jsonl" ]; then
   for l in "$DIR"/lists/*_i18n_Translation-en*; do echo "${#l} $l"; done | sort -n | cut -d' ' -f2- |
     while IFS= read -r f; do
       /usr/lib/apt/apt-helper cat-file "$f" || fail "cannot read $f"
       echo
     done | LC_ALL=C awk -v min_words="$MIN_WORDS" -v train="$DIR/train.csv.tmp" -v val="$DIR/val.csv.tmp" \
-    -v spm_text="$DIR/spm_input.txt.tmp" -v counts="$DIR/counts.txt.tmp" '
+    -v spm_text="$DIR/spm_input.txt.tmp" -v counts="$DIR/counts.txt.tmp" \
+    -v sft_train="$DIR/sft_train.jsonl.tmp" -v sft_val="$DIR/sft_val.jsonl.tmp" '
     BEGIN {
       for (i = 1; i < 256; i++) ord[sprintf("%c", i)] = i
       print "\"text\",\"headline\",\"title\"" > train
       print "\"text\",\"headline\",\"title\"" > val
     }
     function quote(s) { gsub(/"/, "\"\"", s); return "\"" s "\"" }
+    # A JSON string: backslash, quote, line break and tab escaped, other control bytes dropped
+    # (a loop, not gsub: mawk and gawk read backslashes in a replacement differently).
+    function jstr(s,    out, i, c) {
+      out = ""
+      while ((i = match(s, /[\\"\001-\037]/)) > 0) {
+        c = substr(s, i, 1)
+        out = out substr(s, 1, i - 1) (c == "\\" ? "\\\\" : c == "\"" ? "\\\"" : c == "\n" ? "\\n" : c == "\t" ? "\\t" : "")
+        s = substr(s, i + 1)
+      }
+      return "\"" out s "\""
+    }
     function stem(name) {
       sub(/^lib/, "", name)
       while (sub(/-(dev|doc|data|common|bin|utils|tools|dbg|examples)$/, "", name)) {}
@@ -95,6 +112,8 @@ if [ ! -f "$DIR/train.csv" ] || [ ! -f "$DIR/val.csv" ] || [ ! -f "$DIR/counts.t
       seen_text[text] = 1
       out = held_out(stem(pkg)) ? val : train
       print quote(text) "," quote(synopsis) "," quote(pkg) > out
+      print "{\"prompt\": " jstr("Package: " pkg "\nSummary: " synopsis "\nDescription:\n") ", \"response\": " \
+        jstr(text) "}" > (out == train ? sft_train : sft_val)
       if (out == train) {  # spm_train reads one sentence a line: the paragraphs, and the headline
         print text > spm_text
         print synopsis > spm_text
@@ -118,6 +137,8 @@ if [ ! -f "$DIR/train.csv" ] || [ ! -f "$DIR/val.csv" ] || [ ! -f "$DIR/counts.t
       emit()
       printf "%d %d %d %d\n", rows[train], rows[val], short, dup > counts
     }' || fail "parsing the Translation-en lists failed"
+  mv "$DIR/sft_train.jsonl.tmp" "$DIR/sft_train.jsonl"
+  mv "$DIR/sft_val.jsonl.tmp" "$DIR/sft_val.jsonl"
   mv "$DIR/counts.txt.tmp" "$DIR/counts.txt"
   mv "$DIR/spm_input.txt.tmp" "$DIR/spm_input.txt"
   mv "$DIR/val.csv.tmp" "$DIR/val.csv"

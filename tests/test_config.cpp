@@ -559,11 +559,45 @@ BOOST_AUTO_TEST_CASE(seq2seq_data_keys) {
              "--set data.eval_fraction: data.eval_fraction: data.eval_path and data.eval_fraction both given: the "
              "validation rows come from one of them");
   BOOST_TEST(error_of("model: {kind: transformer}\ndata: {kind: text, tokenizer: spiece.model}\n") ==
-             "in.yaml:2: data.tokenizer: is for model.kind t5 (SentencePiece ids); model.kind transformer reads bytes");
+             "in.yaml:2: data.tokenizer: is for data.kind seq2seq or causal_lm (SentencePiece ids); data.kind text "
+             "reads bytes");
   BOOST_TEST(error_of("data: {kind: fashion_mnist, eval_path: val.csv}\n") ==
-             "in.yaml:1: data.eval_path: is for data.kind seq2seq (a validation file beside data.path)");
+             "in.yaml:1: data.eval_path: is for data.kind seq2seq or causal_lm (a validation file beside data.path)");
   BOOST_TEST(error_of("model: {kind: t5}\ndata: {kind: seq2seq, path: x.csv, clean: tutorial}\n") ==
              "in.yaml:2: data.clean: expected one of [none, wikihow], got 'tutorial'");
+}
+
+// The causal_lm data keys: a causal LM's text, pretraining (data.field) or fine-tuning (data.sft
+// with its fields and packing), each key refused where it means nothing.
+BOOST_AUTO_TEST_CASE(causal_lm_data_keys) {
+  const Config sft = parse_config(
+      "model: {kind: llama, vocab_size: 300}\n"
+      "data: {kind: causal_lm, path: t.jsonl, eval_path: v.jsonl, sft: true, pack: true, prompt: q, response: a,\n"
+      "       tokenizer: tokenizer.model}\n",
+      "in.yaml");
+  BOOST_TEST((sft.data.kind == DataKind::causal_lm));
+  BOOST_TEST(sft.data.sft);
+  BOOST_TEST(sft.data.pack);
+  BOOST_TEST(sft.data.prompt == "q");
+  BOOST_TEST(sft.data.response == "a");
+  const Config pre = parse_config(
+      "model: {kind: transformer, vocab: 259}\ndata: {kind: causal_lm, path: d, field: body}\n", "in.yaml");
+  BOOST_TEST(pre.data.field == "body");
+  BOOST_TEST(!pre.data.sft);
+  BOOST_TEST(error_of("model: {kind: mnist_cnn}\ndata: {kind: causal_lm, path: d}\n") ==
+             "in.yaml:2: data.kind: data.kind causal_lm is text for a causal LM (model.kind transformer or llama); "
+             "model.kind is mnist_cnn");
+  BOOST_TEST(error_of("model: {kind: llama}\ndata: {kind: causal_lm}\n") ==
+             "in.yaml:1: data.path: data.kind causal_lm needs data.path (a text or JSON-lines file, or a folder)");
+  BOOST_TEST(error_of("model: {kind: llama, vocab_size: 256}\ndata: {kind: causal_lm, path: d}\n") ==
+             "in.yaml:1: model.vocab_size: must be >= 259 for llama's byte tokens (ids 3..258), got 256");
+  BOOST_TEST(error_of("model: {kind: llama, vocab_size: 259}\ndata: {kind: text, field: body}\n") ==
+             "in.yaml:2: data.field: is for data.kind causal_lm; data.kind is text");
+  BOOST_TEST(error_of("model: {kind: llama, vocab_size: 259}\ndata: {kind: causal_lm, path: d, pack: true}\n") ==
+             "in.yaml:2: data.pack: is for data.sft: true (prompt/response pairs)");
+  BOOST_TEST(
+      error_of("model: {kind: llama, vocab_size: 259}\ndata: {kind: causal_lm, path: d, sft: true, field: x}\n") ==
+      "in.yaml:2: data.field: is for pretraining rows; with data.sft the rows are data.prompt and data.response");
 }
 
 BOOST_AUTO_TEST_CASE(enumerations_list_the_allowed_values) {
@@ -575,7 +609,7 @@ BOOST_AUTO_TEST_CASE(enumerations_list_the_allowed_values) {
       {"model: {kind: resnet}",
        "in.yaml:1: model.kind: expected one of [mnist_cnn, transformer, t5, llama], got 'resnet'"},
       {"data: {kind: cifar}",
-       "in.yaml:1: data.kind: expected one of [fashion_mnist, text, synthetic, seq2seq], got 'cifar'"},
+       "in.yaml:1: data.kind: expected one of [fashion_mnist, text, synthetic, seq2seq, causal_lm], got 'cifar'"},
       {"fsdp: {sharding_strategy: full_shard}",
        "in.yaml:1: fsdp.sharding_strategy: expected one of [FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, "
        "HYBRID_SHARD, HYBRID_SHARD_ZERO2], got 'full_shard'"},

@@ -839,7 +839,7 @@ BOOST_AUTO_TEST_CASE(ids_and_decoding) {
   o.target_len = 8;
   o.tokenizer = std::move(tok);
   auto ds = load_seq2seq(o, true);
-  BOOST_TEST(&ds->tokenizer() == o.tokenizer.get());
+  BOOST_TEST(ds->tokenizer() == o.tokenizer.get());
   BOOST_TEST(ds->num_classes() == sp.GetPieceSize());
   Tensor in = Tensor::empty({1, 6}, DType::i32), out = Tensor::empty({1, 8}, DType::i32);
   const std::vector<int64_t> first = {0};
@@ -877,6 +877,167 @@ BOOST_AUTO_TEST_CASE(bad_model_files) {
                  ": pad id none, eos id 2, unk id 0, bos id 1; T5 needs pad 0 and eos 1 (spm_train --pad_id=0 "
                  "--eos_id=1 --unk_id=2 --bos_id=-1)");
   BOOST_TEST(load_tokenizer("")->describe() == "bytes (ByT5 ids: byte + 3, pad 0, eos 1)");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// Causal-LM data: run_clm.py's packing ([bos] + ids per row, blocks of seq_len, the remainder
+// dropped, labels shifted with -100 last), SFT's masked prompts, padded or packed, and bad rows.
+BOOST_AUTO_TEST_SUITE(causal_lm)
+
+// The (inputs, targets) of samples `idx` as flat vectors.
+std::pair<std::vector<int32_t>, std::vector<int32_t>> samples(const Dataset& ds, const std::vector<int64_t>& idx) {
+  const int64_t L = ds.input_shape()[0], n = static_cast<int64_t>(idx.size());
+  Tensor in = Tensor::empty({n, L}, DType::i32), out = Tensor::empty({n, L}, DType::i32);
+  ds.fill(idx, in, out);
+  return {std::vector<int32_t>(in.i32(), in.i32() + n * L), std::vector<int32_t>(out.i32(), out.i32() + n * L)};
+}
+
+BOOST_AUTO_TEST_CASE(pretraining_packs_rows_as_run_clm) {
+  TempDir dir;
+  const std::string file = (dir.path / "corpus.txt").string();
+  // Rows are lines with their "\n": "ab\n", "\n", "cde\n", "f\n", and the last row evaluates
+  // (floor(5 * 0.2) = 1): "gh\n".
+  write_file(file, "ab\n\ncde\nf\ngh\n");
+  CausalLmOptions o;
+  o.path = file;
+  o.seq_len = 4;
+  o.eval_fraction = 0.2;
+  auto train = load_causal_lm(o, true);
+  // bos 1, bytes + 3: [1 100 101 13] [1 13] [1 102 103 104 13] [1 105 13] -> 14 tokens, 3 blocks.
+  BOOST_TEST(train->tokens() == 14);
+  BOOST_REQUIRE(train->size() == 3);
+  BOOST_TEST(train->input_shape() == (Shape{4}));
+  BOOST_TEST(train->num_classes() == 259);
+  const auto [in, target] = samples(*train, {0, 2});
+  BOOST_TEST(in == (std::vector<int32_t>{1, 100, 101, 13, 103, 104, 13, 1}), boost::test_tools::per_element());
+  BOOST_TEST(target == (std::vector<int32_t>{100, 101, 13, -100, 104, 13, 1, -100}), boost::test_tools::per_element());
+  const std::vector<int64_t> both = {0, 1};
+  BOOST_TEST(train->loss_elements(both) == 6);  // seq_len - 1 each
+  BOOST_TEST(train->prompt_tokens(1) == 0);
+  BOOST_TEST(train->tokenizer()->decode(std::vector<int32_t>{1, 100, 101, 2, 102}) == "ab");
+  // The eval row alone: [1 106 107 13] is one block.
+  auto eval = load_causal_lm(o, false);
+  BOOST_REQUIRE(eval->size() == 1);
+  BOOST_TEST(samples(*eval, {0}).first == (std::vector<int32_t>{1, 106, 107, 13}), boost::test_tools::per_element());
+  // JSON lines: the field, other fields ignored; blank lines separate nothing.
+  const std::string jsonl = (dir.path / "docs.JSONL").string();
+  write_file(jsonl, "{\"text\": \"xy\", \"id\": 3}\n\n{\"text\": \"\"}\n{\"text\": \"zz\"}\n{\"text\": \"e\"}\n");
+  o.path = jsonl;
+  o.eval_fraction = 0.25;
+  auto docs = load_causal_lm(o, true);  // [1 123 124] [1] [1 125 125] -> 7 tokens, 1 block
+  BOOST_REQUIRE(docs->size() == 1);
+  BOOST_TEST(samples(*docs, {0}).first == (std::vector<int32_t>{1, 123, 124, 1}), boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(sft_masks_the_prompt_padded_or_packed) {
+  TempDir dir;
+  const std::string file = (dir.path / "pairs.jsonl").string();
+  write_file(file,
+             "{\"q\": \"ab\", \"a\": \"c\"}\n"
+             "{\"q\": \"abcdef\", \"a\": \"g\"}\n"  // the prompt fills seq_len: dropped when padded
+             "{\"q\": \"\", \"a\": \"xyz\"}\n"
+             "{\"q\": \"e\", \"a\": \"f\"}\n");
+  CausalLmOptions o;
+  o.path = file;
+  o.seq_len = 5;
+  o.eval_fraction = 0.25;
+  o.sft = true;
+  o.prompt = "q";
+  o.response = "a";
+  auto padded = load_causal_lm(o, true);
+  // [1 100 101 | 102 2]: labels on 102 and eos; [1 | 123 124 125 2]: on the response and eos.
+  BOOST_REQUIRE(padded->size() == 2);
+  BOOST_TEST(padded->dropped_samples() == 1);
+  const auto [in, target] = samples(*padded, {0, 1});
+  BOOST_TEST(in == (std::vector<int32_t>{1, 100, 101, 102, 2, 1, 123, 124, 125, 2}), boost::test_tools::per_element());
+  BOOST_TEST(target == (std::vector<int32_t>{-100, -100, 102, 2, -100, 123, 124, 125, 2, -100}),
+             boost::test_tools::per_element());
+  const std::vector<int64_t> both = {0, 1};
+  BOOST_TEST(padded->loss_elements(both) == 6);
+  BOOST_TEST(padded->prompt_tokens(0) == 3);
+  BOOST_TEST(padded->prompt_tokens(1) == 1);
+  // The eval row, shorter than seq_len: padded with eos, -100 past its end.
+  auto eval = load_causal_lm(o, false);
+  const auto [ein, etarget] = samples(*eval, {0});
+  BOOST_TEST(ein == (std::vector<int32_t>{1, 104, 105, 2, 2}), boost::test_tools::per_element());
+  BOOST_TEST(etarget == (std::vector<int32_t>{-100, 105, 2, -100, -100}), boost::test_tools::per_element());
+  // Packed: 5 + 9 + 5 = 19 tokens -> 3 blocks of 5; the second lies inside the long prompt
+  // ([1 100 101 102 103]: no label): dropped; the third ends the long example and starts the next
+  // with its bos, whose prompt label is not counted.
+  o.pack = true;
+  auto packed = load_causal_lm(o, true);
+  BOOST_TEST(packed->dropped_samples() == 1);
+  BOOST_REQUIRE(packed->size() == 2);
+  const auto [pin, ptarget] = samples(*packed, {0, 1});
+  BOOST_TEST(pin == (std::vector<int32_t>{1, 100, 101, 102, 2, 104, 105, 106, 2, 1}), boost::test_tools::per_element());
+  BOOST_TEST(ptarget == (std::vector<int32_t>{-100, -100, 102, 2, -100, -100, 106, 2, -100, -100}),
+             boost::test_tools::per_element());
+  BOOST_TEST(packed->loss_elements(both) == 4);
+}
+
+BOOST_AUTO_TEST_CASE(bad_input_names_file_and_line) {
+  TempDir dir;
+  const std::string file = (dir.path / "bad.jsonl").string();
+  CausalLmOptions o;
+  o.path = file;
+  o.seq_len = 4;
+  auto message = [&](const std::string& text) {
+    write_file(file, text);
+    return error_of([&] { load_causal_lm(o, true); });
+  };
+  BOOST_TEST(message("{\"text\": \"a\"}\n\n[1]\n") == "causal_lm data " + file + ":3: not a JSON object");
+  BOOST_TEST(message("{\"txt\": \"a\"}\n") == "causal_lm data " + file + ":1: no field \"text\"");
+  BOOST_TEST(message("{\"text\": 7}\n") == "causal_lm data " + file + ":1: field \"text\" is not a string");
+  BOOST_TEST(contains(message("{\"text\": \n"), "causal_lm data " + file + ":1: not a JSON object ("));
+  BOOST_TEST(message("\n \n") == "causal_lm data " + file + ": no rows (every file is empty, blank or binary)");
+  o.eval_fraction = 0.5;
+  BOOST_TEST(message("{\"text\": \"a\"}\n{\"text\": \"b\"}\n") ==
+             "causal_lm data " + file + " (train rows): 2 tokens, fewer than seq_len 4: no block of training data");
+  BOOST_TEST(message("{\"text\": \"a\"}\n") == "causal_lm data " + file +
+                                                   ": 1 rows split with eval_fraction 0.5 leave 1 train and 0 eval "
+                                                   "rows; need at least 1 of each");
+  o.sft = true;
+  BOOST_TEST(message("{\"prompt\": \"a\"}\n") == "causal_lm data " + file + ":1: no field \"response\"");
+  const std::string text = (dir.path / "plain.txt").string();
+  write_file(text, "a\nb\n");
+  o.path = text;
+  BOOST_TEST(error_of([&] { load_causal_lm(o, true); }) ==
+             "causal_lm data " + text +
+                 ": data.sft needs JSON lines ({\"prompt\": ..., \"response\": ...} per line, in a file named *.jsonl "
+                 "or *.json)");
+  o.sft = false;
+  o.seq_len = 1;
+  BOOST_TEST(error_of([&] { load_causal_lm(o, true); }) ==
+             "causal_lm data " + text + ": seq_len must be at least 2, got 1");
+  o.seq_len = 4;
+  o.path = (dir.path / "missing").string();
+  BOOST_TEST(error_of([&] { load_causal_lm(o, true); }) == "causal_lm data " + o.path + ": not found");
+  const std::string binary = (dir.path / "bin.txt").string();
+  write_file(binary, std::string("a\0b", 3));
+  o.path = binary;
+  BOOST_TEST(error_of([&] { load_causal_lm(o, true); }) ==
+             "causal_lm data " + binary + ": a binary file (it holds a NUL byte)");
+}
+
+// Llama's ids from a SentencePiece model (spm_train's defaults: unk 0, bos 1, eos 2), checked
+// against the model's config, and decoding without T5's clean-up.
+BOOST_AUTO_TEST_CASE(llama_sentencepiece) {
+  TempDir dir;
+  // The sentencepiece suite's trainer, reached by its name.
+  const std::string model = sentencepiece::train_model(dir, "llama", "");
+  auto tok = load_sentencepiece(model, TokenStyle::llama, 1, 2);
+  BOOST_TEST(tok->bos_id() == 1);
+  BOOST_TEST(tok->eos_id() == 2);
+  BOOST_TEST(contains(tok->describe(), "pieces, bos 1, eos 2)"));
+  sentencepiece::SentencePieceProcessor sp;
+  BOOST_REQUIRE(sp.Load(model).ok());
+  const std::vector<int> ids = sp.EncodeAsIds("the cat sat , on the mat .");
+  BOOST_TEST(tok->decode(std::vector<int32_t>(ids.begin(), ids.end())) == "the cat sat , on the mat .");
+  BOOST_TEST(error_of([&] { load_sentencepiece(model, TokenStyle::llama, 1, 3); }) ==
+             "sentencepiece model " + model +
+                 ": bos id 1, eos id 2; the model's config says bos_token_id 1 and eos_token_id 3");
+  BOOST_TEST(make_byte_tokenizer(TokenStyle::llama)->describe() == "bytes (ids byte + 3, unk 0, bos 1, eos 2)");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -54,6 +54,12 @@ struct DataConfig {
   std::string eval_path;              // seq2seq: a validation file ("" = the tail of path, eval_fraction)
   TextClean clean = TextClean::none;  // wikihow: the FSDP tutorial's WikiHow clean-up
   bool loss_on_padding = false;       // labels pad (not -100) after eos: the tutorial's loss
+  // causal_lm (data/data.h's CausalLmOptions): pretraining rows are lines or the JSON field
+  // `field`; sft reads JSON lines {prompt, response} under these names, padded or packed.
+  std::string field = "text";
+  bool sft = false;
+  bool pack = false;
+  std::string prompt = "prompt", response = "response";
 };
 
 // train.eval_every: after each epoch ('epoch'), never ('never'), or every `steps` steps.

@@ -140,17 +140,31 @@ void Reader::check_rules(const Config& c) const {
     fail(blame("model.kind", "data.kind"), "model.kind " + (seq2seq ? m.kind : seq2seq_kinds) +
                                                " reads data.kind seq2seq (or synthetic); got model.kind " + m.kind +
                                                " with data.kind " + std::string(enum_name(c.data.kind)));
+  const bool causal_lm_data = c.data.kind == DataKind::causal_lm;
+  if (causal_lm_data && !lm)
+    fail(blame("model.kind", "data.kind"), "data.kind causal_lm is text for a causal LM (model.kind " +
+                                               family_names(ModelTask::causal_lm) + "); model.kind is " + m.kind);
   // With data.tokenizer the model's size is checked against the model file when it is read.
-  if (seq2seq && c.data.tokenizer.empty() && family.outputs(m.args) < 259)
+  if ((seq2seq || causal_lm_data) && c.data.tokenizer.empty() && family.outputs(m.args) < 259)
     fail("model." + family.vocab_key,
          "must be >= 259 for " + m.kind + "'s byte tokens (ids 3..258), got " + std::to_string(family.outputs(m.args)));
   if (c.data.kind == DataKind::seq2seq && c.data.path.empty())
     fail("data.path", "data.kind seq2seq needs data.path (a CSV or JSON-lines file)");
-  if (!c.data.tokenizer.empty() && !seq2seq)
-    fail("data.tokenizer",
-         "is for model.kind " + seq2seq_kinds + " (SentencePiece ids); model.kind " + m.kind + " reads bytes");
-  if (!c.data.eval_path.empty() && c.data.kind != DataKind::seq2seq)
-    fail("data.eval_path", "is for data.kind seq2seq (a validation file beside data.path)");
+  if (causal_lm_data && c.data.path.empty())
+    fail("data.path", "data.kind causal_lm needs data.path (a text or JSON-lines file, or a folder)");
+  if (!c.data.tokenizer.empty() && !seq2seq && !causal_lm_data)
+    fail(blame("data.kind", "data.tokenizer"), "is for data.kind seq2seq or causal_lm (SentencePiece ids); data.kind " +
+                                                   std::string(enum_name(c.data.kind)) + " reads bytes");
+  if (!c.data.eval_path.empty() && c.data.kind != DataKind::seq2seq && !causal_lm_data)
+    fail("data.eval_path", "is for data.kind seq2seq or causal_lm (a validation file beside data.path)");
+  for (const char* key : {"data.field", "data.sft", "data.pack", "data.prompt", "data.response"})
+    if (given(key) && !causal_lm_data)
+      fail(blame("data.kind", key), "is for data.kind causal_lm; data.kind is " + std::string(enum_name(c.data.kind)));
+  for (const char* key : {"data.pack", "data.prompt", "data.response"})
+    if (given(key) && !c.data.sft) fail(blame("data.sft", key), "is for data.sft: true (prompt/response pairs)");
+  if (given("data.field") && c.data.sft)
+    fail(blame("data.sft", "data.field"),
+         "is for pretraining rows; with data.sft the rows are data.prompt and data.response");
   if (!c.data.eval_path.empty() && given("data.eval_fraction"))
     fail(blame("data.eval_path", "data.eval_fraction"),
          "data.eval_path and data.eval_fraction both given: the validation rows come from one of them");

@@ -112,7 +112,8 @@ std::vector<Field> schema(Config& c) {
       {"data.kind", choice(&d.kind, kDataKinds), unbounded(),
        "The data: `fashion_mnist` Fashion-MNIST images (mnist_cnn), `text` byte tokens from a file or folder "
        "(transformer), `synthetic` generated samples of the model's shape (images, tokens or t5's pairs), `seq2seq` "
-       "source and target texts from a file (t5)"},
+       "source and target texts from a file (t5), `causal_lm` text or prompt/response pairs from a file or folder, "
+       "tokenized and packed as transformers' run_clm.py does (llama, transformer)"},
       {"data.source", &d.source, unbounded(),
        "seq2seq: the CSV column or JSON-lines field that holds the source (input) text"},
       {"data.target", &d.target, unbounded(), "seq2seq: the CSV column or JSON-lines field that holds the target text"},
@@ -125,12 +126,16 @@ std::vector<Field> schema(Config& c) {
       {"data.path", &d.path, unbounded(),
        "fashion_mnist: the folder of IDX files (empty: Debian's dataset-fashion-mnist); text: a file, or a folder "
        "whose files are concatenated (empty: Debian's fortunes); seq2seq: the CSV (a name ending in .csv) or "
-       "JSON-lines file, required"},
+       "JSON-lines file, required; causal_lm: a file or folder, required (files named *.jsonl or *.json hold JSON "
+       "lines, others plain text whose lines are the rows)"},
       {"data.tokenizer", &d.tokenizer, unbounded(),
        "t5: a SentencePiece model file (an HF T5 folder's spiece.model, as T5Tokenizer reads it; pad 0, eos 1); "
-       "empty: byte tokens with ByT5's ids (byte + 3, pad 0, eos 1)"},
+       "empty: byte tokens with ByT5's ids (byte + 3, pad 0, eos 1). causal_lm: a SentencePiece model file (a "
+       "Llama folder's tokenizer.model; its bos and eos must be model.bos_token_id and model.eos_token_id); empty: "
+       "byte tokens (byte + 3, unk 0, bos 1, eos 2)"},
       {"data.eval_path", &d.eval_path, unbounded(),
-       "seq2seq: a validation file in data.path's format; empty: the last data.eval_fraction of data.path's rows"},
+       "seq2seq, causal_lm: a validation file (or folder) in data.path's format; empty: the last "
+       "data.eval_fraction of data.path's rows"},
       {"data.clean", choice(&d.clean, kTextCleans), unbounded(),
        "seq2seq: the clean-up before tokenizing: `none`, or `wikihow` the PyTorch FSDP tutorial's WikiHow "
        "preparation"},
@@ -138,8 +143,18 @@ std::vector<Field> schema(Config& c) {
        "t5: the labels after eos are pad, which the loss counts (the PyTorch FSDP tutorial's loss); false: -100, "
        "ignored (HF's CrossEntropyLoss ignore_index)"},
       {"data.eval_fraction", &d.eval_fraction, open_open(0, 1),
-       "text, and seq2seq without data.eval_path: the fraction of the samples (text) or rows (seq2seq) at the end "
-       "that evaluate instead of training"},
+       "text, and seq2seq or causal_lm without data.eval_path: the fraction of the samples (text) or rows (seq2seq, "
+       "causal_lm) at the end that evaluate instead of training"},
+      {"data.field", &d.field, unbounded(),
+       "causal_lm pretraining: the JSON-lines field that holds a document's text (run_clm.py's text column)"},
+      {"data.sft", &d.sft, unbounded(),
+       "causal_lm: supervised fine-tuning on JSON lines {prompt, response}: [bos] + prompt + response + [eos], "
+       "labels -100 on bos and the prompt; false: pretraining (every token a label, rows packed into blocks)"},
+      {"data.prompt", &d.prompt, unbounded(), "causal_lm with data.sft: the JSON-lines field of the prompt"},
+      {"data.response", &d.response, unbounded(), "causal_lm with data.sft: the JSON-lines field of the response"},
+      {"data.pack", &d.pack, unbounded(),
+       "causal_lm with data.sft: concatenate the examples and cut them into full blocks of the model's seq_len "
+       "(TRL's packing); false: one example per sample, truncated or padded to seq_len"},
       {"data.synthetic_samples", &d.synthetic_samples, at_least(1),
        "synthetic: training samples; the evaluation set is a quarter of that (at least 1)"},
       {"train.batch_size", &t.batch_size, at_least(1),

@@ -31,6 +31,14 @@ class Dataset {
   virtual int64_t loss_elements(std::span<const int64_t> indices) const {
     return static_cast<int64_t>(indices.size()) * shape_numel(target_shape());
   }
+  // The tokenizer that made the ids (generation decodes with it); nullptr: images, or raw bytes.
+  virtual const Tokenizer* tokenizer() const { return nullptr; }
+  // How many of sample i's first input tokens are its prompt (supervised fine-tuning: bos and the
+  // prompt, which generation continues); 0: none (generation.prompt_len cuts one).
+  virtual int64_t prompt_tokens(int64_t /*i*/) const { return 0; }
+  // What the run's banner says about the samples beyond their count ("" nothing): causal_lm's
+  // tokens read and samples dropped.
+  virtual std::string summary() const { return ""; }
 
  protected:
   // fill()'s argument checks (data/dataset.cpp): a bad index or a mis-allocated batch tensor is a
@@ -81,14 +89,48 @@ struct Seq2SeqOptions {
   uint64_t seed = 1;
   std::shared_ptr<const Tokenizer> tokenizer;  // null: bytes (make_byte_tokenizer)
 };
-// What generation and ROUGE read besides the ids: sample i's texts and the tokenizer.
+// What generation and ROUGE read besides the ids: sample i's texts (and tokenizer(), never null).
 class Seq2SeqDataset : public Dataset {
  public:
   virtual const std::string& source_text(int64_t i) const = 0;
   virtual const std::string& target_text(int64_t i) const = 0;
-  virtual const Tokenizer& tokenizer() const = 0;
 };
 std::unique_ptr<Seq2SeqDataset> load_seq2seq(const Seq2SeqOptions& options, bool train);
+
+// Causal-LM text (data.kind causal_lm) for a decoder-only model, as transformers' examples
+// prepare it. `path` is a file or a folder (data/files.h); a file whose name ends in .jsonl or
+// .json (any case) holds JSON lines, any other plain text whose rows are its lines, each with
+// its line break (datasets' text loader with keep_linebreaks, run_clm.py's default). Binary files
+// (a NUL byte) in a folder are skipped. Tokens from the tokenizer (bytes, ids byte + 3, by default).
+//   pretraining (sft false): row = a line, or the JSON field `field`; each row is tokenized as
+//     [bos] + ids, the rows are concatenated and cut into blocks of seq_len, the remainder dropped
+//     (run_clm.py's group_texts). Sample = block: inputs the block, targets the block shifted by
+//     one with -100 last (HF's labels = input_ids, shifted inside the model: seq_len - 1 counted).
+//   supervised fine-tuning (sft true, JSON lines {prompt, response}, field names `prompt` and
+//     `response`): [bos] + prompt + response + [eos], the prompt and response encoded apart,
+//     labels -100 on bos and the prompt. pack false: one example per sample, truncated to
+//     seq_len, padded (eos) with -100 labels; pack true: the examples concatenated and cut into
+//     blocks of seq_len as in pretraining. Targets are the labels shifted by one, -100 last.
+//     A sample left with no counted label (a prompt that fills seq_len) is dropped: its loss
+//     would divide by zero (dropped_samples() counts them).
+// The split: eval_path's rows, all of them, evaluate when given; else the last
+// floor(rows * eval_fraction) rows of `path` (file order). A bad row: Error naming the file and line.
+struct CausalLmOptions {
+  std::string path;
+  std::string eval_path;
+  double eval_fraction = 0.05;
+  int64_t seq_len = 128;
+  bool sft = false;
+  bool pack = false;  // sft: concatenate examples into full blocks instead of padding each
+  std::string field = "text", prompt = "prompt", response = "response";
+  std::shared_ptr<const Tokenizer> tokenizer;  // null: bytes (make_byte_tokenizer(TokenStyle::llama))
+};
+class CausalLmDataset : public Dataset {
+ public:
+  virtual int64_t dropped_samples() const = 0;  // sft: samples with no counted label, dropped
+  virtual int64_t tokens() const = 0;           // tokens of the rows read, bos/eos included
+};
+std::unique_ptr<CausalLmDataset> load_causal_lm(const CausalLmOptions& options, bool train);
 
 // Deterministic synthetic data for tests: images (classes, C, H, W) or tokens (vocab, L).
 // Sample i depends only on (seed, i). Images: class = i % classes, pixels N(0,1) plus a class

@@ -4,11 +4,12 @@
 
 namespace fsdp {
 
-enum class DataKind { fashion_mnist, text, synthetic, seq2seq };
-inline constexpr NameTable<DataKind, 4> kDataKinds{{{DataKind::fashion_mnist, "fashion_mnist"},
+enum class DataKind { fashion_mnist, text, synthetic, seq2seq, causal_lm };
+inline constexpr NameTable<DataKind, 5> kDataKinds{{{DataKind::fashion_mnist, "fashion_mnist"},
                                                     {DataKind::text, "text"},
                                                     {DataKind::synthetic, "synthetic"},
-                                                    {DataKind::seq2seq, "seq2seq"}}};
+                                                    {DataKind::seq2seq, "seq2seq"},
+                                                    {DataKind::causal_lm, "causal_lm"}}};
 
 // data.clean: the text clean-up before tokenizing (seq2seq data; data/clean.h says what wikihow does).
 enum class TextClean { none, wikihow };

@@ -1,13 +1,15 @@
-// SentencePiece tokens (the spiece.model of HF T5 folders, or spm_train's output) through
-// Debian's libsentencepiece, with T5's ids: pad 0, eos 1 (checked at load), unk 2 by convention.
-// Encoding is the library's (Python's sentencepiece gives the same ids, tests/reference checks
-// it). Decoding follows HF T5Tokenizer.decode(ids, skip_special_tokens=True), transformers 4.36,
-// so that generated summaries read as they would there:
+// SentencePiece tokens (the spiece.model of HF T5 folders, Llama's tokenizer.model, or
+// spm_train's output) through Debian's libsentencepiece, with the family's ids checked at load:
+// T5's pad 0, eos 1 (unk 2 by convention); Llama's bos and eos as its config.json says (unk 0,
+// bos 1, eos 2 in every Llama model). Encoding is the library's (Python's sentencepiece gives the
+// same ids, tests/reference checks it). Decoding follows HF's decode(ids,
+// skip_special_tokens=True), transformers 4.36, so that generated text reads as it would there:
 //   1. stop at the first eos (generation pads after it; HF would skip eos and go on);
 //   2. drop pad, eos, unk and every other control id, and ids outside the model (HF's sentinels
 //      <extra_id_N> sit there, special tokens too; a model's spare logits have no piece);
-//   3. the library's decode of the rest, leading and trailing whitespace stripped;
-//   4. HF's clean_up_tokenization: " ." -> "." and the like (T5Tokenizer has it on by default).
+//   3. the library's decode of the rest; T5Tokenizer then strips leading and trailing whitespace
+//      and applies clean_up_tokenization (" ." -> "." and the like, on by default there);
+//      LlamaTokenizer does neither (its clean_up_tokenization_spaces is off).
 #include <sentencepiece_processor.h>
 
 #include <fstream>
@@ -36,7 +38,10 @@ std::string id_text(int id) { return id < 0 ? "none" : std::to_string(id); }
 
 class SentencePieceTokenizer final : public Tokenizer {
  public:
-  explicit SentencePieceTokenizer(const std::string& path) : path_(path) {
+  SentencePieceTokenizer(const std::string& path, TokenStyle style, int32_t bos, int32_t eos)
+      : Tokenizer(style == TokenStyle::t5 ? special_ids(style) : SpecialIds{eos, eos, bos}),
+        path_(path),
+        style_(style) {
     // Read here rather than by the library's Load(path): a missing file gets one plain line, and
     // the bytes are what the library checks either way.
     std::ifstream in(path, std::ios::binary);
@@ -47,7 +52,11 @@ class SentencePieceTokenizer final : public Tokenizer {
     const sentencepiece::util::Status status = processor_.LoadFromSerializedProto(bytes);
     if (!status.ok())
       throw Error("sentencepiece model " + path + ": not a SentencePiece model (" + status.ToString() + ")");
-    if (processor_.pad_id() != pad_id() || processor_.eos_id() != eos_id())
+    if (style == TokenStyle::llama && (processor_.bos_id() != bos || processor_.eos_id() != eos))
+      throw Error("sentencepiece model " + path + ": bos id " + id_text(processor_.bos_id()) + ", eos id " +
+                  id_text(processor_.eos_id()) + "; the model's config says bos_token_id " + std::to_string(bos) +
+                  " and eos_token_id " + std::to_string(eos));
+    if (style == TokenStyle::t5 && (processor_.pad_id() != pad_id() || processor_.eos_id() != eos_id()))
       throw Error("sentencepiece model " + path + ": pad id " + id_text(processor_.pad_id()) + ", eos id " +
                   id_text(processor_.eos_id()) + ", unk id " + id_text(processor_.unk_id()) + ", bos id " +
                   id_text(processor_.bos_id()) +
@@ -72,24 +81,27 @@ class SentencePieceTokenizer final : public Tokenizer {
     std::string text;
     const sentencepiece::util::Status status = processor_.Decode(kept, &text);
     if (!status.ok()) throw Error("sentencepiece model " + path_ + ": cannot decode (" + status.ToString() + ")");
-    return clean_up_tokenization(strip_space(text));
+    return style_ == TokenStyle::t5 ? clean_up_tokenization(strip_space(text)) : text;
   }
 
   int64_t vocab_size() const override { return pieces_; }
   std::string describe() const override {
-    return "sentencepiece " + path_ + " (" + std::to_string(pieces_) + " pieces, pad 0, eos 1)";
+    return "sentencepiece " + path_ + " (" + std::to_string(pieces_) + " pieces, " +
+           (style_ == TokenStyle::t5 ? "pad 0, eos 1)"
+                                     : "bos " + std::to_string(bos_id()) + ", eos " + std::to_string(eos_id()) + ")");
   }
 
  private:
   std::string path_;
+  TokenStyle style_;
   sentencepiece::SentencePieceProcessor processor_;  // owns the model; freed with this object
   int pieces_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& path) {
-  return std::make_unique<SentencePieceTokenizer>(path);
+std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& path, TokenStyle style, int32_t bos, int32_t eos) {
+  return std::make_unique<SentencePieceTokenizer>(path, style, bos, eos);
 }
 
 }  // namespace fsdp

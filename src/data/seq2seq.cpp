@@ -159,7 +159,7 @@ class Seq2Seq final : public Seq2SeqDataset {
   }
   const std::string& source_text(int64_t i) const override { return pairs_.at(static_cast<size_t>(i)).source; }
   const std::string& target_text(int64_t i) const override { return pairs_.at(static_cast<size_t>(i)).target; }
-  const Tokenizer& tokenizer() const override { return *tok_; }
+  const Tokenizer* tokenizer() const override { return tok_.get(); }
 
  private:
   std::vector<Pair> pairs_;

@@ -1,6 +1,6 @@
-// Byte-level text corpus: every regular file under a path, concatenated in path order. Symlinks
-// are skipped so a file is never read twice (Debian's fortunes has foo.u8 -> foo), and files with
-// a NUL byte are skipped because they are binary (the strfile .dat indexes next to the text).
+// Byte-level text corpus: every regular file under a path (data/files.h), concatenated in path
+// order. Files with a NUL byte are skipped because they are binary (the strfile .dat indexes next
+// to the text).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "data/data.h"
+#include "data/files.h"
 #include "tensor/error.h"
 
 namespace fsdp {
@@ -29,30 +30,9 @@ std::string fraction_str(double value) {
   return text;
 }
 
-std::vector<fs::path> corpus_files(const std::string& path) {
-  std::error_code error;
-  fs::file_status status = fs::status(path, error);
-  if (!fs::exists(status)) {
-    std::string hint = path == kTextCorpusDir ? " (install the Debian package fortunes)" : "";
-    fail(path, "not found" + hint);
-  }
-  if (fs::is_regular_file(status)) return {fs::path(path)};
-  if (!fs::is_directory(status)) fail(path, "is neither a regular file nor a folder");
-
-  std::vector<fs::path> files;
-  fs::recursive_directory_iterator it(path, error), end;
-  for (; !error && it != end; it.increment(error)) {
-    if (it->is_symlink() || !it->is_regular_file()) continue;
-    files.push_back(it->path());
-  }
-  if (error) fail(path, "cannot list: " + error.message());
-  std::sort(files.begin(), files.end());
-  return files;
-}
-
 std::vector<uint8_t> read_corpus(const std::string& path) {
   std::vector<uint8_t> corpus;
-  for (const fs::path& file : corpus_files(path)) {
+  for (const fs::path& file : corpus_files(path, "text corpus")) {
     std::ifstream in(file, std::ios::binary);
     if (!in.is_open()) fail(path, "cannot open " + file.string());
     std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

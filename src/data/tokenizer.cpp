@@ -1,4 +1,4 @@
-// The byte tokenizer (ByT5's ids). SentencePiece is in data/sentencepiece.cpp.
+// The byte tokenizer. SentencePiece is in data/sentencepiece.cpp.
 #include "data/tokenizer.h"
 
 namespace fsdp {
@@ -9,6 +9,7 @@ constexpr int32_t kByteOffset = 3;
 
 class ByteTokenizer final : public Tokenizer {
  public:
+  explicit ByteTokenizer(TokenStyle style) : Tokenizer(special_ids(style)), style_(style) {}
   std::vector<int32_t> encode(std::string_view text) const override {
     std::vector<int32_t> ids(text.size());
     for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<int32_t>(static_cast<uint8_t>(text[i])) + kByteOffset;
@@ -23,15 +24,25 @@ class ByteTokenizer final : public Tokenizer {
     return text;
   }
   int64_t vocab_size() const override { return 256 + kByteOffset; }
-  std::string describe() const override { return "bytes (ByT5 ids: byte + 3, pad 0, eos 1)"; }
+  std::string describe() const override {
+    return style_ == TokenStyle::t5 ? "bytes (ByT5 ids: byte + 3, pad 0, eos 1)"
+                                    : "bytes (ids byte + 3, unk 0, bos 1, eos 2)";
+  }
+
+ private:
+  TokenStyle style_;
 };
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
+SpecialIds special_ids(TokenStyle style) {
+  return style == TokenStyle::t5 ? SpecialIds{0, 1, -1} : SpecialIds{2, 2, 1};
+}
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
-  return path.empty() ? make_byte_tokenizer() : load_sentencepiece(path);
+std::unique_ptr<Tokenizer> make_byte_tokenizer(TokenStyle style) { return std::make_unique<ByteTokenizer>(style); }
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, TokenStyle style, int32_t bos, int32_t eos) {
+  return path.empty() ? make_byte_tokenizer(style) : load_sentencepiece(path, style, bos, eos);
 }
 
 }  // namespace fsdp

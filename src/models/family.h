@@ -92,6 +92,8 @@ struct ModelFamily {
   // The keys whose values size the data: vocab_key the token ids (causal_lm, seq2seq), seq_len_key
   // a causal LM's tokens per sample (the data's, not the model's, for families without one).
   std::string vocab_key, seq_len_key;
+  // causal_lm: the keys of the bos and eos ids the data's tokenizer must use ("" none: 1 and 2).
+  std::string bos_key, eos_key;
   int64_t classes = 0;  // image_classification: outputs
   // Its Model implements generate() (`fsdp_app --generate`, the generate.* keys): t5 and llama.
   bool generates = false;

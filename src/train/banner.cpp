@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <string>
 
+#include "data/data.h"
+#include "data/tokenizer.h"
 #include "train/trainer_state.h"
 
 namespace fsdp {
@@ -26,6 +28,10 @@ void Trainer::print_banner() const {
         c.comm.backend.c_str(), engine.units().size(), std::string(enum_name(c.data.kind)).c_str(),
         static_cast<long long>(s.data.train->size()), static_cast<long long>(s.data.eval->size()),
         static_cast<long long>(s.total_steps), static_cast<long long>(s.steps_per_epoch));
+  if (leader && !s.data.train->summary().empty())
+    std::printf("fsdp_app: %s data, %s: train %s; eval %s\n", std::string(enum_name(c.data.kind)).c_str(),
+                s.data.train->tokenizer() ? s.data.train->tokenizer()->describe().c_str() : "bytes",
+                s.data.train->summary().c_str(), s.data.eval->summary().c_str());
   // A GEMM precision other than f32 changes every number of the run: say so where the run starts.
   if (leader && c.train.matmul_precision != MatmulPrecision::highest)
     std::printf("fsdp_app: train.matmul_precision %s: GEMM operands rounded to %s, f32 accumulation\n",

@@ -36,12 +36,41 @@ Datasets load_pairs(const Config& c) {
   return {load_seq2seq(o, true), load_seq2seq(o, false)};
 }
 
+// Causal-LM text for a decoder-only family, with its bos and eos.
+Datasets load_causal_lm_text(const Config& c) {
+  const DataConfig& d = c.data;
+  const ModelFamily& family = c.model.family();
+  const int64_t bos = family.bos_key.empty() ? 1 : c.model.args.i64(family.bos_key);
+  const int64_t eos = family.eos_key.empty() ? 2 : c.model.args.i64(family.eos_key);
+  if (d.tokenizer.empty() && (bos != 1 || eos != 2))
+    throw Error("data.kind causal_lm with byte tokens uses bos 1 and eos 2; model." + family.bos_key + " is " +
+                std::to_string(bos) + " and model." + family.eos_key + " " + std::to_string(eos) +
+                " (give data.tokenizer, or set them to 1 and 2)");
+  CausalLmOptions o;
+  o.path = d.path;
+  o.eval_path = d.eval_path;
+  o.eval_fraction = d.eval_fraction;
+  o.seq_len = c.model.args.i64(family.seq_len_key);
+  o.sft = d.sft;
+  o.pack = d.pack;
+  o.field = d.field;
+  o.prompt = d.prompt;
+  o.response = d.response;
+  o.tokenizer = load_tokenizer(d.tokenizer, TokenStyle::llama, static_cast<int32_t>(bos), static_cast<int32_t>(eos));
+  const int64_t vocab = family.outputs(c.model.args);
+  if (o.tokenizer->vocab_size() > vocab)
+    throw Error("data.tokenizer " + d.tokenizer + " has " + std::to_string(o.tokenizer->vocab_size()) +
+                " pieces, more than model." + family.vocab_key + " " + std::to_string(vocab));
+  return {load_causal_lm(o, true), load_causal_lm(o, false)};
+}
+
 // What the model's family reads (ModelTask): images, token sequences or pairs.
 Datasets load_data(const Config& c) {
   const DataConfig& d = c.data;
   const ModelFamily& family = c.model.family();
   if (family.task == ModelTask::seq2seq) return load_pairs(c);
   const bool lm = family.task == ModelTask::causal_lm;
+  if (d.kind == DataKind::causal_lm) return load_causal_lm_text(c);
   if (d.kind == DataKind::fashion_mnist) {
     if (lm)
       throw Error("data.kind fashion_mnist gives images; model.kind " + c.model.kind +

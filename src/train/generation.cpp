@@ -7,6 +7,7 @@
 #include <span>
 
 #include "data/data.h"
+#include "data/tokenizer.h"
 #include "fsdp/fsdp.h"
 #include "models/model.h"
 #include "train/batches.h"
@@ -39,16 +40,26 @@ std::vector<std::vector<int32_t>> decode_slice(Model& model, FsdpEngine& engine,
   ctx.runtime = &engine.runtime();
   BatchBuffers host, dev;
   ProgressBar bar(o.progress, "generate", mine);
-  for (int64_t start = 0; start < mine; start += o.batch_size) {
-    std::vector<int64_t> idx(static_cast<size_t>(std::min(o.batch_size, mine - start)));
+  for (int64_t start = 0; start < mine;) {
+    // Samples with prompts of their own (fine-tuning data) decode in runs of one prompt length:
+    // a batch's prompts are one (B, P) tensor, and padding them would change what a causal model
+    // attends to.
+    const int64_t prompt_len = data.prompt_tokens(first + start) > 0 ? data.prompt_tokens(first + start) : o.prompt_len;
+    int64_t n = 1;
+    while (n < o.batch_size && start + n < mine &&
+           (data.prompt_tokens(first + start + n) > 0 ? data.prompt_tokens(first + start + n) == prompt_len
+                                                      : prompt_len == o.prompt_len))
+      ++n;
+    std::vector<int64_t> idx(static_cast<size_t>(n));
     std::iota(idx.begin(), idx.end(), first + start);
     load_batch(data, idx, host, &mem);
-    if (o.prompt_len > 0) cut_prompts(host, o.prompt_len, mem);
+    if (prompt_len > 0) cut_prompts(host, prompt_len, mem);
     const BatchBuffers& in = upload_batch(engine.runtime(), host, dev);
     GenerateOptions search = o.search;
     search.first_sample = first + start;  // sampling's draws are keyed by the sample, not the rank
     for (auto& ids : model.generate(ctx, in.inputs, search)) out.push_back(std::move(ids));
-    bar.update(start + static_cast<int64_t>(idx.size()));
+    start += n;
+    bar.update(start);
   }
   engine.reshard_all();
   return out;
@@ -87,7 +98,7 @@ RougeResult rouge_of_samples(Model& model, FsdpEngine& engine, const Seq2SeqData
   const int64_t first = Sampler::rank_slice(count, o.rank, o.world_size).first;
   double sums[3] = {0.0, 0.0, 0.0};
   for (size_t i = 0; i < mine.size(); ++i) {
-    const RougeScores s = rouge(data.target_text(first + static_cast<int64_t>(i)), data.tokenizer().decode(mine[i]));
+    const RougeScores s = rouge(data.target_text(first + static_cast<int64_t>(i)), data.tokenizer()->decode(mine[i]));
     sums[0] += s.rouge1;
     sums[1] += s.rouge2;
     sums[2] += s.rougeL;
@@ -106,7 +117,7 @@ std::string generation_json(int64_t index, const Seq2SeqDataset& data, const std
   j["index"] = index;
   j["source"] = data.source_text(index);
   j["reference"] = data.target_text(index);
-  j["generated"] = data.tokenizer().decode(ids);
+  j["generated"] = data.tokenizer()->decode(ids);
   j["generated_ids"] = ids;
   // Invalid UTF-8 (a byte model can generate any bytes) becomes U+FFFD instead of an exception.
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -118,12 +129,20 @@ std::string lm_generation_json(int64_t index, const Dataset& data, int64_t promp
   const int64_t at[1] = {index};
   load_batch(data, at, sample, nullptr);
   const int64_t T = sample.inputs.dim(1);
-  // The continuation after the prompt: inputs [P, T) and the last target (the token after T - 1).
+  if (data.prompt_tokens(index) > 0) prompt_len = data.prompt_tokens(index);
+  // The continuation after the prompt: the targets from the prompt's last position (the token
+  // after it) to the first ignored one (a block's last position, padding) or the end.
   std::vector<int32_t> prompt(sample.inputs.i32(), sample.inputs.i32() + prompt_len);
-  std::vector<int32_t> reference(sample.targets.i32() + prompt_len - 1, sample.targets.i32() + T);
+  std::vector<int32_t> reference;
+  for (int64_t t = prompt_len - 1; t < T && sample.targets.i32()[t] >= 0; ++t)
+    reference.push_back(sample.targets.i32()[t]);
   nlohmann::ordered_json j;
   j["index"] = index;
-  if (bytes) {
+  if (const Tokenizer* tok = data.tokenizer()) {
+    j["prompt"] = tok->decode(prompt);
+    j["reference"] = tok->decode(reference);
+    j["generated"] = tok->decode(ids);
+  } else if (bytes) {
     auto text = [](const std::vector<int32_t>& v) {
       std::string t;
       for (const int32_t id : v) t += id >= 0 && id < 256 ? std::string(1, static_cast<char>(id)) : "\xEF\xBF\xBD";

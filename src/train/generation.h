@@ -21,7 +21,8 @@ class Seq2SeqDataset;
 struct GenerationOptions {
   GenerateOptions search;
   int64_t batch_size = 16;  // samples per rank per decoding batch
-  int64_t prompt_len = 0;   // > 0: a sample's first prompt_len input tokens are its prompt (causal LMs)
+  int64_t prompt_len = 0;   // > 0: a sample's first prompt_len input tokens are its prompt (causal LMs),
+                            // unless the data gives the sample its own (Dataset::prompt_tokens)
   int rank = 0, world_size = 1;
   bool progress = false;  // a bar on this rank's terminal
 };
@@ -44,9 +45,10 @@ RougeResult rouge_of_samples(Model& model, FsdpEngine& engine, const Seq2SeqData
 // One JSON line of `fsdp_app --generate`: {"index":..., "source":..., "reference":...,
 // "generated":..., "generated_ids":[...]} (texts JSON-escaped).
 std::string generation_json(int64_t index, const Seq2SeqDataset& data, const std::vector<int32_t>& ids);
-// A causal LM's line: {"index", "prompt_ids", "reference_ids" (the sample's tokens after the
-// prompt), "generated_ids"}, and with byte tokens (bytes true) "prompt", "reference" and
-// "generated" as text (invalid UTF-8 as U+FFFD).
+// A causal LM's line: {"index", "prompt_ids", "reference_ids" (the sample's labelled tokens after
+// the prompt), "generated_ids"}, and "prompt", "reference" and "generated" as text: decoded by
+// the data's tokenizer (causal_lm data), or with raw byte tokens (bytes true) as bytes (invalid
+// UTF-8 as U+FFFD). A sample with a prompt of its own (fine-tuning data) uses that prompt.
 std::string lm_generation_json(int64_t index, const Dataset& data, int64_t prompt_len, bool bytes,
                                const std::vector<int32_t>& ids);
 

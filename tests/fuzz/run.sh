@@ -25,7 +25,7 @@ build="${1:-build-fuzz}"
 seconds="${2:-60}"
 shift $(( $# < 2 ? $# : 2 ))
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(config idx text seq2seq csv ckpt_raw ckpt_struct safetensors)
+[ ${#targets[@]} -eq 0 ] && targets=(config idx text seq2seq csv ckpt_raw ckpt_struct safetensors causal_lm)
 case "$build" in /*) ;; *) build="$root/$build" ;; esac
 
 # Per target libFuzzer options. The checkpoint targets run MPI_Init (one rank), whose Open MPI /

@@ -97,7 +97,8 @@ std::vector<ArgSpec> llama_args() {
        {},
        false,
        "",
-       "tokens per training sample (positions 0..seq_len-1); a text sample is this many bytes"},
+       "tokens per training sample (positions 0..seq_len-1); a text sample is this many bytes, a causal_lm block this "
+       "many tokens"},
   };
 }
 
@@ -232,6 +233,8 @@ ModelFamily llama_family() {
   f.presets = llama_presets();
   f.vocab_key = "vocab_size";
   f.seq_len_key = "seq_len";
+  f.bos_key = "bos_token_id";
+  f.eos_key = "eos_token_id";
   f.hf_model_type = "llama";
   f.make = [](const ModelArgs& a) { return make_llama(llama_config(a)); };
   f.hf_extra_json = hf_extra_json;

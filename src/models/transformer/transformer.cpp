@@ -10,7 +10,8 @@ class Transformer : public Model {
  public:
   Transformer(int64_t vocab, int64_t d_model, int64_t n_layers, int64_t n_heads, int64_t d_ff, int64_t seq_len,
               AttentionMode attention)
-      : Model("Transformer", std::make_unique<CrossEntropyLoss>()) {
+      // -100: the labels causal_lm data leaves out (a block's last position, prompts), as for Llama.
+      : Model("Transformer", std::make_unique<CrossEntropyLoss>(-100)) {
     add_layer<Embeddings>(vocab, seq_len, d_model).need_input_grad = false;
     for (int64_t i = 0; i < n_layers; ++i)
       add_layer<TransformerBlock>("blocks." + std::to_string(i), d_model, n_heads, d_ff, attention);
