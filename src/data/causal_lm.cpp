@@ -126,7 +126,7 @@ class CausalLm final : public CausalLmDataset {
     std::vector<int64_t> starts;  // each row's first token, then the end
     for (const Row& row : rows) {
       starts.push_back(static_cast<int64_t>(ids_.size()));
-      if (bos >= 0) push(bos, o.sft ? false : true);
+      if (bos >= 0) push(bos, !o.sft);  // a label in pretraining (predicted from the row before), not in a prompt
       if (o.sft) {
         for (int32_t id : t.encode(row.prompt)) push(id, false);
         for (int32_t id : t.encode(row.text)) push(id, true);
@@ -165,7 +165,8 @@ class CausalLm final : public CausalLmDataset {
   int64_t tokens() const override { return static_cast<int64_t>(ids_.size()); }
   std::string summary() const override {
     std::string text = std::to_string(tokens()) + " tokens";
-    if (dropped_ > 0) text += ", " + std::to_string(dropped_) + " samples dropped (no label: a prompt as long as seq_len)";
+    if (dropped_ > 0)
+      text += ", " + std::to_string(dropped_) + " samples dropped (no label: a prompt as long as seq_len)";
     return text;
   }
 
