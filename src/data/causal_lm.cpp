@@ -9,12 +9,12 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "data/data.h"
 #include "data/files.h"
+#include "data/jsonl.h"
 #include "tensor/error.h"
 
 namespace fsdp {
@@ -28,10 +28,6 @@ struct Row {
   std::string prompt, text;
 };
 
-Error bad_row(const std::string& file, int64_t line, const std::string& what) {
-  return Error("causal_lm data " + file + ":" + std::to_string(line) + ": " + what);
-}
-
 bool is_jsonl(const std::string& file) {
   auto ends = [&](const char* suffix) {
     const size_t n = std::char_traits<char>::length(suffix);
@@ -41,31 +37,12 @@ bool is_jsonl(const std::string& file) {
 }
 
 void read_jsonl(const std::string& text, const std::string& file, const CausalLmOptions& o, std::vector<Row>& rows) {
-  size_t start = 0;
-  for (int64_t number = 1; start < text.size(); ++number) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    const std::string_view line(text.data() + start, end - start);
-    start = end + 1;
-    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank lines separate nothing
-    nlohmann::json row;
-    try {
-      row = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number like 1e999
-      throw bad_row(file, number, std::string("not a JSON object (") + e.what() + ")");
-    }
-    if (!row.is_object()) throw bad_row(file, number, "not a JSON object");
-    auto field = [&](const std::string& key) {
-      const auto it = row.find(key);
-      if (it == row.end()) throw bad_row(file, number, "no field \"" + key + "\"");
-      if (!it->is_string()) throw bad_row(file, number, "field \"" + key + "\" is not a string");
-      return it->get<std::string>();
-    };
+  read_json_lines(text, "causal_lm data", file, [&](const JsonRow& row) {
     if (o.sft)
-      rows.push_back({field(o.prompt), field(o.response)});
+      rows.push_back({row.string(o.prompt), row.string(o.response)});
     else
-      rows.push_back({"", field(o.field)});
-  }
+      rows.push_back({"", row.string(o.field)});
+  });
 }
 
 // Plain text: a row per line, its "\n" kept (the last line's only if the file ends with one).

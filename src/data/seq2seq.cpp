@@ -11,13 +11,14 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <nlohmann/json.hpp>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "data/clean.h"
 #include "data/csv.h"
 #include "data/data.h"
+#include "data/jsonl.h"
 #include "tensor/error.h"
 
 namespace fsdp {
@@ -30,34 +31,18 @@ struct Pair {
   std::string source, target;
 };
 
-// "seq2seq data FILE:LINE: what", the one form of a bad row's message.
 Error bad_row(const std::string& path, int64_t line, const std::string& what) {
-  return Error("seq2seq data " + path + ":" + std::to_string(line) + ": " + what);
+  return fsdp::bad_row("seq2seq data", path, line, what);
 }
 
 // A file's rows as (source, target), or an Error naming the file, the line and the problem.
 std::vector<Pair> read_jsonl(std::istream& in, const std::string& path, const Seq2SeqOptions& o) {
-  std::vector<Pair> pairs;
-  std::string line;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines separate nothing
-    auto bad = [&](const std::string& what) { return bad_row(path, number, what); };
-    nlohmann::json row;
-    try {
-      row = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number like 1e999
-      throw bad(std::string("not a JSON object (") + e.what() + ")");
-    }
-    if (!row.is_object()) throw bad("not a JSON object");
-    auto field = [&](const std::string& key) {
-      const auto it = row.find(key);
-      if (it == row.end()) throw bad("no field \"" + key + "\"");
-      if (!it->is_string()) throw bad("field \"" + key + "\" is not a string");
-      return it->get<std::string>();
-    };
-    pairs.push_back({field(o.source), field(o.target)});
-  }
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) throw Error("seq2seq data " + path + ": cannot read");
+  std::vector<Pair> pairs;
+  read_json_lines(text, "seq2seq data", path, [&](const JsonRow& row) {
+    pairs.push_back({row.string(o.source), row.string(o.target)});
+  });
   return pairs;
 }
 
