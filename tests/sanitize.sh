@@ -7,7 +7,8 @@
 # (the libFuzzer targets too, for .ci/run's fuzz stage), compiles it,
 # runs `meson test` with the sanitizer environment below, and ends like tests/run.sh with one
 # line "N passed, N failed" (", N skipped" when any were; tests/summary.py).
-# Usage: bash tests/sanitize.sh [BUILD_DIR] [extra meson test args]
+# Usage: bash tests/sanitize.sh [BUILD_DIR] [extra meson test args]; SANITIZE_BUILD_ONLY=1 only
+# configures and compiles.
 # Without extra arguments it runs every suite but e2e, mpi_more and cli (unit, app, mpi, fuzz
 # replays: every Boost.Test suite and every MPI suite, the MPI ones at world sizes 1 and 3;
 # np 2, 4, 5 and 8, suite mpi_more, run in the release build: under ASan np 2, 4, 5 added ~100 s
@@ -82,6 +83,12 @@ if ! meson compile -C "$build" -j "$(getconf _NPROCESSORS_ONLN)" >"$build/compil
 fi
 t1=$(date +%s)
 echo "sanitize: $build configured and compiled in $((t1 - t0)) s"
+# SANITIZE_BUILD_ONLY=1: stop here (.ci/run compiles this build in the background while the
+# release build's tests leave cores idle, then runs the tests in its sanitize stage).
+if [ "${SANITIZE_BUILD_ONLY:-0}" = 1 ]; then
+  echo "1 passed, 0 failed"
+  exit 0
+fi
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:halt_on_error=1:fast_unwind_on_malloc=0:intercept_tls_get_addr=0:check_initialization_order=1:strict_init_order=1
 # The CUDA driver maps memory inside ASan's shadow gap (google/sanitizers#629): on a machine with
