@@ -39,13 +39,16 @@ if [ ! -f "$build/compile_commands.json" ]; then
     # only with the cuDNN frontend's headers (jobs/cudnn-frontend.sh: PyPI, cached). Without them
     # (or without cudnn.h) the build is configured without it, and this says the file is unchecked.
     # -Dnative_arch=false: without -march=native the database, and so the lint cache's keys, do
-    # not depend on the CPU of the machine that runs lint.
-    if fe=$(bash jobs/cudnn-frontend.sh 2>&1) && meson setup "$build" -Dnative_arch=false -Dcudnn_frontend_include="$fe" >"$build.setup.log" 2>&1; then
+    # not depend on the CPU of the machine that runs lint. -Dtests_optimization=build: the test
+    # sources get the lint build's flags whatever the option's default (a new default would
+    # otherwise change every test unit's key).
+    lint_options=(-Dnative_arch=false -Dtests_optimization=build)
+    if fe=$(bash jobs/cudnn-frontend.sh 2>&1) && meson setup "$build" "${lint_options[@]}" -Dcudnn_frontend_include="$fe" >"$build.setup.log" 2>&1; then
       :
     else
       echo "lint: src/tensor/cuda/cudnn_attention.cpp not checked: $( (echo "$fe"; tail -3 "$build.setup.log" 2>/dev/null) | grep -m1 -iE 'error|cudnn-frontend:|cannot' | cut -c1-200)"
       rm -rf "$build"
-      meson setup "$build" -Dnative_arch=false >/dev/null || { echo "meson setup $build failed"; echo "0 passed, 3 failed"; exit 1; }
+      meson setup "$build" "${lint_options[@]}" >/dev/null || { echo "meson setup $build failed"; echo "0 passed, 3 failed"; exit 1; }
     fi
   else
     echo "$build/compile_commands.json not found (configure it with meson setup)"

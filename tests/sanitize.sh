@@ -8,7 +8,7 @@
 # runs `meson test` with the sanitizer environment below, and ends like tests/run.sh with one
 # line "N passed, N failed" (", N skipped" when any were; tests/summary.py).
 # Usage: bash tests/sanitize.sh [BUILD_DIR] [extra meson test args]; SANITIZE_BUILD_ONLY=1 only
-# configures and compiles.
+# configures and compiles; SANITIZE_TESTS_ONLY=1 only runs the tests of a build made so.
 # Without extra arguments it runs every suite but e2e, mpi_more and cli (unit, app, mpi, fuzz
 # replays: every Boost.Test suite and every MPI suite, the MPI ones at world sizes 1 and 3;
 # np 2, 4, 5 and 8, suite mpi_more, run in the release build: under ASan np 2, 4, 5 added ~100 s
@@ -44,6 +44,9 @@
 #   LSAN_OPTIONS   suppressions=tests/sanitizers/lsan.supp: allocations that the MPI stack
 #                  (OpenMPI, PMIx, hwloc, UCX) keeps until exit, each line explained there.
 #                  Nothing in our code is suppressed.
+#   LD_PRELOAD     $BUILD_DIR/libkeep_loaded.so (tests/sanitizers/keep_loaded.c): dlclose keeps the
+#                  library loaded, so Open MPI's plugins outlive MPI_Finalize and LeakSanitizer
+#                  does not re-read /proc/self/maps for each of their blocks at exit.
 #   UCX_*          see below, where they are set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,36 +56,47 @@ shift || true
 
 fail() { echo "$1"; echo "0 passed, 1 failed"; exit 1; }
 
-bash jobs/install-deps.sh --tests || fail "install-deps failed"
 t0=$(date +%s)
-# -gline-tables-only (after the buildtype's -g, so it wins): file:line in every sanitizer report,
-# without the full debug info nobody reads in CI; measured with clang 14 on trainer.cpp and
-# fsdp_app.cpp under these flags: 12.4 -> 11.7 and 24.3 -> 20.9 CPU-s.
-options=(-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized -Dtests_optimization=0
-         -Dfuzz=enabled -Dcpp_args=-gline-tables-only -Dc_args=-gline-tables-only)
-if [ ! -f "$build/build.ninja" ]; then
-  # clang, so that the one sanitized build also holds the libFuzzer targets (-Dfuzz=enabled):
-  # .ci/run's fuzz stage fuzzes them from this build instead of compiling the library a third
-  # time (tests/fuzz/run.sh uses such a build as it is). Measured on 2 cores: gcc's sanitized
-  # build 609 s wall / ~1,200 CPU-s plus the separate fuzz build; this one, fuzz targets
-  # included, 372 s / 724 CPU-s. The release build (tests/run.sh) stays gcc: both compilers'
-  # diagnostics, both code generators under test.
-  CC=clang CXX=clang++ meson setup "$build" "${options[@]}" >"/tmp/sanitize-setup.$$.log" 2>&1 \
-    || { cat "/tmp/sanitize-setup.$$.log"; fail "meson setup failed"; }
-  mv "/tmp/sanitize-setup.$$.log" "$build/setup.log"
-elif ! grep -q "clang++" "$build/build.ninja"; then
-  fail "$build was configured with another compiler (sanitize.sh uses clang now): remove it and rerun"
+# SANITIZE_TESTS_ONLY=1: the build is done (.ci/run compiled it with SANITIZE_BUILD_ONLY=1 and
+# fuzzes it in the background meanwhile: no second ninja may run in it).
+if [ "${SANITIZE_TESTS_ONLY:-0}" = 1 ]; then
+  [ -f "$build/build.ninja" ] || fail "$build is not configured (SANITIZE_TESTS_ONLY=1 needs a build made by SANITIZE_BUILD_ONLY=1)"
 else
-  # `meson configure`, not `setup --reconfigure`: meson 1.0 keeps an existing build's cpp_args on
-  # --reconfigure (seen: -Dcpp_args given there did not reach build.ninja).
-  meson configure "$build" "${options[@]}" >/dev/null || fail "meson configure $build failed"
-fi
-if ! meson compile -C "$build" -j "$(getconf _NPROCESSORS_ONLN)" >"$build/compile.log" 2>&1; then
-  tail -40 "$build/compile.log"
-  fail "compile failed"
+  bash jobs/install-deps.sh --tests || fail "install-deps failed"
+  # -gline-tables-only (after the buildtype's -g, so it wins): file:line in every sanitizer report,
+  # without the full debug info nobody reads in CI; measured with clang 14 on trainer.cpp and
+  # fsdp_app.cpp under these flags: 12.4 -> 11.7 and 24.3 -> 20.9 CPU-s.
+  options=(-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized -Dtests_optimization=0
+           -Dfuzz=enabled -Dcpp_args=-gline-tables-only -Dc_args=-gline-tables-only)
+  # The CUDA code only where a GPU can run it: without one, its only test (test_gpu) skips, so
+  # compiling the .cu kernels (nvcc, two architectures: about 65 s of the release build's
+  # compile) and the CUDA runtime bought nothing here. The release build (tests/run.sh) still
+  # compiles them.
+  [ -e /dev/nvidiactl ] || options+=(-Dgpu=disabled)
+  if [ ! -f "$build/build.ninja" ]; then
+    # clang, so that the one sanitized build also holds the libFuzzer targets (-Dfuzz=enabled):
+    # .ci/run's fuzz stage fuzzes them from this build instead of compiling the library a third
+    # time (tests/fuzz/run.sh uses such a build as it is). Measured on 2 cores: gcc's sanitized
+    # build 609 s wall / ~1,200 CPU-s plus the separate fuzz build; this one, fuzz targets
+    # included, 372 s / 724 CPU-s. The release build (tests/run.sh) stays gcc: both compilers'
+    # diagnostics, both code generators under test.
+    CC=clang CXX=clang++ meson setup "$build" "${options[@]}" >"/tmp/sanitize-setup.$$.log" 2>&1 \
+      || { cat "/tmp/sanitize-setup.$$.log"; fail "meson setup failed"; }
+    mv "/tmp/sanitize-setup.$$.log" "$build/setup.log"
+  elif ! grep -q "clang++" "$build/build.ninja"; then
+    fail "$build was configured with another compiler (sanitize.sh uses clang now): remove it and rerun"
+  else
+    # `meson configure`, not `setup --reconfigure`: meson 1.0 keeps an existing build's cpp_args on
+    # --reconfigure (seen: -Dcpp_args given there did not reach build.ninja).
+    meson configure "$build" "${options[@]}" >/dev/null || fail "meson configure $build failed"
+  fi
+  if ! meson compile -C "$build" -j "$(getconf _NPROCESSORS_ONLN)" >"$build/compile.log" 2>&1; then
+    tail -40 "$build/compile.log"
+    fail "compile failed"
+  fi
+  echo "sanitize: $build configured and compiled in $(($(date +%s) - t0)) s"
 fi
 t1=$(date +%s)
-echo "sanitize: $build configured and compiled in $((t1 - t0)) s"
 # SANITIZE_BUILD_ONLY=1: stop here (.ci/run compiles this build in the background while the
 # release build's tests leave cores idle, then runs the tests in its sanitize stage).
 if [ "${SANITIZE_BUILD_ONLY:-0}" = 1 ]; then
@@ -96,6 +110,11 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:halt_on_error=1:fast_unwind_
 if [ -e /dev/nvidiactl ]; then ASAN_OPTIONS+=:protect_shadow_gap=0; fi
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export LSAN_OPTIONS=suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0
+# Open MPI's plugins stay loaded to the end (tests/sanitizers/keep_loaded.c says why: LeakSanitizer
+# took 1.5 s at each MPI process's exit, about half of test_app's time under the sanitizers).
+keep_loaded=$build/libkeep_loaded.so
+cc -shared -fPIC -O2 -o "$keep_loaded" "$root/tests/sanitizers/keep_loaded.c" || fail "cannot compile $keep_loaded"
+export LD_PRELOAD=$(cd "$(dirname "$keep_loaded")" && pwd)/libkeep_loaded.so${LD_PRELOAD:+:$LD_PRELOAD}
 # UCX's memory hooks (UCM) patch malloc/mmap in the loaded libraries (bistro mode rewrites the
 # functions' code) to keep its registration cache coherent; a malloc UCM serves instead of ASan's
 # is reported as a bad free, and UCX's own ASan builds switch UCM off. Only IB/GPU transports ask
@@ -110,7 +129,9 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 # with the suppressions' slow unwinding under HDF5's many small mallocs); the Python tests' own
 # per-run timeouts (120-300 s) are far above what one sanitized run takes.
 [ $# -eq 0 ] && set -- --no-suite e2e --no-suite mpi_more --no-suite cli
-meson test -C "$build" --print-errorlogs -t 3 "$@"
+no_rebuild=()
+[ "${SANITIZE_TESTS_ONLY:-0}" = 1 ] && no_rebuild=(--no-rebuild)
+meson test -C "$build" --print-errorlogs -t 3 "${no_rebuild[@]}" "$@"
 rc=$?
 t2=$(date +%s)
 echo "sanitize: meson test took $((t2 - t1)) s; slowest tests:"
