@@ -6,13 +6,18 @@
 #                           [--threads T] [--repeats R] [--no-fsdp1] [--node-shared] [--build DIR]
 #   self-check (~1 minute once the venv exists): bash jobs/bench-peer.sh /tmp/peer --steps 3 --nps 1 --models mnist_cnn
 #
-# Models: input/transformer_bench.yaml's transformer (global batch 8 x 256 tokens, AdamW) and the
-# MNIST Net of input/fashion_mnist.yaml (global batch 64, Adadelta); the global batch is split
-# over the ranks (strong scaling), so every world size trains the same steps and the losses of
-# every run must be the same curve. Shuffle and dropout off, no scheduler. Initial weights: the
-# torch twin's (tests/reference/torch_models.py) under torch.manual_seed(1), written to HDF5 and
-# read by both sides (fsdp_app's model.init_from). Batches: torch_reference.py's, the ones
-# fsdp_app's sampler gives with shuffle off (text: the fortunes file, Fashion-MNIST's train set).
+# Models (--models: any of transformer, llama, mnist_cnn): input/transformer_bench.yaml's
+# transformer (global batch 8 x 256 tokens, AdamW), the small Llama of input/llama_bench.yaml
+# (HF's LlamaForCausalLM: hidden 256, 4 decoder layers, 8 query / 4 key-value heads, SwiGLU 688;
+# the transformer's batches and optimizer) and the MNIST Net of input/fashion_mnist.yaml (global
+# batch 64, Adadelta); the global batch is split over the ranks (strong scaling), so every world
+# size trains the same steps and the losses of every run must be the same curve. Shuffle and
+# dropout off, no scheduler. Initial weights: the torch twin's (tests/reference/torch_models.py; the Llama's in plain torch, HF's parameter
+# names) under torch.manual_seed(1), written to HDF5 and read by both sides (fsdp_app's
+# model.init_from). Batches: torch_reference.py's, the ones fsdp_app's sampler gives with shuffle
+# off (transformer and llama: the fortunes file's bytes; mnist_cnn: Fashion-MNIST's train set).
+# Units: each transformer block / Llama decoder layer (our auto_wrap transformer_layer; PyTorch:
+# fully_shard on each, then the root), each mnist_cnn layer.
 # Strategies: FULL_SHARD (ours; PyTorch FSDP2 fully_shard) and NO_SHARD (ours; PyTorch DDP, since
 # FSDP2 has no NO_SHARD), and FSDP1's FULL_SHARD and NO_SHARD (--no-fsdp1: not); all on gloo for
 # PyTorch and on the MPI backend for ours, every rank launched by the same mpirun with T threads.
@@ -36,7 +41,7 @@ cd "$(dirname "$0")/.."
 
 usage() { sed -n '5,7p' "$0" >&2; exit 2; }
 [ $# -ge 1 ] || usage
-case $1 in -h|--help) sed -n '2,33p' "$0"; exit 0 ;; -*) usage ;; esac
+case $1 in -h|--help) sed -n '2,38p' "$0"; exit 0 ;; -*) usage ;; esac
 out=$1
 shift
 steps=4 nps="1 2 4" models="transformer mnist_cnn" threads=1 repeats=1 fsdp1=1 shared=0 build=build
@@ -50,7 +55,7 @@ while [ $# -gt 0 ]; do
     --no-fsdp1) fsdp1=0; shift ;;
     --node-shared) shared=1; shift ;;
     --build) build=${2:-}; shift 2 ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "bench-peer: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -61,7 +66,7 @@ positive --repeats "$repeats"
 [ "$steps" -ge 2 ] || { echo "bench-peer: --steps needs at least 2 (the first step is not timed)" >&2; exit 2; }
 for np in $nps; do positive --nps "$np"; done
 for m in $models; do
-  case $m in transformer|mnist_cnn) ;; *) echo "bench-peer: --models takes transformer and mnist_cnn, got '$m'" >&2; exit 2 ;; esac
+  case $m in transformer|llama|mnist_cnn) ;; *) echo "bench-peer: --models takes transformer, llama and mnist_cnn, got '$m'" >&2; exit 2 ;; esac
 done
 for f in /usr/share/games/fortunes/fortunes /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz; do
   [ -r "$f" ] || { echo "bench-peer: $f is missing (bash jobs/install-deps.sh)" >&2; exit 1; }
@@ -134,9 +139,9 @@ done
 
 run_one() {  # MODEL NP KIND SUFFIX
   local model=$1 np=$2 kind=$3 name=${1}_np${2}_${3}$4 batch ours
-  if [ "$model" = transformer ]; then
+  if [ "$model" = transformer ] || [ "$model" = llama ]; then
     batch=8
-    ours=(input/transformer_bench.yaml --set train.global_batch_size="$batch"
+    ours=("input/${model}_bench.yaml" --set train.global_batch_size="$batch"
       --set data.path=/usr/share/games/fortunes/fortunes)
   else
     batch=64

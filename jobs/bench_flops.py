@@ -1,5 +1,6 @@
-"""FLOPs per training step of the two seed models and the measured sgemm peak, shared by the
-benchmarks that report a fraction of the sgemm peak (jobs/bench-core.sh, jobs/bench_peer_report.py).
+"""FLOPs per training step of the two seed models and the bench Llama, and the measured sgemm
+peak, shared by the benchmarks that report a fraction of the sgemm peak (jobs/bench-core.sh,
+jobs/bench_peer_report.py).
 
 Counted as model FLOPs: 2 per multiply-add of every matmul (convolutions as their im2col GEMM),
 forward once and backward twice (input and weight gradients); element-wise work is left out.
@@ -34,6 +35,24 @@ def transformer_executed_step_flops(batch, vocab, d_model, n_layers, d_ff, seq_l
     blocks = -(-T // row_block)
     covered = sum(min(T, (i + 1) * row_block) * (min(T, (i + 1) * row_block) - i * row_block) for i in range(blocks))
     return 6 * transformer_matmul_params(vocab, d_model, n_layers, d_ff) * B * T + 12 * L * B * covered * C
+
+
+# input/llama_bench.yaml's model (jobs/bench-peer.sh --models llama).
+BENCH_LLAMA = dict(vocab_size=256, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                   num_attention_heads=8, num_key_value_heads=4, seq_len=256)
+
+
+def llama_step_flops(batch, vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+                     num_key_value_heads, seq_len, **_):
+    """As transformer_step_flops: 6 * (matmul parameters) * tokens with q_proj and o_proj (C x C),
+    k_proj and v_proj (C x G*D, grouped-query), gate, up and down (C x I) per layer and lm_head,
+    plus attention 12 * L * B * T^2 * C over the full T x T (the query heads' QK^T and PV; the
+    key/value heads they share do not cut it). Our Llama computes the full square (it masks
+    after the scores), so here counted and executed FLOPs agree."""
+    B, T, C, L, I, V = batch, seq_len, hidden_size, num_hidden_layers, intermediate_size, vocab_size
+    kv = num_key_value_heads * (C // num_attention_heads)
+    params = L * (2 * C * C + 2 * C * kv + 3 * C * I) + C * V
+    return 6 * params * B * T + 12 * L * B * T * T * C
 
 
 def mnist_cnn_step_flops(batch):

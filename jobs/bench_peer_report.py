@@ -5,8 +5,8 @@ usage: /usr/bin/python3 jobs/bench_peer_report.py OUT_DIR
 
 Per run (model, np, implementation, strategy): the median step time over the steps after the
 first (which pays for allocations on both sides) of all its repeats (NAME, NAME~r2, ...: see
-bench-peer.sh --repeats; table.md then lists each repeat's median too), tokens/s (transformer) or samples/s
-(mnist_cnn) of the global batch at that median, the peak RSS of each rank (/usr/bin/time's
+bench-peer.sh --repeats; table.md then lists each repeat's median too), tokens/s (transformer,
+llama) or samples/s (mnist_cnn) of the global batch at that median, the peak RSS of each rank (/usr/bin/time's
 maximum RSS, getrusage of the rank's process), and the model FLOP rate (jobs/bench_flops.py)
 over the sgemm peak at the threads the run could use (np x threads per rank, at most the CPUs).
 The sgemm peak is measured just before every run (runs/NAME.sgemm, best of 5); the denominator is
@@ -22,13 +22,16 @@ the relative tolerance loss_rtol(model, step). What may differ is float rounding
 the sums in the GEMMs (OpenBLAS or oneDNN kernels, blocking by thread), in the gradient
 reduction over ranks (gloo's ring or tree against our reduce-scatter and all-reduce) and in
 torch's fused kernels; it grows over the steps. Seen here (AMD EPYC, AVX2): at most 2e-7
-(mnist_cnn, 8 steps, np 1-4) and 4e-8 (transformer, 3 steps, np 1). A wrong data order, initial
+(mnist_cnn, 8 steps, np 1-4), 4e-8 (transformer, 3 steps, np 1) and 2e-7 (llama, 4 steps, np
+1-4; 8 steps at np 4: 1.1e-7). A wrong data order, initial
 weight, rank slice or gradient average (a sum instead of a mean over the ranks) moves the loss by
 1e-2 and more within two steps. Small formula errors that change one update by ~1e-3 relative
 (AdamW's weight decay dropped, say) move the loss less than rounding does in a few steps: that is
 tests/reference/check_reference.py's job (each step replayed from torch's state), not this one.
-  transformer: 1e-4 at every step (check_reference.py holds the small transformer's free run to
-    TRAJECTORY_RTOL 1e-5; this one has 4x-8x longer dot products and a cross-rank reduction).
+  transformer, llama: 1e-4 at every step (check_reference.py holds the small transformer's free
+    run to TRAJECTORY_RTOL 1e-5; this one has 4x-8x longer dot products and a cross-rank
+    reduction; PyTorch's llama twin runs scaled_dot_product_attention's fused CPU kernel, ours
+    the scores then the softmax).
   mnist_cnn: 1e-4 up to step 10, then check_reference.CHAOTIC_RTOL (1e-2): Adadelta at lr 1 with
     near-tied max-pool windows turns a last-bit difference into a jump once a tie flips (on this
     CPU after ~13 steps; torch against itself, oneDNN against im2col, reaches 1e-3 by step 19).
@@ -42,8 +45,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(HERE, "..", "tests", "reference")]
-from bench_flops import (BENCH_TRANSFORMER, mnist_cnn_step_flops, sgemm_peak_gflops,  # noqa: E402
-                         transformer_executed_step_flops, transformer_step_flops)
+from bench_flops import (BENCH_LLAMA, BENCH_TRANSFORMER, llama_step_flops, mnist_cnn_step_flops,  # noqa: E402
+                         sgemm_peak_gflops, transformer_executed_step_flops, transformer_step_flops)
 from check_reference import CHAOTIC_RTOL  # noqa: E402
 
 MNIST_TIGHT_STEPS = 10
@@ -51,12 +54,20 @@ MNIST_TIGHT_STEPS = 10
 
 def loss_rtol(model, step):
     """The relative loss tolerance at 1-based `step` (see the module's docstring)."""
-    if model == "transformer":
+    if model in SEQ_LEN:
         return 1e-4
     return 1e-4 if step <= MNIST_TIGHT_STEPS else CHAOTIC_RTOL
 
 
-BATCH = {"transformer": 8, "mnist_cnn": 64}
+BATCH = {"transformer": 8, "llama": 8, "mnist_cnn": 64}
+SEQ_LEN = {"transformer": BENCH_TRANSFORMER["seq_len"], "llama": BENCH_LLAMA["seq_len"]}  # token models
+MODELS = ["transformer", "llama", "mnist_cnn"]  # the table's order
+
+
+def step_flops(model, batch):
+    if model == "transformer":
+        return transformer_step_flops(batch, **BENCH_TRANSFORMER)
+    return llama_step_flops(batch, **BENCH_LLAMA) if model == "llama" else mnist_cnn_step_flops(batch)
 IMPL = {  # run name part -> (implementation, strategy)
     "ours_FULL_SHARD": ("fsdp-hpc", "FULL_SHARD"),
     "ours_NO_SHARD": ("fsdp-hpc", "NO_SHARD"),
@@ -124,8 +135,8 @@ def main():
         model, np_part, rest = base.split("_np")[0], base.split("_np")[1].split("_", 1)[0], base.split("_np")[1].split("_", 1)[1]
         np_ = int(np_part)
         batch = BATCH[model]
-        flops = transformer_step_flops(batch, **BENCH_TRANSFORMER) if model == "transformer" else mnist_cnn_step_flops(batch)
-        items = batch * (BENCH_TRANSFORMER["seq_len"] if model == "transformer" else 1)
+        flops = step_flops(model, batch)
+        items = batch * SEQ_LEN.get(model, 1)
         impl, strategy = IMPL[rest]
         repeats, timed, rss = [], [], []
         for _, name in reps:
@@ -154,7 +165,7 @@ def main():
         r["frac_peak"] = r["gflops"] / r["peak_gflops"]
         for x in r["repeats"]:
             x["frac_peak"] = r["flops"] / x["median_step_s"] / 1e9 / r["peak_gflops"]
-    results.sort(key=lambda r: (r["model"] != "transformer", r["np"], ORDER.index(r["key"])))
+    results.sort(key=lambda r: (MODELS.index(r["model"]), r["np"], ORDER.index(r["key"])))
 
     bad = []
     for model in dict.fromkeys(r["model"] for r in results):
@@ -185,14 +196,15 @@ def main():
     executed = transformer_executed_step_flops(BATCH["transformer"], **BENCH_TRANSFORMER)
     counted = transformer_step_flops(BATCH["transformer"], **BENCH_TRANSFORMER)
     md.append(f"GFLOP/s counts model FLOPs (jobs/bench_flops.py; attention over the full T x T, as PyTorch computes "
-              f"it). fsdp-hpc's host kernels skip most masked attention blocks and execute "
-              f"{100 * executed / counted:.1f}% of the transformer's count.")
+              f"it). fsdp-hpc's host kernels skip most masked attention blocks of the transformer and execute "
+              f"{100 * executed / counted:.1f}% of its count; our llama computes the full square, as PyTorch's "
+              f"scaled_dot_product_attention (the llama twin's) does at T 256.")
     md.append("")
     md.append("| model | np | strategy | implementation | step (s) | tokens/s or samples/s | "
               "peak RSS per rank (MiB, max) | GFLOP/s (sgemm peak) | % of sgemm peak | loss vs reference (max rel.) |")
     md.append("|---|---:|---|---|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        unit = "tok/s" if r["model"] == "transformer" else "samples/s"
+        unit = "tok/s" if r["model"] in SEQ_LEN else "samples/s"
         md.append(f"| {r['model']} | {r['np']} | {r['strategy']} | {r['impl']} | {r['median_step_s']:.3f} | "
                   f"{r['per_s']:.0f} {unit} | {max(r['rss_mib']):.0f} | {r['gflops']:.1f} ({r['peak_gflops']:.1f}) | "
                   f"{100 * r['frac_peak']:.0f}% | "
@@ -217,7 +229,8 @@ def main():
         md.append(f"| {r['name']} | " + " | ".join(f"{x:.7f}" for x in r["losses"]) +
                   f" | {max(r['loss_rel_diff']):.1e} |")
     md.append("")
-    md.append("Loss check: " + (f"PASS (relative to the reference: transformer within {loss_rtol('transformer', 1):g}; "
+    md.append("Loss check: " + (f"PASS (relative to the reference: transformer and llama within "
+                                f"{loss_rtol('transformer', 1):g}; "
                                 f"mnist_cnn within {loss_rtol('mnist_cnn', 1):g} up to step {MNIST_TIGHT_STEPS}, "
                                 f"{CHAOTIC_RTOL:g} after)" if not bad else f"FAIL ({len(bad)} step(s) out of tolerance)"))
     md.append("")
@@ -253,7 +266,7 @@ def plot(out, results):
             impl, strategy = IMPL[key]
             dash = 1 if key.startswith("ours") else 2
             series.append((path, f"{impl} {strategy}", dash, ORDER.index(key)))
-        unit = "tokens/s" if model == "transformer" else "samples/s"
+        unit = "tokens/s" if model in SEQ_LEN else "samples/s"
         for col, ylabel in ((2, unit), (3, "peak RSS per rank (MiB)")):
             lines = ", ".join(f"'{p}' using 1:{col} with linespoints lw 2 dt {d} lc {i + 1} pt {i + 4} title '{t}'"
                               for p, t, d, i in series)

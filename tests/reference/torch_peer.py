@@ -9,7 +9,8 @@ so both sides start, bind and are measured the same way. Runs in jobs/torch2_ven
                       reads, as torch_reference.py writes it); no training, no process group.
   --mode MODE         trains from --init for --steps steps:
       fsdp2           FULL_SHARD: torch.distributed.fsdp.fully_shard (FSDP2) on every unit ours
-                      wraps (each transformer block / each mnist_cnn layer), then the root;
+                      wraps (each transformer block / Llama decoder layer / mnist_cnn layer),
+                      then the root;
                       reshard_after_forward=True.
       ddp             NO_SHARD: DistributedDataParallel (gradients all-reduced in buckets), the
                       usual PyTorch way to replicate; FSDP2 has no NO_SHARD strategy.
@@ -35,19 +36,24 @@ import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_reference  # noqa: E402
-from torch_models import LM, Block, Net  # noqa: E402
+from torch_models import LM, Block, Llama, LlamaDecoderLayer, Net  # noqa: E402
 
 BENCH_LM = dict(vocab=256, d_model=512, n_layers=8, n_heads=8, d_ff=2048, seq_len=256)  # input/transformer_bench.yaml
+BENCH_LLAMA = dict(vocab_size=256, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                   num_attention_heads=8, num_key_value_heads=4, seq_len=256)  # input/llama_bench.yaml
+SEQ_LEN = {"transformer": BENCH_LM["seq_len"], "llama": BENCH_LLAMA["seq_len"]}
 
 
 def build(kind):
-    return LM(**BENCH_LM) if kind == "transformer" else Net()
+    if kind == "transformer":
+        return LM(**BENCH_LM)
+    return Llama(**BENCH_LLAMA) if kind == "llama" else Net()
 
 
 def units(model):
     """The modules fsdp-hpc wraps as FSDP units (the root comes on top)."""
-    if isinstance(model, LM):  # auto_wrap transformer_layer
-        return [m for m in model.modules() if isinstance(m, Block)]
+    if isinstance(model, (LM, Llama)):  # auto_wrap transformer_layer: each block / decoder layer
+        return [m for m in model.modules() if isinstance(m, (Block, LlamaDecoderLayer))]
     # auto_wrap size_based, min_num_params 100: every layer with parameters (conv1 has 320)
     return [m for m in model.children() if sum(p.numel() for p in m.parameters()) >= 100]
 
@@ -81,8 +87,8 @@ def wrap(model, mode):
 
 
 def batches(kind, steps, global_batch, rank, world):
-    if kind == "transformer":
-        data = torch_reference.text_batches(torch_reference.TEXT_FILE, steps, global_batch, BENCH_LM["seq_len"])
+    if kind in SEQ_LEN:  # both language models read the same byte stream (fsdp_app's data.kind text)
+        data = torch_reference.text_batches(torch_reference.TEXT_FILE, steps, global_batch, SEQ_LEN[kind])
     else:
         data = torch_reference.fashion_mnist_batches(torch_reference.FASHION_DIR, steps, global_batch)
     # Sampler::rank_slice: contiguous, the first n % world ranks one larger.
@@ -93,16 +99,16 @@ def batches(kind, steps, global_batch, rank, world):
 
 
 def optimizer(kind, params):
-    # fsdp-hpc's settings for the two models (input/transformer_bench.yaml, input/fashion_mnist.yaml),
-    # given to fsdp_app explicitly by jobs/bench-peer.sh.
-    if kind == "transformer":
+    # fsdp-hpc's settings for the models (input/transformer_bench.yaml, input/llama_bench.yaml,
+    # input/fashion_mnist.yaml), given to fsdp_app explicitly by jobs/bench-peer.sh.
+    if kind in SEQ_LEN:
         return torch.optim.AdamW(params, lr=3e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     return torch.optim.Adadelta(params, lr=1.0, rho=0.9, eps=1e-6)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", required=True, choices=["transformer", "mnist_cnn"])
+    ap.add_argument("--model", required=True, choices=["transformer", "llama", "mnist_cnn"])
     ap.add_argument("--write-init", metavar="FILE")
     ap.add_argument("--mode", choices=["fsdp2", "ddp", "fsdp1_full", "fsdp1_no"])
     ap.add_argument("--init", metavar="FILE")
@@ -127,7 +133,7 @@ def main():
     load_init(model, args.init)
     model.eval()  # dropout off
     model = wrap(model, args.mode)
-    loss_fn = LM.loss if args.model == "transformer" else Net.loss
+    loss_fn = {"transformer": LM.loss, "llama": Llama.loss, "mnist_cnn": Net.loss}[args.model]
     opt = optimizer(args.model, model.parameters())
     data = batches(args.model, args.steps, args.global_batch, rank, world)
 
