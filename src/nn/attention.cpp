@@ -5,19 +5,13 @@
 #include "tensor/error.h"
 
 namespace fsdp {
-namespace {
 
 // Causal attention needs only the lower triangle j <= i of each (T, T) plane. Its GEMMs run in
 // blocks of rows [r0, r1) (or, for the products with P^T and dS^T, blocks of columns [c0, c1)),
 // each over the part that can be unmasked: key columns < r1, or query rows >= c0. The skipped
 // terms are exact zeros of P and dS, so every output element sums the same non-zero terms as
-// over the full square. Kernels::causal_row_block says how large a block is (T: one block).
-template <typename Fn>
-void for_causal_blocks(int64_t T, int64_t block, Fn&& fn) {
-  for (int64_t r0 = 0; r0 < T; r0 += block) fn(r0, std::min(T, r0 + block));
-}
-
-}  // namespace
+// over the full square. Kernels::causal_row_block says how large a block is (T: one block);
+// for_causal_blocks (tensor/kernels.h) walks them.
 
 MultiheadAttention::MultiheadAttention(const std::string& name, int64_t C, int64_t heads, AttentionMode mode)
     : Layer(name, "MultiheadAttention"),

@@ -10,6 +10,7 @@
 // same formulas from one source.
 // Functions that return a host value (loss sums, norms, finiteness) synchronise with the
 // compute stream: they are the step's only host waits, and each says so.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -41,6 +42,13 @@ struct AdadeltaArgs {
 // 64, one thread, OpenBLAS on Zen 3) took 0.039-0.044 s per layer in blocks of 32 rows,
 // 0.045-0.049 in blocks of 64, 0.042-0.048 in blocks of 16 and 0.056-0.061 over the full square.
 inline int64_t host_causal_row_block(int64_t T) { return T < 32 ? T : 32; }
+
+// fn(r0, r1) for each block of `block` rows of T (the last one may be shorter): causal attention's
+// GEMMs run per block (nn/attention.cpp, models/llama/llama.cpp).
+template <typename Fn>
+void for_causal_blocks(int64_t T, int64_t block, Fn&& fn) {
+  for (int64_t r0 = 0; r0 < T; r0 += block) fn(r0, std::min(T, r0 + block));
+}
 
 // Rows [row0, row0 + rows) of `planes` causal (T, T) score matrices, held as planes x rows x T
 // (row stride T, plane stride rows * T): row r of a plane is query row i = row0 + r and keeps the
@@ -77,7 +85,7 @@ class Kernels {
                                     const float* A, int64_t lda, int64_t stride_a, const float* B, int64_t ldb,
                                     int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c,
                                     int64_t batch) = 0;
-  // Rows per GEMM block of causal self-attention (nn/attention.cpp). Rows [r0, r1) of a (T, T)
+  // Rows per GEMM block of causal self-attention (nn/attention.cpp, the Llama family). Rows [r0, r1) of a (T, T)
   // score plane need key columns < r1 only, so blocks smaller than T skip most of the masked upper
   // triangle at the price of more, smaller GEMMs. The default, T, is one GEMM over the full square:
   // on a GPU each block would be a launch of its own. The host's is host_causal_row_block (the

@@ -97,57 +97,79 @@ class LlamaAttention : public Layer {
     kernels.rope(Q_.f32(), state_.cos.f32(), state_.sin.f32(), B * Tq, Tq, H_, D_, H_ * D_, pos0, false);
     kernels.rope(K_.f32(), state_.cos.f32(), state_.sin.f32(), B * Tq, Tq, G_, D_, G_ * D_, pos0, false);
     const Keys keys = state_.cache ? cached_keys(ctx, B, Tq) : Keys{K_.f32(), V_.f32(), Tq, Tq * G_ * D_};
-    const int64_t Tk = keys.count;
+    const int64_t Tk = keys.count;  // pos0 + Tq
     ctx.ensure(probs_, {B, H_, Tq, Tk}, DType::f32);
     const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D_)));
+    // Query row i is position pos0 + i and reads the keys j <= pos0 + i, so a block of rows
+    // [r0, r1) needs the keys < pos0 + r1 only (a decoding step: one row, every cached key). The
+    // columns past them are masked: never computed; the softmax writes their zeros.
+    const int64_t block = kernels.causal_row_block(Tq);
     each_group(B, Tq, Tk, keys.sample_stride, [&](const Heads& h) {  // scores (Tq, Tk) = q_h k_g^T / sqrt(D)
-      kernels.gemm_strided_batched(false, true, Tq, Tk, D_, scale, Q_.f32() + h.q, H_ * D_, h.q_stride, keys.k + h.kv,
-                                   G_ * D_, D_, 0.0f, probs_.f32() + h.p, Tk, h.p_stride, G_);
+      for_causal_blocks(Tq, block, [&](int64_t r0, int64_t r1) {
+        kernels.gemm_strided_batched(false, true, r1 - r0, pos0 + r1, D_, scale, Q_.f32() + h.q + r0 * H_ * D_, H_ * D_,
+                                     h.q_stride, keys.k + h.kv, G_ * D_, D_, 0.0f, probs_.f32() + h.p + r0 * Tk, Tk,
+                                     h.p_stride, G_);
+      });
     });
-    // Causal over the positions of this forward; a decoding step's one query is the last position,
-    // after every cached key.
-    kernels.attention_softmax_forward(probs_.f32(), nullptr, nullptr, Tq > 1, B, H_, Tq, Tk);
+    kernels.causal_softmax_forward(probs_.f32(), CausalRows{B * H_, Tq, pos0, Tk}, nullptr, nullptr);
     dropped_ = dropout.forward(ctx, probs_);
     ctx.ensure(y_, {B, Tq, H_ * D_}, DType::f32);
     each_group(B, Tq, Tk, keys.sample_stride, [&](const Heads& h) {  // y_h (Tq, D) = P_h @ v_g, heads side by side
-      kernels.gemm_strided_batched(false, false, Tq, D_, Tk, 1.0f, dropped_.f32() + h.p, Tk, h.p_stride, keys.v + h.kv,
-                                   G_ * D_, D_, 0.0f, y_.f32() + h.q, H_ * D_, h.q_stride, G_);
+      for_causal_blocks(Tq, block, [&](int64_t r0, int64_t r1) {
+        kernels.gemm_strided_batched(false, false, r1 - r0, D_, pos0 + r1, 1.0f, dropped_.f32() + h.p + r0 * Tk, Tk,
+                                     h.p_stride, keys.v + h.kv, G_ * D_, D_, 0.0f, y_.f32() + h.q + r0 * H_ * D_,
+                                     H_ * D_, h.q_stride, G_);
+      });
     });
     out_ = o_proj.forward(ctx, y_);
     return out_;
   }
 
+  // Training: pos0 0, Tk = T. The products with P^T and dS^T run in blocks of columns [c0, c1),
+  // over the query rows >= c0 (the rows above are masked); the others in the forward's row blocks.
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
     if (state_.cache) throw Error(name() + ": no backward while decoding");
-    const int64_t B = Q_.dim(0), T = Q_.dim(1);
+    const int64_t B = Q_.dim(0), T = Q_.dim(1), HD = H_ * D_, GD = G_ * D_;
     Kernels& kernels = ctx.kernels();
     const Tensor dY = o_proj.backward(ctx, dy);  // (B, T, H*D)
     ctx.ensure(dV_, V_.shape(), DType::f32);
     ctx.ensure(dP_, probs_.shape(), DType::f32);
+    const int64_t block = kernels.causal_row_block(T);
     // A key/value head's gradient sums its R query heads' (repeat_kv's backward): the first writes
     // (beta 0), the others add (beta 1).
-    each_group(B, T, T, T * G_ * D_, [&](const Heads& h) {
-      // dv_g (T, D) += P_h^T @ dy_h ; dP_h (T, T) = dy_h @ v_g^T
-      kernels.gemm_strided_batched(true, false, T, D_, T, 1.0f, dropped_.f32() + h.p, T, h.p_stride, dY.f32() + h.q,
-                                   H_ * D_, h.q_stride, h.first ? 0.0f : 1.0f, dV_.f32() + h.kv, G_ * D_, D_, G_);
-      kernels.gemm_strided_batched(false, true, T, T, D_, 1.0f, dY.f32() + h.q, H_ * D_, h.q_stride, V_.f32() + h.kv,
-                                   G_ * D_, D_, 0.0f, dP_.f32() + h.p, T, h.p_stride, G_);
+    each_group(B, T, T, T * GD, [&](const Heads& h) {
+      const float beta = h.first ? 0.0f : 1.0f;
+      for_causal_blocks(T, block, [&](int64_t c0, int64_t c1) {  // dv_g[c0:c1] += P_h[c0:, c0:c1]^T @ dy_h[c0:]
+        kernels.gemm_strided_batched(true, false, c1 - c0, D_, T - c0, 1.0f, dropped_.f32() + h.p + c0 * T + c0, T,
+                                     h.p_stride, dY.f32() + h.q + c0 * HD, HD, h.q_stride, beta,
+                                     dV_.f32() + h.kv + c0 * GD, GD, D_, G_);
+      });
+      for_causal_blocks(T, block, [&](int64_t r0, int64_t r1) {  // dP_h[r0:r1, :r1] = dy_h[r0:r1] @ v_g[:r1]^T
+        kernels.gemm_strided_batched(false, true, r1 - r0, r1, D_, 1.0f, dY.f32() + h.q + r0 * HD, HD, h.q_stride,
+                                     V_.f32() + h.kv, GD, D_, 0.0f, dP_.f32() + h.p + r0 * T, T, h.p_stride, G_);
+      });
     });
+    // dS = scale * P * (dP - rowsum(P dP)), the 1/sqrt(D) of the scores folded in. It reads j <= i
+    // only and writes dS = 0 above the diagonal, over what the blocks left unwritten.
     Tensor dS = dropout.backward(ctx, dP_);  // writable: dP_ itself, or the dropout's own dx
-    kernels.softmax_backward(dS.f32(), probs_.f32(), B * H_ * T, T);
+    const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D_)));
+    kernels.causal_softmax_backward(dS.f32(), probs_.f32(), CausalRows::whole(B * H_, T), scale);
     ctx.ensure(dQ_, Q_.shape(), DType::f32);
     ctx.ensure(dK_, K_.shape(), DType::f32);
-    const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D_)));
-    each_group(B, T, T, T * G_ * D_, [&](const Heads& h) {
-      // dq_h = scale dS_h @ k_g ; dk_g += scale dS_h^T @ q_h
-      kernels.gemm_strided_batched(false, false, T, D_, T, scale, dS.f32() + h.p, T, h.p_stride, K_.f32() + h.kv,
-                                   G_ * D_, D_, 0.0f, dQ_.f32() + h.q, H_ * D_, h.q_stride, G_);
-      kernels.gemm_strided_batched(true, false, T, D_, T, scale, dS.f32() + h.p, T, h.p_stride, Q_.f32() + h.q, H_ * D_,
-                                   h.q_stride, h.first ? 0.0f : 1.0f, dK_.f32() + h.kv, G_ * D_, D_, G_);
+    each_group(B, T, T, T * GD, [&](const Heads& h) {
+      for_causal_blocks(T, block, [&](int64_t r0, int64_t r1) {  // dq_h[r0:r1] = dS_h[r0:r1, :r1] @ k_g[:r1]
+        kernels.gemm_strided_batched(false, false, r1 - r0, D_, r1, 1.0f, dS.f32() + h.p + r0 * T, T, h.p_stride,
+                                     K_.f32() + h.kv, GD, D_, 0.0f, dQ_.f32() + h.q + r0 * HD, HD, h.q_stride, G_);
+      });
+      for_causal_blocks(T, block, [&](int64_t c0, int64_t c1) {  // dk_g[c0:c1] += dS_h[c0:, c0:c1]^T @ q_h[c0:]
+        kernels.gemm_strided_batched(true, false, c1 - c0, D_, T - c0, 1.0f, dS.f32() + h.p + c0 * T + c0, T,
+                                     h.p_stride, Q_.f32() + h.q + c0 * HD, HD, h.q_stride, h.first ? 0.0f : 1.0f,
+                                     dK_.f32() + h.kv + c0 * GD, GD, D_, G_);
+      });
     });
     // The gradients of the rotated q and k become those of the projections' outputs.
-    kernels.rope(dQ_.f32(), state_.cos.f32(), state_.sin.f32(), B * T, T, H_, D_, H_ * D_, 0, true);
-    kernels.rope(dK_.f32(), state_.cos.f32(), state_.sin.f32(), B * T, T, G_, D_, G_ * D_, 0, true);
+    kernels.rope(dQ_.f32(), state_.cos.f32(), state_.sin.f32(), B * T, T, H_, D_, HD, 0, true);
+    kernels.rope(dK_.f32(), state_.cos.f32(), state_.sin.f32(), B * T, T, G_, D_, GD, 0, true);
     const Tensor dq = q_proj.backward(ctx, dQ_), dk = k_proj.backward(ctx, dK_), dv = v_proj.backward(ctx, dV_);
     ctx.ensure(dx_, dq.shape(), DType::f32);
     kernels.add(dx_.f32(), dq.f32(), dk.f32(), dq.numel());
