@@ -458,8 +458,8 @@ BOOST_AUTO_TEST_CASE(fused_attention_on_a_planned_gpu) {
 
 // A planned GPU's GEMMs at matmul_precision high and medium charge the rounded operand copies the
 // CUDA kernels hold while each runs (TF32 in f32: 4 bytes an element; bf16: 2), freed at once:
-// op(A) of M x K and op(B) of K x N per batch. highest and a planned CPU charge nothing (the CPU's
-// copies are transient host memory outside the tracker).
+// op(A) of M x K and op(B) of K x N per batch (both run tensor/gemm_steps.h). highest and a planned CPU charge nothing
+// (the CPU's copies are transient host memory outside the tracker).
 BOOST_AUTO_TEST_CASE(planned_gpu_charges_rounded_gemm_operands) {
   const int64_t M = 7, N = 5, K = 3, batch = 4, rows = 6, in = 9, out = 11;
   for (fsdp::Device device : {fsdp::Device::cuda, fsdp::Device::cpu}) {
@@ -470,10 +470,6 @@ BOOST_AUTO_TEST_CASE(planned_gpu_charges_rounded_gemm_operands) {
                           : p == fsdp::MatmulPrecision::medium ? 2
                           : p == fsdp::MatmulPrecision::high   ? 4
                                                                : 0;
-        // 4 x (7 x 3 + 3 x 5) = 144 elements.
-        BOOST_TEST(fsdp::rounded_operand_bytes(p, M, N, K, batch) == (p == fsdp::MatmulPrecision::medium ? 288
-                                                                      : p == fsdp::MatmulPrecision::high ? 576
-                                                                                                         : 0));
         auto peak_of = [&](auto&& call) {
           fsdp::MemoryTracker tracker;
           auto rt = fsdp::make_meta_runtime(device, tracker);

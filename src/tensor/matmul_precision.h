@@ -38,13 +38,9 @@ constexpr std::string_view rounded_operand_name(MatmulPrecision p) {
 }
 
 // Bytes of one rounded operand element on the GPU: 2 (bf16) at medium, 4 (TF32 in f32) at high.
+// Which copies a GEMM kernel makes and how long each lives: tensor/gemm_steps.h.
 constexpr int64_t rounded_operand_element_bytes(MatmulPrecision p) {
   return p == MatmulPrecision::medium ? 2 : p == MatmulPrecision::high ? 4 : 0;
-}
-// Device bytes of the rounded operand copies a GEMM holds while it runs: batch x (op(A) of M x K +
-// op(B) of K x N). The CUDA kernels allocate them; a plan of a device run charges them.
-constexpr int64_t rounded_operand_bytes(MatmulPrecision p, int64_t M, int64_t N, int64_t K, int64_t batch = 1) {
-  return rounded_operand_element_bytes(p) * batch * (M * K + K * N);
 }
 
 }  // namespace fsdp

@@ -7,6 +7,7 @@
 #include <new>
 #include <string>
 
+#include "tensor/gemm_steps.h"
 #include "tensor/kernels.h"
 #include "tensor/timeline.h"
 
@@ -16,45 +17,38 @@ namespace {
 
 // Every kernel a no-op; host values are zeros (a finite, zero loss and gradient norm). A planned
 // device's GEMMs at matmul_precision high or medium charge the rounded operand copies the CUDA
-// kernels hold while each runs (matmul_precision.h), so the plan's peak is the run's.
+// kernels hold while each runs: both run gemm_steps.h, so the plan's peak is the run's.
 class MetaKernels final : public Kernels {
  public:
   MetaKernels(Device device, MemoryTracker& tracker) : device_(device), tracker_(tracker) {}
   Device device() const override { return device_; }
   int64_t causal_row_block(int64_t T) const override { return device_ == Device::cpu ? host_causal_row_block(T) : T; }
-  void gemm(bool, bool, int64_t M, int64_t N, int64_t K, float, const float*, int64_t, const float*, int64_t, float,
-            float*, int64_t) override {
-    charge_operands(M, N, K, 1);
-    time_gemm(M, N, K, 1, false);
+  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+            const float* B, int64_t ldb, float beta, float* C, int64_t ldc) override {
+    const GemmCall c{trans_a, trans_b, M, N, K, alpha, beta, C, ldc, 0, 1};
+    Steps steps{*this};
+    gemm_steps(steps, c, gemm_a(c, A, lda, 0), gemm_b(c, B, ldb, 0));
   }
-  void gemm_strided_batched(bool, bool, int64_t M, int64_t N, int64_t K, float, const float*, int64_t, int64_t,
-                            const float*, int64_t, int64_t, float, float*, int64_t, int64_t, int64_t batch) override {
-    charge_operands(M, N, K, batch);
-    time_gemm(M, N, K, batch, false);
+  void gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                            int64_t lda, int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b, float beta,
+                            float* C, int64_t ldc, int64_t stride_c, int64_t batch) override {
+    const GemmCall c{trans_a, trans_b, M, N, K, alpha, beta, C, ldc, stride_c, batch};
+    Steps steps{*this};
+    gemm_steps(steps, c, gemm_a(c, A, lda, stride_a), gemm_b(c, B, ldb, stride_b));
   }
   void gemm_bf16(bool, bool, int64_t M, int64_t N, int64_t K, float, const uint16_t*, int64_t, const uint16_t*, int64_t,
                  float, float*, int64_t) override {
     time_gemm(M, N, K, 1, true);
   }
-  // The GEMMs of CudaKernels::linear_forward/backward, one after the other.
-  void linear_forward(float*, const float*, const float*, const float*, int64_t rows, int64_t in,
+  void linear_forward(float* Y, const float* X, const float* W, const float* b, int64_t rows, int64_t in,
                       int64_t out) override {
-    charge_operands(rows, out, in, 1);
-    time_gemm(rows, out, in, 1, false);
-    floats(rows * out);  // the bias
+    Steps steps{*this};
+    linear_forward_steps(steps, Y, X, W, b, rows, in, out);
   }
-  // With dX, CudaKernels rounds dY once for both GEMMs: its copy, with X's and then with W's.
-  void linear_backward(float* dX, float*, float*, const float*, const float*, const float*, int64_t rows, int64_t in,
-                       int64_t out) override {
-    time_gemm(out, in, rows, 1, false);
-    if (dX) time_gemm(rows, in, out, 1, false);
-    floats(rows * out);  // db
-    if (!dX || rows == 0 || in == 0 || out == 0) {
-      charge_operands(out, in, rows, 1);
-      if (dX) charge_operands(rows, in, out, 1);
-      return;
-    }
-    charge(rounded_operand_element_bytes(precision_) * (rows * out + std::max(rows * in, out * in)));
+  void linear_backward(float* dX, float* dW, float* db, const float* dY, const float* X, const float* W, int64_t rows,
+                       int64_t in, int64_t out) override {
+    Steps steps{*this};
+    linear_backward_steps(steps, dX, dW, db, dY, X, W, rows, in, out);
   }
   void im2col(const float*, float*, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t, int64_t,
               int64_t) override {
@@ -187,16 +181,46 @@ class MetaKernels final : public Kernels {
   void set_timeline(Timeline* timeline) { timeline_ = timeline; }
 
  private:
-  void charge_operands(int64_t M, int64_t N, int64_t K, int64_t batch) {
-    if (M == 0 || N == 0 || batch == 0) return;
-    charge(rounded_operand_bytes(precision_, M, N, K, batch));
-  }
-  // Bytes held for the length of one call (a planned GPU's rounded operands; none on a CPU).
-  void charge(int64_t bytes) {
-    if (device_ == Device::cpu || bytes == 0) return;
-    tracker_.on_alloc(MemCategory::activations, static_cast<size_t>(bytes), MemSpace::device);
-    tracker_.on_free(MemCategory::activations, static_cast<size_t>(bytes), MemSpace::device);
-  }
+  // gemm_steps.h's executor for a plan: a rounded copy is its bytes, charged to the planned
+  // device's activations while it lives (none on a CPU, whose copies are host scratch); a GEMM is
+  // its time. Where cuBLASLt would fuse the bias, the plan times the GEMM and a bias pass.
+  struct Steps {
+    class Copy {
+     public:
+      Copy(MetaKernels& k, int64_t bytes) : k_(k), bytes_(k.device_ == Device::cpu ? 0 : bytes) {
+        if (bytes_ > 0) k_.tracker_.on_alloc(MemCategory::activations, static_cast<size_t>(bytes_), MemSpace::device);
+      }
+      ~Copy() {
+        if (bytes_ > 0) k_.tracker_.on_free(MemCategory::activations, static_cast<size_t>(bytes_), MemSpace::device);
+      }
+      Copy(const Copy&) = delete;
+      Copy& operator=(const Copy&) = delete;
+      const void* get() const { return nullptr; }
+
+     private:
+      MetaKernels& k_;
+      int64_t bytes_;
+    };
+    MatmulPrecision precision() const { return k.precision_; }
+    Copy round(const GemmOperand& o, int64_t batch) const {
+      return Copy(k, rounded_operand_element_bytes(k.precision_) * batch * o.rows * o.cols);
+    }
+    void gemm(const GemmCall& c, const GemmOperand&, const GemmOperand&) const {
+      k.time_gemm(c.M, c.N, c.K, c.batch, false);
+    }
+    void gemm_on(const GemmCall& c, const GemmOperand&, const void*, const GemmOperand&, const void*) const {
+      k.time_gemm(c.M, c.N, c.K, c.batch, false);
+    }
+    bool bias_epilogue(const GemmCall& c, const GemmOperand&, const void*, const GemmOperand&, const void*,
+                       const float*) const {
+      k.time_gemm(c.M, c.N, c.K, c.batch, false);
+      k.floats(c.M * c.N);
+      return true;
+    }
+    void bias_rows(float*, const float*, int64_t rows, int64_t cols) const { k.floats(rows * cols); }
+    void col_sum_add(float*, const float*, int64_t rows, int64_t cols) const { k.floats(rows * cols); }
+    MetaKernels& k;
+  };
 
   // The timed plan's costs (tensor/timeline.h): FLOPs and bytes of each call at its shapes.
   void time_gemm(int64_t M, int64_t N, int64_t K, int64_t batch, bool bf16) {

@@ -27,7 +27,7 @@ std::string shape(int64_t M, int64_t N, int64_t K) {
   return "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
 }
 
-// high and medium round their operands themselves (gemm_rounded; matmul_precision.h says why);
+// high and medium round their operands themselves (gemm_steps.h; matmul_precision.h says why);
 // highest is cublasSgemm.
 
 // A device block of the caching allocator, returned on the compute stream when it goes.
@@ -93,63 +93,82 @@ CudaKernels::CudaKernels(cudaStream_t stream, CachingAllocator& allocator)
       fused_(stream),
       lt_bias_(stream) {}
 
+// gemm_steps.h's executor on the device. Copies come from the caching allocator on the compute
+// stream, so freeing one right after its GEMM is safe: the stream orders its next use after it.
+class CudaKernels::Steps {
+ public:
+  explicit Steps(CudaKernels& k) : k_(k) {}
+  MatmulPrecision precision() const { return k_.precision_; }
+  RoundedOperand round(const GemmOperand& o, int64_t batch) const {
+    return RoundedOperand(k_.allocator_, k_.stream_, k_.precision_, o, batch);
+  }
+  // Row-major C (M,N) is column-major C^T (N,M) = op(B)^T op(A)^T: swap the operands.
+  void gemm(const GemmCall& c, const GemmOperand& a, const GemmOperand& b) const {
+    if (c.batch == 1) {
+      check_cublas(cublasSgemm(k_.cublas_.get(), op(c.trans_b), op(c.trans_a), to_int(c.N, "N"), to_int(c.M, "M"),
+                               to_int(c.K, "K"), &c.alpha, b.data, to_int(b.ld, "ldb"), a.data, to_int(a.ld, "lda"),
+                               &c.beta, c.C, to_int(c.ldc, "ldc")),
+                   "cublasSgemm", shape(c.M, c.N, c.K));
+      return;
+    }
+    check_cublas(cublasSgemmStridedBatched(k_.cublas_.get(), op(c.trans_b), op(c.trans_a), to_int(c.N, "N"),
+                                           to_int(c.M, "M"), to_int(c.K, "K"), &c.alpha, b.data, to_int(b.ld, "ldb"),
+                                           b.stride, a.data, to_int(a.ld, "lda"), a.stride, &c.beta, c.C,
+                                           to_int(c.ldc, "ldc"), c.stride_c, to_int(c.batch, "batch")),
+                 "cublasSgemmStridedBatched", shape(c.M, c.N, c.K) + " batch=" + std::to_string(c.batch));
+  }
+  // A product of two bf16 or two TF32 values is exact in f32: with f32 accumulation this is the
+  // CPU's sgemm on its rounded copies, to summation order. FAST_TF32 on TF32 values is exact.
+  void gemm_on(const GemmCall& c, const GemmOperand& a, const void* a_copy, const GemmOperand& b,
+               const void* b_copy) const {
+    const bool bf16 = k_.precision_ == MatmulPrecision::medium;
+    // Packed copies: a row's leading dimension is its column count (at least 1 for cuBLAS).
+    const auto packed_ld = [](const GemmOperand& o) { return to_int(std::max<int64_t>(o.cols, 1), "packed ld"); };
+    const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    check_cublas(
+        cublasGemmStridedBatchedEx(k_.cublas_.get(), op(c.trans_b), op(c.trans_a), to_int(c.N, "N"), to_int(c.M, "M"),
+                                   to_int(c.K, "K"), &c.alpha, b_copy, type, packed_ld(b), b.rows * b.cols, a_copy,
+                                   type, packed_ld(a), a.rows * a.cols, &c.beta, c.C, CUDA_R_32F, to_int(c.ldc, "ldc"),
+                                   c.stride_c, to_int(c.batch, "batch"),
+                                   bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmStridedBatchedEx",
+        std::string(matmul_precision_name(k_.precision_)) + " (rounded operands) " + shape(c.M, c.N, c.K) +
+            " batch=" + std::to_string(c.batch));
+  }
+  // cuBLASLt's bias epilogue (lt_bias_gemm.h), on the f32 operands (highest) or the copies.
+  bool bias_epilogue(const GemmCall& c, const GemmOperand& x, const void* x_copy, const GemmOperand& w,
+                     const void* w_copy, const float* bias) const {
+    if (k_.precision_ == MatmulPrecision::highest)
+      return k_.lt_bias_.run(CUDA_R_32F, CUBLAS_COMPUTE_32F, x.data, w.data, bias, c.C, c.M, c.K, c.N);
+    const bool bf16 = k_.precision_ == MatmulPrecision::medium;
+    return k_.lt_bias_.run(bf16 ? CUDA_R_16BF : CUDA_R_32F, bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32,
+                           x_copy, w_copy, bias, c.C, c.M, c.K, c.N);
+  }
+  void bias_rows(float* Y, const float* bias, int64_t rows, int64_t cols) const {
+    launch::bias_rows(Y, bias, rows, cols, k_.stream_);
+  }
+  void col_sum_add(float* db, const float* dY, int64_t rows, int64_t cols) const {
+    launch::col_sum_add(db, dY, rows, cols, k_.stream_);
+  }
+
+ private:
+  CudaKernels& k_;
+};
+
 void CudaKernels::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                        int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  // Row-major C (M,N) is column-major C^T (N,M) = op(B)^T op(A)^T: swap the operands.
-  if (precision_ != MatmulPrecision::highest) {
-    gemm_rounded(trans_a, trans_b, M, N, K, alpha, GemmOperand{A, trans_a ? K : M, trans_a ? M : K, lda, 0},
-                 GemmOperand{B, trans_b ? N : K, trans_b ? K : N, ldb, 0}, beta, C, ldc, 0, 1);
-    return;
-  }
-  check_cublas(cublasSgemm(cublas_.get(), op(trans_b), op(trans_a), to_int(N, "N"), to_int(M, "M"), to_int(K, "K"),
-                           &alpha, B, to_int(ldb, "ldb"), A, to_int(lda, "lda"), &beta, C, to_int(ldc, "ldc")),
-               "cublasSgemm", shape(M, N, K));
+  const GemmCall c{trans_a, trans_b, M, N, K, alpha, beta, C, ldc, 0, 1};
+  Steps steps(*this);
+  gemm_steps(steps, c, gemm_a(c, A, lda, 0), gemm_b(c, B, ldb, 0));
 }
 
 void CudaKernels::gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                                        const float* A, int64_t lda, int64_t stride_a, const float* B, int64_t ldb,
                                        int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c,
                                        int64_t batch) {
-  if (M == 0 || N == 0 || batch == 0) return;
-  if (precision_ != MatmulPrecision::highest) {
-    gemm_rounded(trans_a, trans_b, M, N, K, alpha, GemmOperand{A, trans_a ? K : M, trans_a ? M : K, lda, stride_a},
-                 GemmOperand{B, trans_b ? N : K, trans_b ? K : N, ldb, stride_b}, beta, C, ldc, stride_c, batch);
-    return;
-  }
-  check_cublas(cublasSgemmStridedBatched(cublas_.get(), op(trans_b), op(trans_a), to_int(N, "N"), to_int(M, "M"),
-                                         to_int(K, "K"), &alpha, B, to_int(ldb, "ldb"), stride_b, A, to_int(lda, "lda"),
-                                         stride_a, &beta, C, to_int(ldc, "ldc"), stride_c, to_int(batch, "batch")),
-               "cublasSgemmStridedBatched", shape(M, N, K) + " batch=" + std::to_string(batch));
-}
-
-void CudaKernels::gemm_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                               const GemmOperand& a, const GemmOperand& b, float beta, float* C, int64_t ldc,
-                               int64_t stride_c, int64_t batch) {
-  const RoundedOperand a_rounded(allocator_, stream_, precision_, a, batch);
-  const RoundedOperand b_rounded(allocator_, stream_, precision_, b, batch);
-  gemm_on_rounded(trans_a, trans_b, M, N, K, alpha, a, a_rounded.get(), b, b_rounded.get(), beta, C, ldc, stride_c,
-                  batch);
-}
-
-void CudaKernels::gemm_on_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                                  const GemmOperand& a, const void* a_rounded, const GemmOperand& b,
-                                  const void* b_rounded, float beta, float* C, int64_t ldc, int64_t stride_c,
-                                  int64_t batch) {
-  const bool bf16 = precision_ == MatmulPrecision::medium;
-  // Packed copies: a row's leading dimension is its column count (at least 1 for cuBLAS).
-  const auto packed_ld = [](const GemmOperand& o) { return to_int(std::max<int64_t>(o.cols, 1), "packed ld"); };
-  const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  // A product of two bf16 or two TF32 values is exact in f32: with f32 accumulation this is the
-  // CPU's sgemm on its rounded copies, to summation order. FAST_TF32 on TF32 values is exact.
-  check_cublas(cublasGemmStridedBatchedEx(
-                   cublas_.get(), op(trans_b), op(trans_a), to_int(N, "N"), to_int(M, "M"), to_int(K, "K"), &alpha,
-                   b_rounded, type, packed_ld(b), b.rows * b.cols, a_rounded, type, packed_ld(a), a.rows * a.cols,
-                   &beta, C, CUDA_R_32F, to_int(ldc, "ldc"), stride_c, to_int(batch, "batch"),
-                   bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT),
-               "cublasGemmStridedBatchedEx",
-               std::string(matmul_precision_name(precision_)) + " (rounded operands) " + shape(M, N, K) +
-                   " batch=" + std::to_string(batch));
+  const GemmCall c{trans_a, trans_b, M, N, K, alpha, beta, C, ldc, stride_c, batch};
+  Steps steps(*this);
+  gemm_steps(steps, c, gemm_a(c, A, lda, stride_a), gemm_b(c, B, ldb, stride_b));
 }
 
 void CudaKernels::gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
@@ -163,47 +182,14 @@ void CudaKernels::gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, in
 
 void CudaKernels::linear_forward(float* Y, const float* X, const float* W, const float* b, int64_t rows, int64_t in,
                                  int64_t out) {
-  if (b && rows > 0 && in > 0 && out > 0) {
-    // The bias in cuBLASLt's epilogue (lt_bias_gemm.h); where it has no algorithm, Y seeded with
-    // the bias and a GEMM with beta = 1 (as the CPU). The rounded copies (high, medium) are made
-    // once, X's before W's, whichever path runs: the plan charges them so.
-    if (precision_ == MatmulPrecision::highest) {
-      if (lt_bias_.run(CUDA_R_32F, CUBLAS_COMPUTE_32F, X, W, b, Y, rows, in, out)) return;
-    } else {
-      const GemmOperand x{X, rows, in, in, 0}, w{W, out, in, in, 0};
-      const RoundedOperand x_rounded(allocator_, stream_, precision_, x, 1);
-      const RoundedOperand w_rounded(allocator_, stream_, precision_, w, 1);
-      const bool bf16 = precision_ == MatmulPrecision::medium;
-      if (lt_bias_.run(bf16 ? CUDA_R_16BF : CUDA_R_32F, bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32,
-                       x_rounded.get(), w_rounded.get(), b, Y, rows, in, out))
-        return;
-      launch::bias_rows(Y, b, rows, out, stream_);
-      gemm_on_rounded(false, true, rows, out, in, 1.0f, x, x_rounded.get(), w, w_rounded.get(), 1.0f, Y, out, 0, 1);
-      return;
-    }
-  }
-  if (b) launch::bias_rows(Y, b, rows, out, stream_);  // seed Y with the bias, then beta = 1 (as the CPU)
-  gemm(false, true, rows, out, in, 1.0f, X, in, W, in, b ? 1.0f : 0.0f, Y, out);
+  Steps steps(*this);
+  linear_forward_steps(steps, Y, X, W, b, rows, in, out);
 }
 
 void CudaKernels::linear_backward(float* dX, float* dW, float* db, const float* dY, const float* X, const float* W,
                                   int64_t rows, int64_t in, int64_t out) {
-  if (precision_ != MatmulPrecision::highest && dX && rows > 0 && in > 0 && out > 0) {
-    // dY rounded once for both GEMMs (dW's, then dX's); X's copy goes before W's is made.
-    const GemmOperand dy{dY, rows, out, out, 0}, x{X, rows, in, in, 0}, w{W, out, in, in, 0};
-    const RoundedOperand dy_rounded(allocator_, stream_, precision_, dy, 1);
-    {
-      const RoundedOperand x_rounded(allocator_, stream_, precision_, x, 1);
-      gemm_on_rounded(true, false, out, in, rows, 1.0f, dy, dy_rounded.get(), x, x_rounded.get(), 1.0f, dW, in, 0, 1);
-    }
-    if (db) launch::col_sum_add(db, dY, rows, out, stream_);
-    const RoundedOperand w_rounded(allocator_, stream_, precision_, w, 1);
-    gemm_on_rounded(false, false, rows, in, out, 1.0f, dy, dy_rounded.get(), w, w_rounded.get(), 0.0f, dX, in, 0, 1);
-    return;
-  }
-  gemm(true, false, out, in, rows, 1.0f, dY, out, X, in, 1.0f, dW, in);
-  if (db) launch::col_sum_add(db, dY, rows, out, stream_);
-  if (dX) gemm(false, false, rows, in, out, 1.0f, dY, out, W, in, 0.0f, dX, in);
+  Steps steps(*this);
+  linear_backward_steps(steps, dX, dW, db, dY, X, W, rows, in, out);
 }
 
 void CudaKernels::im2col(const float* x, float* col, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t pad,

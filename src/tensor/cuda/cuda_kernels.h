@@ -13,6 +13,7 @@
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/cuda/fused_attention.h"
 #include "tensor/cuda/lt_bias_gemm.h"
+#include "tensor/gemm_steps.h"
 #include "tensor/kernels.h"
 
 namespace fsdp::cuda {
@@ -27,12 +28,6 @@ class CublasHandle {
 
  private:
   cublasHandle_t handle_ = nullptr;
-};
-
-// One f32 operand of a (batched) GEMM as stored: rows x cols at row stride ld, batch stride.
-struct GemmOperand {
-  const float* data;
-  int64_t rows, cols, ld, stride;
 };
 
 // Throws Error("cuda: <call>: <cublasGetStatusString> (<context>)").
@@ -137,14 +132,9 @@ class CudaKernels final : public Kernels {
  private:
   // Copies the reduction results (scratch_ offsets 0..15 bytes) to pinned memory and waits.
   void fetch_results();
-  // matmul_precision high or medium: both operands rounded to packed copies (allocator_; TF32 in
-  // f32 or bf16), one cuBLAS GEMM on them with f32 accumulation and output, the copies freed.
-  void gemm_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& a,
-                    const GemmOperand& b, float beta, float* C, int64_t ldc, int64_t stride_c, int64_t batch);
-  // The GEMM of gemm_rounded on operands already rounded and packed (a: batch x a.rows x a.cols).
-  void gemm_on_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& a,
-                       const void* a_rounded, const GemmOperand& b, const void* b_rounded, float beta, float* C,
-                       int64_t ldc, int64_t stride_c, int64_t batch);
+  // gemm_steps.h's executor: rounded copies from allocator_ (TF32 in f32 or bf16), cuBLAS GEMMs on
+  // them with f32 accumulation and output.
+  class Steps;
   cudaStream_t stream_;
   CachingAllocator& allocator_;
   CublasHandle cublas_;
