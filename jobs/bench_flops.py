@@ -28,13 +28,19 @@ def transformer_step_flops(batch, vocab, d_model, n_layers, d_ff, seq_len, **_):
     return 6 * transformer_matmul_params(vocab, d_model, n_layers, d_ff) * B * T + 12 * L * B * T * T * C
 
 
-def transformer_executed_step_flops(batch, vocab, d_model, n_layers, d_ff, seq_len, row_block=32, **_):
-    """The matmul FLOPs fsdp-hpc's host kernels execute per step: the attention GEMMs cover, per
-    row block [r0, r1), only the key columns < r1 (nn/attention.cpp)."""
-    B, T, C, L = batch, seq_len, d_model, n_layers
+def causal_covered(T, row_block=32):
+    """The (query, key) pairs of a T x T score plane that fsdp-hpc's host kernels compute: per row
+    block [r0, r1), only the key columns < r1 (Kernels::causal_row_block; nn/attention.cpp and
+    models/llama/llama.cpp)."""
     blocks = -(-T // row_block)
-    covered = sum(min(T, (i + 1) * row_block) * (min(T, (i + 1) * row_block) - i * row_block) for i in range(blocks))
-    return 6 * transformer_matmul_params(vocab, d_model, n_layers, d_ff) * B * T + 12 * L * B * covered * C
+    return sum(min(T, (i + 1) * row_block) * (min(T, (i + 1) * row_block) - i * row_block) for i in range(blocks))
+
+
+def transformer_executed_step_flops(batch, vocab, d_model, n_layers, d_ff, seq_len, row_block=32, **_):
+    """The matmul FLOPs fsdp-hpc's host kernels execute per step (causal_covered)."""
+    B, T, C, L = batch, seq_len, d_model, n_layers
+    return 6 * transformer_matmul_params(vocab, d_model, n_layers, d_ff) * B * T + \
+        12 * L * B * causal_covered(T, row_block) * C
 
 
 # input/llama_bench.yaml's model (jobs/bench-peer.sh --models llama).
@@ -43,16 +49,16 @@ BENCH_LLAMA = dict(vocab_size=256, hidden_size=256, intermediate_size=688, num_h
 
 
 def llama_step_flops(batch, vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
-                     num_key_value_heads, seq_len, **_):
+                     num_key_value_heads, seq_len, executed=False, **_):
     """As transformer_step_flops: 6 * (matmul parameters) * tokens with q_proj and o_proj (C x C),
     k_proj and v_proj (C x G*D, grouped-query), gate, up and down (C x I) per layer and lm_head,
     plus attention 12 * L * B * T^2 * C over the full T x T (the query heads' QK^T and PV; the
-    key/value heads they share do not cut it). Our Llama computes the full square (it masks
-    after the scores), so here counted and executed FLOPs agree."""
+    key/value heads they share do not cut it). With executed=True, the attention term over the
+    pairs fsdp-hpc's host kernels compute (causal_covered) instead of T x T."""
     B, T, C, L, I, V = batch, seq_len, hidden_size, num_hidden_layers, intermediate_size, vocab_size
     kv = num_key_value_heads * (C // num_attention_heads)
     params = L * (2 * C * C + 2 * C * kv + 3 * C * I) + C * V
-    return 6 * params * B * T + 12 * L * B * T * T * C
+    return 6 * params * B * T + 12 * L * B * (causal_covered(T) if executed else T * T) * C
 
 
 def mnist_cnn_step_flops(batch):
