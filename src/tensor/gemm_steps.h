@@ -87,6 +87,7 @@ void linear_forward_steps(E& e, float* Y, const float* X, const float* W, const 
 // At high and medium with dX, dY is rounded once for both GEMMs (dW's, then dX's) and X's copy is
 // freed before W's is made: the peak holds dY's copy and the larger of the other two.
 template <class E>
+// NOLINTNEXTLINE(readability-non-const-parameter): dX and dW are written, through GemmCall::C
 void linear_backward_steps(E& e, float* dX, float* dW, float* db, const float* dY, const float* X, const float* W,
                            int64_t rows, int64_t in, int64_t out) {
   const GemmOperand dy{dY, rows, out, out, 0}, x{X, rows, in, in, 0}, w{W, out, in, in, 0};
