@@ -99,6 +99,43 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
+// --plan (and --suggest): the real step on the meta device: a plan for any size runs anywhere,
+// allocating nothing.
+std::string plan_text(const Args& args, const fsdp::Config& config, const fsdp::MpiSession& mpi) {
+  fsdp::PlanRequest request;
+  request.world_size = args.plan_world_size > 0 ? args.plan_world_size : mpi.size();
+  // HYBRID with shard_group_size 0 shards over a node: this launch's nodes, or one node for
+  // a --world-size of its own.
+  if (args.plan_world_size == 0) request.node_color_of_rank = mpi.node_color_of_rank();
+  request.ranks_per_node = args.ranks_per_node;
+  std::optional<fsdp::ClusterSpec> cluster;
+  if (!args.cluster.empty()) cluster = fsdp::load_cluster(args.cluster);
+  request.cluster = cluster ? &*cluster : nullptr;
+  if (args.suggest) return fsdp::suggestions_text(fsdp::suggest_strategies(config, request), request);
+  const fsdp::MemoryPlan plan = fsdp::plan_memory(config, request);
+  std::string text = plan.text();
+  if (plan.time) text += plan.time->text(plan.world_size);
+  return text;
+}
+
+// The trainer makes the run's communicators (train/communicators.h) over MPI_COMM_WORLD.
+std::unique_ptr<fsdp::Trainer> make_trainer(const fsdp::Config& config, const fsdp::MpiSession& mpi) {
+  const fsdp_app::TestFaults faults = fsdp_app::test_faults_from_env(mpi.rank());  // tests only
+  fsdp::RunEnv env;
+  env.rank = mpi.rank();
+  env.world_size = mpi.size();
+  env.node_color = mpi.node_color();
+  env.node_color_of_rank = mpi.node_color_of_rank();
+  env.local_rank = mpi.local_rank();
+  env.mpi_comm = MPI_COMM_WORLD;
+  env.during_save = faults.during_save;
+  if (faults.comm_faults)
+    env.decorate_world = [comm = faults.comm](std::unique_ptr<fsdp::Communicator> world) {
+      return fsdp::make_faulty_communicator(std::move(world), comm);
+    };
+  return fsdp::Trainer::create(config, env);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -122,42 +159,11 @@ int main(int argc, char** argv) {
       throw fsdp::Error("--generate needs a model that generates (model.kind " + fsdp::generating_family_names() +
                         "); " + args.input + " has model.kind " + config.model.kind);
     if (args.plan) {
-      // The real step on the meta device: a plan for any size runs anywhere, allocating nothing.
-      fsdp::PlanRequest request;
-      request.world_size = args.plan_world_size > 0 ? args.plan_world_size : mpi.size();
-      // HYBRID with shard_group_size 0 shards over a node: this launch's nodes, or one node for
-      // a --world-size of its own.
-      if (args.plan_world_size == 0) request.node_color_of_rank = mpi.node_color_of_rank();
-      request.ranks_per_node = args.ranks_per_node;
-      std::optional<fsdp::ClusterSpec> cluster;
-      if (!args.cluster.empty()) cluster = fsdp::load_cluster(args.cluster);
-      request.cluster = cluster ? &*cluster : nullptr;
-      if (args.suggest) {
-        const std::string text = fsdp::suggestions_text(fsdp::suggest_strategies(config, request), request);
-        if (mpi.rank() == 0) std::fputs(text.c_str(), stdout);
-        return 0;
-      }
-      const fsdp::MemoryPlan plan = fsdp::plan_memory(config, request);
-      std::string text = plan.text();
-      if (plan.time) text += plan.time->text(plan.world_size);
+      const std::string text = plan_text(args, config, mpi);
       if (mpi.rank() == 0) std::fputs(text.c_str(), stdout);
       return 0;
     }
-    // The trainer makes the run's communicators (train/communicators.h) over MPI_COMM_WORLD.
-    const fsdp_app::TestFaults faults = fsdp_app::test_faults_from_env(mpi.rank());  // tests only
-    fsdp::RunEnv env;
-    env.rank = mpi.rank();
-    env.world_size = mpi.size();
-    env.node_color = mpi.node_color();
-    env.node_color_of_rank = mpi.node_color_of_rank();
-    env.local_rank = mpi.local_rank();
-    env.mpi_comm = MPI_COMM_WORLD;
-    env.during_save = faults.during_save;
-    if (faults.comm_faults)
-      env.decorate_world = [comm = faults.comm](std::unique_ptr<fsdp::Communicator> world) {
-        return fsdp::make_faulty_communicator(std::move(world), comm);
-      };
-    trainer = fsdp::Trainer::create(config, env);
+    trainer = make_trainer(config, mpi);
   } catch (const std::exception& e) {
     setup_error = fsdp::describe(e);
     if (setup_error.empty()) setup_error = "unknown error";

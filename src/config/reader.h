@@ -57,7 +57,11 @@ class Reader {
   void check_optimizer(OptimizerConfig& o) const;
   void read_init_from_config(Config& c, const std::vector<Field>& table);
   void check_model(ModelConfig& m) const;
-  void check_rules(const Config& c) const;
+  void check_rules(const Config& c) const;  // check_generate_rules, check_data_rules, check_run_rules
+  void check_generate_rules(const Config& c) const;
+  void check_data_rules(const Config& c) const;
+  void check_run_rules(const Config& c) const;
+  std::string blame(const std::string& a, const std::string& b) const;
 
   std::string source_;
   std::vector<std::string> set_keys_;  // overrides applied so far, in order

@@ -102,9 +102,19 @@ void Reader::read_init_from_config(Config& c, const std::vector<Field>& table) {
   }
 }
 
+// The later key of a pair is the one more likely just edited.
+std::string Reader::blame(const std::string& a, const std::string& b) const { return given(b) ? b : a; }
+
+// Rules are checked in a fixed order (model and generation, data, run): the first broken one is
+// the error, so an input that breaks several always names the same one.
 void Reader::check_rules(const Config& c) const {
-  // The later key of a pair is the one more likely just edited.
-  auto blame = [&](const std::string& a, const std::string& b) { return given(b) ? b : a; };
+  check_generate_rules(c);
+  check_data_rules(c);
+  check_run_rules(c);
+}
+
+// The family's own check, then generate.* against what the model decodes.
+void Reader::check_generate_rules(const Config& c) const {
   const ModelConfig& m = c.model;
   const ModelFamily& family = m.family();
   if (family.check)
@@ -112,7 +122,6 @@ void Reader::check_rules(const Config& c) const {
       fail(problem->other.empty() ? problem->key : blame(problem->key, problem->other), problem->message);
   const bool seq2seq = family.task == ModelTask::seq2seq;
   const std::string seq2seq_kinds = family_names(ModelTask::seq2seq);
-  const bool pairs = c.data.kind == DataKind::seq2seq || c.data.kind == DataKind::synthetic;
   const bool lm = family.task == ModelTask::causal_lm;
   for (const auto& [path, g] : given_) {
     if (!path.starts_with("generate.")) continue;
@@ -136,6 +145,16 @@ void Reader::check_rules(const Config& c) const {
          "generate.prompt_len (" + std::to_string(c.generate.prompt_len) + ") must be below model." +
              family.seq_len_key + " (" + std::to_string(m.args.i64(family.seq_len_key)) +
              "): a validation sample is the prompt and its reference");
+}
+
+// data.* against the model's task and against each other.
+void Reader::check_data_rules(const Config& c) const {
+  const ModelConfig& m = c.model;
+  const ModelFamily& family = m.family();
+  const bool seq2seq = family.task == ModelTask::seq2seq;
+  const std::string seq2seq_kinds = family_names(ModelTask::seq2seq);
+  const bool pairs = c.data.kind == DataKind::seq2seq || c.data.kind == DataKind::synthetic;
+  const bool lm = family.task == ModelTask::causal_lm;
   if ((c.data.kind == DataKind::seq2seq && !seq2seq) || (seq2seq && !pairs))
     fail(blame("model.kind", "data.kind"), "model.kind " + (seq2seq ? m.kind : seq2seq_kinds) +
                                                " reads data.kind seq2seq (or synthetic); got model.kind " + m.kind +
@@ -168,6 +187,10 @@ void Reader::check_rules(const Config& c) const {
   if (!c.data.eval_path.empty() && given("data.eval_fraction"))
     fail(blame("data.eval_path", "data.eval_fraction"),
          "data.eval_path and data.eval_fraction both given: the validation rows come from one of them");
+}
+
+// train, fsdp, comm, checkpoint and output keys that depend on one another.
+void Reader::check_run_rules(const Config& c) const {
   if (c.train.epochs == 0 && c.train.steps == 0)
     fail(blame("train.epochs", "train.steps"),
          "train.epochs and train.steps are both 0; one of them must bound the run");

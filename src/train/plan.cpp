@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "comm/meta_comm.h"
 #include "config/cluster.h"
@@ -43,97 +46,116 @@ std::string human_bytes(double b) {
   return buf;
 }
 
-MemoryPlan plan_memory(const Config& config, const PlanRequest& request) {
+namespace {
+
+// Each rank's node (its color): the request's own list, else ranks_per_node (the request's, the
+// cluster's devices per node, or every rank on one node) consecutive ranks per node.
+std::vector<int> node_colors(const PlanRequest& request) {
   const int world = request.world_size;
   if (world < 1) throw Error("memory plan: world size " + std::to_string(world) + " is not >= 1");
-  const ClusterSpec* cluster = request.cluster;
   if (request.ranks_per_node < 0)
     throw Error("memory plan: ranks per node " + std::to_string(request.ranks_per_node) + " is not >= 1");
   std::vector<int> nodes = request.node_color_of_rank;
   if (nodes.empty()) {
     const int per_node = request.ranks_per_node > 0 ? request.ranks_per_node
-                         : cluster                  ? cluster->devices_per_node
+                         : request.cluster          ? request.cluster->devices_per_node
                                                     : world;
     for (int r = 0; r < world; ++r) nodes.push_back(r / per_node);
   }
   if (nodes.size() != static_cast<size_t>(world))
     throw Error("memory plan: node colors of " + std::to_string(nodes.size()) + " ranks for " + std::to_string(world));
-  // Node-shared memory as the run's backend would give it (only some backends map it).
-  const std::optional<BackendEntry> backend = find_backend(config.comm.backend);
-  // A timed plan: one clock for the meta device and every communicator split from the world.
+  return nodes;
+}
+
+// A timed plan's clock: one Timeline for the meta device and every communicator split from the
+// world, and the cluster's side of the TimePlan (its layout of ranks on nodes and devices).
+struct ClusterClock {
   std::unique_ptr<Timeline> timeline;
   std::shared_ptr<MetaTiming> timing;
-  TimePlan time;
-  if (cluster) {
-    if (cluster->device != config.train.device)
-      throw Error("plan: cluster " + cluster->name + " computes on " + std::string(device_name(cluster->device)) +
-                  " and the input trains on " + std::string(device_name(config.train.device)) + " (set train.device " +
-                  std::string(device_name(cluster->device)) + ")");
-    const FabricSpec& fabric = cluster->fabric(config.comm.backend);
-    time.cluster = cluster->name;
-    time.backend = config.comm.backend;
-    time.ranks_per_node = static_cast<int>(std::count(nodes.begin(), nodes.end(), nodes[0]));
-    time.nodes = static_cast<int>(std::set<int>(nodes.begin(), nodes.end()).size());
-    time.ranks_per_device = (time.ranks_per_node + cluster->devices_per_node - 1) / cluster->devices_per_node;
-    time.overlaps = fabric.overlaps_compute;
-    DeviceRates rates = cluster->rates;
-    rates.ranks_per_device = time.ranks_per_device;
-    timeline = std::make_unique<Timeline>(rates, cluster->device != Device::cpu, fabric.overlaps_compute);
-    timing = std::make_shared<MetaTiming>(MetaTiming{timeline.get(), fabric, nodes});
-  }
+  TimePlan frame;
+};
+
+ClusterClock cluster_clock(const Config& config, const ClusterSpec& cluster, const std::vector<int>& nodes) {
+  if (cluster.device != config.train.device)
+    throw Error("plan: cluster " + cluster.name + " computes on " + std::string(device_name(cluster.device)) +
+                " and the input trains on " + std::string(device_name(config.train.device)) + " (set train.device " +
+                std::string(device_name(cluster.device)) + ")");
+  const FabricSpec& fabric = cluster.fabric(config.comm.backend);
+  ClusterClock c;
+  TimePlan& time = c.frame;
+  time.cluster = cluster.name;
+  time.backend = config.comm.backend;
+  time.ranks_per_node = static_cast<int>(std::count(nodes.begin(), nodes.end(), nodes[0]));
+  time.nodes = static_cast<int>(std::set<int>(nodes.begin(), nodes.end()).size());
+  time.ranks_per_device = (time.ranks_per_node + cluster.devices_per_node - 1) / cluster.devices_per_node;
+  time.overlaps = fabric.overlaps_compute;
+  DeviceRates rates = cluster.rates;
+  rates.ranks_per_device = time.ranks_per_device;
+  c.timeline = std::make_unique<Timeline>(rates, cluster.device != Device::cpu, fabric.overlaps_compute);
+  c.timing = std::make_shared<MetaTiming>(MetaTiming{c.timeline.get(), fabric, nodes});
+  return c;
+}
+
+// The step the trainer measured on the timeline (step) put into the cluster's frame (where its
+// ranks sit), with the peak it is compared against and what the model does and does not
+// account for.
+TimePlan timed_step(const Config& config, const ClusterSpec& cluster, const TimePlan& frame, const TimePlan& step) {
+  TimePlan t = step;
+  t.cluster = frame.cluster, t.backend = frame.backend;
+  t.ranks_per_node = frame.ranks_per_node, t.nodes = frame.nodes, t.ranks_per_device = frame.ranks_per_device;
+  t.overlaps = frame.overlaps;
+  const bool bf16 = config.fsdp.mixed_precision.param_dtype == DType::bf16 ||
+                    config.train.matmul_precision == MatmulPrecision::medium;
+  const bool tf32 = !bf16 && config.train.matmul_precision == MatmulPrecision::high;
+  t.precision = bf16 ? "bf16" : tf32 ? "tf32" : "f32";
+  t.peak_flops_per_s = bf16   ? cluster.peak_bf16_flops_per_s
+                       : tf32 ? cluster.peak_tf32_flops_per_s
+                              : cluster.peak_f32_flops_per_s;
+  t.modelled = {
+      "every kernel of the step at max(FLOPs / GEMM rate, bytes / memory bandwidth) plus a launch "
+      "overhead, in the order the real step calls them",
+      std::string("every collective as a ring") +
+          (cluster.fabric(config.comm.backend).all_reduce_tree ? " (all_reduce as a tree where that is faster)" : "") +
+          " (comm/collective_cost.h) on the link its group crosses, issued and waited for where the engine does "
+          "(prefetch, stream events)",
+      std::string(t.overlaps ? "collectives overlap compute on their own stream"
+                             : "collectives do not overlap compute (the backend progresses only "
+                               "while its rank polls)") +
+          (t.ranks_per_device > 1 ? "; " + std::to_string(t.ranks_per_device) + " ranks share each device's rates"
+                                  : "")};
+  t.not_modelled = {"host work between kernels (data loading, the trainer's bookkeeping)",
+                    "contention between a rank's compute and its collectives for memory bandwidth or SMs",
+                    "NVLS (NVLink SHARP) and NCCL's PAT all_gather, network congestion, stragglers"};
+  return t;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const Config& config, const PlanRequest& request) {
+  const std::vector<int> nodes = node_colors(request);
+  const ClusterSpec* cluster = request.cluster;
+  ClusterClock clock;
+  if (cluster) clock = cluster_clock(config, *cluster, nodes);
+  // Node-shared memory as the run's backend would give it (only some backends map it).
+  const std::optional<BackendEntry> backend = find_backend(config.comm.backend);
   std::unique_ptr<Communicator> meta_world =
-      make_meta_communicator(world, 0, {}, backend && backend->maps_node_memory, timing);
+      make_meta_communicator(request.world_size, 0, {}, backend && backend->maps_node_memory, clock.timing);
   RunEnv env;
   env.rank = 0;
-  env.world_size = world;
+  env.world_size = request.world_size;
   env.world = meta_world.get();
   env.node_color = nodes[0];
   env.node_color_of_rank = nodes;
   env.planning = true;
-  env.make_runtime = [device = config.train.device, t = timeline.get()](MemoryTracker& tracker, int) {
+  env.make_runtime = [device = config.train.device, t = clock.timeline.get()](MemoryTracker& tracker, int) {
     return make_meta_runtime(device, tracker, t);
   };
-  env.timeline = timeline.get();
+  env.timeline = clock.timeline.get();
   env.train_data = request.train_data;
   env.eval_data = request.eval_data;
   MemoryPlan plan = Trainer::create(config, env)->plan();
-  if (cluster && plan.time) {
-    // The trainer measured its step on the timeline; the cluster's side is added here.
-    TimePlan& t = *plan.time;
-    const TimePlan step = t;
-    t = time;
-    t.step_s = step.step_s;
-    t.gemm_s = step.gemm_s, t.memory_bound_s = step.memory_bound_s, t.copy_s = step.copy_s;
-    t.gemm_flops = step.gemm_flops;
-    t.kernels = step.kernels;
-    t.collective_s = step.collective_s;
-    t.collective_calls = step.collective_calls;
-    t.samples_per_step = step.samples_per_step;
-    t.tokens_per_sample = step.tokens_per_sample;
-    const bool bf16 = config.fsdp.mixed_precision.param_dtype == DType::bf16 ||
-                      config.train.matmul_precision == MatmulPrecision::medium;
-    const bool tf32 = !bf16 && config.train.matmul_precision == MatmulPrecision::high;
-    t.precision = bf16 ? "bf16" : tf32 ? "tf32" : "f32";
-    t.peak_flops_per_s = bf16   ? cluster->peak_bf16_flops_per_s
-                         : tf32 ? cluster->peak_tf32_flops_per_s
-                                : cluster->peak_f32_flops_per_s;
-    t.modelled = {
-        "every kernel of the step at max(FLOPs / GEMM rate, bytes / memory bandwidth) plus a launch "
-        "overhead, in the order the real step calls them",
-        std::string("every collective as a ring") +
-            (cluster->fabric(config.comm.backend).all_reduce_tree ? " (all_reduce as a tree where that is faster)"
-                                                                  : "") +
-            " (comm/collective_cost.h) on the link its group crosses, issued and waited for where the engine does "
-            "(prefetch, stream events)",
-        std::string(t.overlaps ? "collectives overlap compute on their own stream"
-                               : "collectives do not overlap compute (the backend progresses only "
-                                 "while its rank polls)") +
-            (t.ranks_per_device > 1 ? "; " + std::to_string(t.ranks_per_device) + " ranks share each device's rates"
-                                    : "")};
-    t.not_modelled = {"host work between kernels (data loading, the trainer's bookkeeping)",
-                      "contention between a rank's compute and its collectives for memory bandwidth or SMs",
-                      "NVLS (NVLink SHARP) and NCCL's PAT all_gather, network congestion, stragglers"};
-  }
+  // The trainer measured its step on the timeline; the cluster's side is added here.
+  if (cluster && plan.time) *plan.time = timed_step(config, *cluster, clock.frame, *plan.time);
   return plan;
 }
 
