@@ -149,7 +149,11 @@ inc=$cuda_root/include
   echo "nccl $(def NCCL_MAJOR "$inc/nccl.h").$(def NCCL_MINOR "$inc/nccl.h").$(def NCCL_PATCH "$inc/nccl.h")"
   echo "nccl_min 2.18.0"
   echo "openmpi $(dpkg-query -W -f='${Version}' openmpi-bin)"
-  echo "needs $(for b in "$B"/bin/*; do [ -L "$b" ] || readelf -d "$b"; done | awk '/NEEDED/ {gsub(/[][]/, "", $5); print $5}' | grep -E '^lib(cublas|nccl|cuda)' | sort -u | tr '\n' ' ')"
+  # The GPU libraries the binaries link (NEEDED), and cuBLAS/cuBLASLt, which they dlopen() by
+  # these sonames when a CUDA runtime starts (src/tensor/cuda/cublas_loader.h).
+  cublas_major=$(def CUBLAS_VER_MAJOR "$inc/cublas_api.h")
+  echo "needs $({ for b in "$B"/bin/*; do [ -L "$b" ] || readelf -d "$b"; done | awk '/NEEDED/ {gsub(/[][]/, "", $5); print $5}'
+    echo "libcublas.so.$cublas_major"; echo "libcublasLt.so.$cublas_major"; } | grep -E '^lib(cublas|nccl|cuda)' | sort -u | tr '\n' ' ')"
 } >"$B/BUILD-INFO"
 
 tar -C "$stage" -cf - fsdp-gpu | xz -T2 -9 >"$archive.tmp"

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "tensor/cuda/cublas_loader.h"
 #include "tensor/cuda/launch.h"
 #include "tensor/error.h"
 
@@ -69,6 +70,7 @@ void check_cublas(cublasStatus_t rc, const char* call, const std::string& contex
 }
 
 CublasHandle::CublasHandle(cudaStream_t stream) {
+  load_cublas();  // dlopen()s cuBLAS on the first CUDA runtime: a missing library is one line here
   check_cublas(cublasCreate(&handle_), "cublasCreate", "handle");
   try {
     check_cublas(cublasSetStream(handle_, stream), "cublasSetStream", "compute stream");
