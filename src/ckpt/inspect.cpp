@@ -184,6 +184,7 @@ CheckpointContents ckpt::read_sharded_index(hid_t file, const CheckpointMeta& me
 
 // Long (about 120 lines) on purpose: one pass over the file that checks every tensor against the
 // index and its CRC in the order a reader meets them, so the whole contract reads in one place.
+// NOLINTNEXTLINE(readability-function-size): the reason is above
 CheckpointVerifyReport verify_checkpoint(const std::string& path) {
   CheckpointContents c = list_checkpoint(path);
   const std::string what = "checkpoint " + path;

@@ -217,6 +217,7 @@ void write_index(hid_t file, const IndexTables& t, bool writer, hid_t lcpl) {
 // checksum, fsync, rename) whose every step every rank takes in the same order; split into
 // functions, the agreement points that keep a failing rank from stranding the others would be
 // scattered across them.
+// NOLINTNEXTLINE(readability-function-size): the reason is above
 CheckpointStats save_checkpoint(const std::string& path, const ShardedState& st, const CheckpointMeta& meta_in,
                                 const SaveOptions& options, MPI_Comm comm) {
   const auto t0 = std::chrono::steady_clock::now();

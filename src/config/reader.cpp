@@ -129,6 +129,7 @@ void Reader::walk(const YAML::Node& map, const std::string& prefix, const std::s
 
 // Over 80 lines because it is one std::visit with a short case per kind of target (schema.h's
 // Target): splitting it would put each case's checks away from the others'.
+// NOLINTNEXTLINE(readability-function-size): the reason is above
 void Reader::convert(const Field& f, const YAML::Node& v) const {
   auto expected = [&](const std::string& what) { fail(f.path, "expected " + what + ", got " + describe(v)); };
   auto check = [&](double x, const std::string& text) {

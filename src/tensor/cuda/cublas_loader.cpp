@@ -152,8 +152,7 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, c
 cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
                                          int m, int n, int k, const float* alpha, const float* A, int lda,
                                          long long int strideA, const float* B, int ldb, long long int strideB,
-                                         const float* beta, float* C, int ldc, long long int strideC,
-                                         int batchCount) {
+                                         const float* beta, float* C, int ldc, long long int strideC, int batchCount) {
   return api().sgemm_strided_batched(handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, C,
                                      ldc, strideC, batchCount);
 }
@@ -167,9 +166,9 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
 cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
                                           int m, int n, int k, const void* alpha, const void* A, cudaDataType Atype,
                                           int lda, long long int strideA, const void* B, cudaDataType Btype, int ldb,
-                                          long long int strideB, const void* beta, void* C, cudaDataType Ctype,
-                                          int ldc, long long int strideC, int batchCount,
-                                          cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+                                          long long int strideB, const void* beta, void* C, cudaDataType Ctype, int ldc,
+                                          long long int strideC, int batchCount, cublasComputeType_t computeType,
+                                          cublasGemmAlgo_t algo) {
   return api().gemm_strided_batched_ex(handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb,
                                        strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType, algo);
 }
@@ -180,8 +179,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
                               const void* beta, const void* C, cublasLtMatrixLayout_t Cdesc, void* D,
                               cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo, void* workspace,
                               size_t workspaceSizeInBytes, cudaStream_t stream) {
-  return api().lt_matmul(lightHandle, computeDesc, alpha, A, Adesc, B, Bdesc, beta, C, Cdesc, D, Ddesc, algo,
-                         workspace, workspaceSizeInBytes, stream);
+  return api().lt_matmul(lightHandle, computeDesc, alpha, A, Adesc, B, Bdesc, beta, C, Cdesc, D, Ddesc, algo, workspace,
+                         workspaceSizeInBytes, stream);
 }
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t operationDesc,
                                               cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,
