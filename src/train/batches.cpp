@@ -12,10 +12,18 @@ namespace fsdp {
 
 namespace {
 
+// The model's embedding must have a row for every piece of data.tokenizer.
+void check_fits(const Tokenizer& tokenizer, const Config& c) {
+  const ModelFamily& family = c.model.family();
+  const int64_t vocab = family.outputs(c.model.args);
+  if (tokenizer.vocab_size() > vocab)
+    throw Error("data.tokenizer " + c.data.tokenizer + " has " + std::to_string(tokenizer.vocab_size()) +
+                " pieces, more than model." + family.vocab_key + " " + std::to_string(vocab));
+}
+
 // Pairs for a sequence-to-sequence family; synthetic ones when data.kind is synthetic.
 Datasets load_pairs(const Config& c) {
   const DataConfig& d = c.data;
-  const ModelFamily& family = c.model.family();
   Seq2SeqOptions o;
   o.path = d.kind == DataKind::seq2seq ? d.path : "";
   o.source = d.source;
@@ -29,10 +37,7 @@ Datasets load_pairs(const Config& c) {
   o.synthetic_samples = d.synthetic_samples;
   o.seed = c.train.seed;
   o.tokenizer = load_tokenizer(d.tokenizer);  // one for both parts
-  const int64_t vocab = family.outputs(c.model.args);
-  if (o.tokenizer->vocab_size() > vocab)
-    throw Error("data.tokenizer " + d.tokenizer + " has " + std::to_string(o.tokenizer->vocab_size()) +
-                " pieces, more than model." + family.vocab_key + " " + std::to_string(vocab));
+  check_fits(*o.tokenizer, c);
   return {load_seq2seq(o, true), load_seq2seq(o, false)};
 }
 
@@ -57,10 +62,7 @@ Datasets load_causal_lm_text(const Config& c) {
   o.prompt = d.prompt;
   o.response = d.response;
   o.tokenizer = load_tokenizer(d.tokenizer, TokenStyle::llama, static_cast<int32_t>(bos), static_cast<int32_t>(eos));
-  const int64_t vocab = family.outputs(c.model.args);
-  if (o.tokenizer->vocab_size() > vocab)
-    throw Error("data.tokenizer " + d.tokenizer + " has " + std::to_string(o.tokenizer->vocab_size()) +
-                " pieces, more than model." + family.vocab_key + " " + std::to_string(vocab));
+  check_fits(*o.tokenizer, c);
   return {load_causal_lm(o, true), load_causal_lm(o, false)};
 }
 
