@@ -42,7 +42,9 @@ std::string code_list(const std::vector<std::string>& names) {
 
 std::string default_text(const Target& target) {
   auto text = [](const std::string& s) { return s.empty() ? std::string("\"\"") : s; };
-  auto list = [](const std::vector<std::string>& items) { return "[" + join(items) + "]"; };
+  // Appended, not `"[" + join(items)`: with the unity build's inlining GCC 12 reads that as a
+  // memcpy of a negative size (its false -Warray-bounds/-Wstringop-overflow, bug 105651).
+  auto list = [](const std::vector<std::string>& items) { return std::string("[").append(join(items)).append("]"); };
   return std::visit(
       Overload{
           [](const int64_t* v) { return std::to_string(*v); }, [](const uint64_t* v) { return std::to_string(*v); },
@@ -204,7 +206,7 @@ std::string presets_text() {
       out += "| " + code(p.name) + " |";
       for (const std::string& k : keys) {
         const auto it = std::ranges::find(p.values, k, &std::pair<std::string, ArgValue>::first);
-        out += " " + (it == p.values.end() ? std::string() : arg_text(it->second)) + " |";
+        out.append(" ").append(it == p.values.end() ? std::string() : arg_text(it->second)).append(" |");
       }
       out += "\n";
     }

@@ -58,7 +58,7 @@ void Trainer::print_banner() const {
         seen.push_back(colors[r]);
         std::string ranks;
         for (int q = r; q < env.world_size; ++q)
-          if (colors[q] == colors[r]) ranks += (ranks.empty() ? "" : ",") + std::to_string(q);
+          if (colors[q] == colors[r]) ranks.append(ranks.empty() ? "" : ",").append(std::to_string(q));
         nodes += (nodes.empty() ? "" : "; ") + std::string(hosts.data() + r * kHostBytes) + ": ranks " + ranks;
       }
       const char* how = !is_hybrid(engine.options().strategy) ? ""

@@ -160,7 +160,7 @@ LlamaConfig llama_config(const ModelArgs& a) {
   return c;
 }
 
-std::optional<ArgProblem> check(const ModelArgs& a, const ModelRunFacts& run) {
+std::optional<ArgProblem> llama_check(const ModelArgs& a, const ModelRunFacts& run) {
   const int64_t hidden = a.i64("hidden_size"), heads = a.i64("num_attention_heads");
   const int64_t kv = a.i64("num_key_value_heads");
   if (hidden % heads != 0 || (hidden / heads) % 2 != 0)
@@ -184,7 +184,7 @@ std::optional<ArgProblem> check(const ModelArgs& a, const ModelRunFacts& run) {
 
 // config.json's rope_scaling: null, or {"type": "linear", "factor": F}. transformers 4.36 also
 // knows "dynamic" (NTK scaling, which changes the tables with the sequence length): refused by name.
-std::vector<std::pair<std::string, std::string>> hf_config_keys(const std::string& config_json) {
+std::vector<std::pair<std::string, std::string>> llama_hf_config_keys(const std::string& config_json) {
   const nlohmann::json j = nlohmann::json::parse(config_json);
   const auto it = j.find("rope_scaling");
   if (it == j.end() || it->is_null()) return {{"rope_scaling_type", "none"}, {"rope_scaling_factor", "1.0"}};
@@ -198,7 +198,7 @@ std::vector<std::pair<std::string, std::string>> hf_config_keys(const std::strin
   return {{"rope_scaling_type", "linear"}, {"rope_scaling_factor", r["factor"].dump()}};
 }
 
-std::string hf_extra_json(const ModelArgs& a) {
+std::string llama_hf_extra_json(const ModelArgs& a) {
   nlohmann::ordered_json j;
   j["architectures"] = {"LlamaForCausalLM"};
   if (a.text("rope_scaling_type") == "linear")
@@ -214,7 +214,7 @@ std::string hf_extra_json(const ModelArgs& a) {
 // Older conversions keep each layer's rotary inverse frequencies as a tensor (a buffer, not a
 // parameter: the tables are computed here); a tied model's state_dict holds lm_head.weight, the
 // embedding under a second name.
-HfNames hf_names(const ModelArgs& a) {
+HfNames llama_hf_names(const ModelArgs& a) {
   HfNames names;
   for (int64_t i = 0; i < a.i64("num_hidden_layers"); ++i)
     names.ignored.insert("model.layers." + std::to_string(i) + ".self_attn.rotary_emb.inv_freq");
@@ -238,10 +238,10 @@ ModelFamily llama_family() {
   f.eos_key = "eos_token_id";
   f.hf_model_type = "llama";
   f.make = [](const ModelArgs& a) { return make_llama(llama_config(a)); };
-  f.hf_extra_json = hf_extra_json;
-  f.hf_names = hf_names;
-  f.hf_config_keys = hf_config_keys;
-  f.check = check;
+  f.hf_extra_json = llama_hf_extra_json;
+  f.hf_names = llama_hf_names;
+  f.hf_config_keys = llama_hf_config_keys;
+  f.check = llama_check;
   return f;
 }
 

@@ -132,7 +132,7 @@ T5Config t5_config(const ModelArgs& a) {
 
 // What T5Config derives from feed_forward_proj (save_pretrained writes them too) and the token
 // ids, so that T5ForConditionalGeneration.from_pretrained loads the folder.
-std::string hf_extra_json(const ModelArgs& a) {
+std::string t5_hf_extra_json(const ModelArgs& a) {
   const bool gated = a.text("feed_forward_proj") == "gated-gelu";
   nlohmann::ordered_json j;
   j["architectures"] = {"T5ForConditionalGeneration"};
@@ -149,7 +149,7 @@ std::string hf_extra_json(const ModelArgs& a) {
 // T5's embedding is one tensor under up to four names (the tied lm_head.weight the fourth):
 // save_pretrained writes shared.weight only, other writers (torch.save's state_dict, converted)
 // write every alias.
-HfNames hf_names(const ModelArgs& a) {
+HfNames t5_hf_names(const ModelArgs& a) {
   HfNames names;
   names.aliases["shared.weight"] = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight"};
   if (a.flag("tie_word_embeddings")) names.aliases["shared.weight"].push_back("lm_head.weight");
@@ -169,8 +169,8 @@ ModelFamily t5_family() {
   f.vocab_key = "vocab_size";
   f.hf_model_type = "t5";
   f.make = [](const ModelArgs& a) { return make_t5(t5_config(a)); };
-  f.hf_extra_json = hf_extra_json;
-  f.hf_names = hf_names;
+  f.hf_extra_json = t5_hf_extra_json;
+  f.hf_names = t5_hf_names;
   return f;
 }
 

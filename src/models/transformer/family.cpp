@@ -8,7 +8,7 @@ namespace fsdp {
 
 namespace {
 
-std::optional<ArgProblem> check(const ModelArgs& a, const ModelRunFacts& run) {
+std::optional<ArgProblem> transformer_check(const ModelArgs& a, const ModelRunFacts& run) {
   const int64_t d_model = a.i64("d_model"), n_heads = a.i64("n_heads");
   if (d_model % n_heads != 0)
     return ArgProblem{"model.d_model", "model.n_heads",
@@ -36,7 +36,7 @@ std::optional<ArgProblem> check(const ModelArgs& a, const ModelRunFacts& run) {
   return std::nullopt;
 }
 
-std::string hf_extra_json(const ModelArgs&) {
+std::string transformer_hf_extra_json(const ModelArgs&) {
   nlohmann::ordered_json j;
   j["description"] =
       "fsdp-hpc's decoder-only transformer: tok_emb + pos_emb (learned), n_layers pre-norm blocks (LayerNorm eps "
@@ -108,8 +108,8 @@ ModelFamily transformer_family() {
     return make_transformer(a.i64("vocab"), a.i64("d_model"), a.i64("n_layers"), a.i64("n_heads"), a.i64("d_ff"),
                             a.i64("seq_len"), *parse_name(kAttentionModes, a.text("attention")));
   };
-  f.hf_extra_json = hf_extra_json;
-  f.check = check;
+  f.hf_extra_json = transformer_hf_extra_json;
+  f.check = transformer_check;
   return f;
 }
 
