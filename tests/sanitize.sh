@@ -66,7 +66,9 @@ else
   # -gline-tables-only (after the buildtype's -g, so it wins): file:line in every sanitizer report,
   # without the full debug info nobody reads in CI; measured with clang 14 on trainer.cpp and
   # fsdp_app.cpp under these flags: 12.4 -> 11.7 and 24.3 -> 20.9 CPU-s.
-  options=(-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized -Dtests_optimization=0
+  # -Dapps_optimization=0: the apps' own units (CLI11 parsing, drivers) at -O0 too, as the tests'
+  # (119 -> 52 CPU-s for the four under clang's sanitizers); the library they call keeps -O2.
+  options=(-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized -Dtests_optimization=0 -Dapps_optimization=0
            -Dfuzz=enabled -Dcpp_args=-gline-tables-only -Dc_args=-gline-tables-only)
   # The CUDA code only where a GPU can run it: without one, its only test (test_gpu) skips, so
   # compiling the .cu kernels (nvcc, two architectures: about 65 s of the release build's
