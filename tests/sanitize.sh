@@ -32,9 +32,11 @@
 #
 # Environment:
 #   ASAN_OPTIONS   detect_leaks=1: LeakSanitizer at exit. abort_on_error=1: SIGABRT, never a
-#                  plain exit code a test might expect. fast_unwind_on_malloc=0: whole allocation
-#                  stacks through OpenMPI (built without frame pointers), which the suppressions
-#                  need. intercept_tls_get_addr=0: libasan 12 misreads glibc 2.36's dynamic TLS
+#                  plain exit code a test might expect. The fast (frame-pointer) unwinder at
+#                  malloc, ASan's default: fast_unwind_on_malloc=0 unwound every allocation's
+#                  stack with DWARF, and a sanitized 2-rank training run took 7.3 user-s with it,
+#                  2.6 without; stacks through OpenMPI (built without frame pointers) then end in
+#                  its library, which lsan.supp matches by module. intercept_tls_get_addr=0: libasan 12 misreads glibc 2.36's dynamic TLS
 #                  blocks (google/sanitizers#1322) and LeakSanitizer's tracer then crashes
 #                  ("Tracer caught signal 11", seen with tests/fuzz's replay_ckpt_*); our TLS is
 #                  static (in the executable) and still scanned. check_initialization_order /
@@ -68,8 +70,12 @@ else
   # fsdp_app.cpp under these flags: 12.4 -> 11.7 and 24.3 -> 20.9 CPU-s.
   # -Dapps_optimization=0: the apps' own units (CLI11 parsing, drivers) at -O0 too, as the tests'
   # (119 -> 52 CPU-s for the four under clang's sanitizers); the library they call keeps -O2.
+  # -mllvm -openmp-opt-disable: clang's OpenMPOpt pass runs on every unit built with -fopenmp and
+  # was a quarter of the optimizer's time (clang 14 -ftime-trace of the ckpt unity file under the
+  # sanitizers: 21 of 83 s; without it 74 -> 58 CPU-s); it only optimizes OpenMP runtime calls,
+  # which this build does not time.
   options=(-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized -Dtests_optimization=0 -Dapps_optimization=0
-           -Dfuzz=enabled -Dcpp_args=-gline-tables-only -Dc_args=-gline-tables-only)
+           -Dfuzz=enabled "-Dcpp_args=-gline-tables-only -mllvm -openmp-opt-disable" -Dc_args=-gline-tables-only)
   # The CUDA code only where a GPU can run it: without one, its only test (test_gpu) skips, so
   # compiling the .cu kernels (nvcc, two architectures: about 65 s of the release build's
   # compile) and the CUDA runtime bought nothing here. The release build (tests/run.sh) still
@@ -106,7 +112,7 @@ if [ "${SANITIZE_BUILD_ONLY:-0}" = 1 ]; then
   exit 0
 fi
 
-export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:halt_on_error=1:fast_unwind_on_malloc=0:intercept_tls_get_addr=0:check_initialization_order=1:strict_init_order=1
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:halt_on_error=1:intercept_tls_get_addr=0:check_initialization_order=1:strict_init_order=1
 # The CUDA driver maps memory inside ASan's shadow gap (google/sanitizers#629): on a machine with
 # an NVIDIA GPU the gap must stay unprotected or every CUDA call fails. (No GPU here: not exercised.)
 if [ -e /dev/nvidiactl ]; then ASAN_OPTIONS+=:protect_shadow_gap=0; fi
