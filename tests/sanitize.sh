@@ -36,8 +36,8 @@
 #                  malloc, ASan's default: fast_unwind_on_malloc=0 unwound every allocation's
 #                  stack with DWARF, and a sanitized 2-rank training run took 7.3 user-s with it,
 #                  2.6 without; stacks through OpenMPI (built without frame pointers) then end in
-#                  its library, which lsan.supp matches by module. intercept_tls_get_addr=0: libasan 12 misreads glibc 2.36's dynamic TLS
-#                  blocks (google/sanitizers#1322) and LeakSanitizer's tracer then crashes
+#                  its library, which lsan.supp matches by module. intercept_tls_get_addr=0:
+#                  libasan 12 misreads glibc 2.36's dynamic TLS blocks (google/sanitizers#1322) and LeakSanitizer's tracer then crashes
 #                  ("Tracer caught signal 11", seen with tests/fuzz's replay_ckpt_*); our TLS is
 #                  static (in the executable) and still scanned. check_initialization_order /
 #                  strict_init_order: static initialisation order bugs. detect_stack_use_after_return
