@@ -23,6 +23,8 @@ fi
 
 # As root on few cores: MPI tests run oversubscribed; one BLAS thread per rank.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# The PML Open MPI picks anyway, without opening the others first (tests/mpi_env.sh says why).
+. tests/mpi_env.sh
 meson test -C "$build" --print-errorlogs "$@"
 rc=$?
 

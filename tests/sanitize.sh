@@ -131,6 +131,7 @@ export LD_PRELOAD=$(cd "$(dirname "$keep_loaded")" && pwd)/libkeep_loaded.so${LD
 export UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no
 # As root on few cores (tests/run.sh): MPI tests oversubscribe; one BLAS thread per rank.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+. tests/mpi_env.sh  # the PML Open MPI picks anyway, without opening the others first
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
 # -t 3: every test's meson timeout x3. The instrumented binaries run 1.2-2x slower alone (more

@@ -611,8 +611,10 @@ BOOST_AUTO_TEST_CASE(random_traffic_keeps_the_books) {
     } else {
       size_t i = rng() % live.size();
       Live l = live[i];
-      BOOST_TEST_REQUIRE(
-          std::all_of(l.p, l.p + l.bytes, [&](char ch) { return static_cast<unsigned char>(ch) == l.fill; }));
+      // Every byte still holds its fill: the first one, and each equal to the one before (one
+      // memcmp; a byte loop took 45 s of the sanitizer build's 46 s suite at -O0 under ASan).
+      BOOST_TEST_REQUIRE(static_cast<unsigned char>(l.p[0]) == l.fill);
+      BOOST_TEST_REQUIRE(std::memcmp(l.p, l.p + 1, l.bytes - 1) == 0);
       if (rng() % 4 == 0) e.alloc.record_stream(l.p, l.stream == s1 ? s2 : s1);
       e.alloc.deallocate(l.p, l.stream);
       live[i] = live.back();

@@ -14,7 +14,7 @@ compared with plain mpirun runs of the same configuration.
   requeue  resume.sbatch, `scontrol requeue` after its first checkpoint: the second launch
            resumes from the newest complete checkpoint; the final checkpoint is bitwise the
            uninterrupted run's, and so is every logged loss
-  kill     resume.sbatch with comm.timeout_s=20, one rank SIGKILLed mid-run: the job ends within
+  kill     resume.sbatch with comm.timeout_s=10, one rank SIGKILLed mid-run: the job ends within
            timeout + slack with an error naming the lost rank or the collective; the same job
            submitted again finishes from the newest checkpoint, bitwise
   hang     the same with one rank SIGSTOPped: it neither dies nor answers, so nothing but
@@ -56,7 +56,7 @@ STEPS = 32
 SYN = ["data.kind=synthetic", "data.synthetic_samples=480", "train.global_batch_size=120", f"train.steps={STEPS}",
        "train.eval_every=never", "output.log_every=1"]
 EVERY = 4
-TIMEOUT_S = 20          # comm.timeout_s in the kill/hang cases
+TIMEOUT_S = 10          # comm.timeout_s in the kill/hang cases (the hang case waits it out: 3 ranks spinning)
 SLACK_S = 20            # what ending the job may take beyond it (abort, step teardown, epilog)
 HYBRID_RTOL = 1e-5
 # Jobs that cross the two emulated nodes of one machine: TCP between them over loopback (the
