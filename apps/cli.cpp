@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
+#include <cstring>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -63,6 +65,15 @@ bool parse(CLI::App& app, int argc, char** argv) {
   }
   reject_leftovers(app);
   return false;
+}
+
+int launcher_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    const char* value = std::getenv(name);
+    int rank = 0;
+    if (value && *value && std::from_chars(value, value + std::strlen(value), rank).ec == std::errc()) return rank;
+  }
+  return 0;
 }
 
 CLI::Validator parsed_by(std::function<std::string(const std::string&)> parse) {

@@ -24,6 +24,14 @@ void configure(CLI::App& app);
 // "unknown command 'x'", both listing the commands.
 bool parse(CLI::App& app, int argc, char** argv);
 
+// The rank the launcher gave this process, read from its environment before MPI starts:
+// Open MPI's mpirun (OMPI_COMM_WORLD_RANK), a PMIx launcher (PMIX_RANK), MPICH's Hydra (PMI_RANK),
+// srun (SLURM_PROCID); 0 when the process was started alone. The apps answer --help and a bad
+// command line before MPI_Init (every rank parses the same argv and reaches the same answer, so
+// this rank 0 alone prints it): no MPI start-up for an answer that needs none, and none of its
+// cost (a singleton's MPI_Init forks an orted: about 0.3 s).
+int launcher_rank();
+
 // A check that runs one of the project's parsers (fsdp::parse_dtype, ...) on an option's text:
 // the parser's fsdp::Error becomes the option's error, in the parser's own words. Installed with
 // ->transform(), the text is replaced by what `parse` returns (sizes: "1K" -> "1024"); with

@@ -2,8 +2,9 @@
 // Trains the model an input file describes. Runs alone, under mpirun and under srun.
 // fsdp_app --keys prints the input file's key reference (docs/input-file.md).
 //
-// Errors: every error a user can cause ends in one line on stderr and a non-zero exit. Set-up
-// (arguments, input file, backend, data, model, mesh) touches no training collective, so its
+// Errors: every error a user can cause ends in one line on stderr and a non-zero exit. The command
+// line is read before MPI starts (the same on every rank). Set-up (input file, backend, data,
+// model, mesh) touches no training collective, so its
 // failures are agreed on by all ranks first: if every rank failed the same way rank 0 alone
 // reports it, otherwise each failing rank names itself; then all ranks exit cleanly. A failure
 // while training aborts the whole job so no rank waits forever on one that is gone.
@@ -41,7 +42,8 @@ struct Args {
   int64_t generate = 0;     // --generate N: samples to decode instead of training
 };
 
-// Every rank parses the same argv; an error is an fsdp::Error, reported through main's agreement.
+// Every rank parses the same argv, before MPI starts; an error is an fsdp::Error, which main
+// reports on the launcher's rank 0.
 Args parse_args(int argc, char** argv) {
   Args a;
   CLI::App app{"Trains the model described by INPUT.yaml (see input/ and the README).", "fsdp_app"};
@@ -139,20 +141,25 @@ std::unique_ptr<fsdp::Trainer> make_trainer(const fsdp::Config& config, const fs
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The command line first, before MPI starts: every rank parses the same argv, so --help,
+  // --keys and a bad option are the same answer on each, and the launcher's rank 0 gives it.
+  Args args;
+  try {
+    args = parse_args(argc, argv);
+  } catch (const std::exception& e) {
+    if (fsdp_cli::launcher_rank() == 0) std::fprintf(stderr, "fsdp_app: %s\n", fsdp::describe(e).c_str());
+    return 1;
+  }
+  if (args.help || args.keys) {
+    if (fsdp_cli::launcher_rank() == 0)
+      std::fputs(args.help ? args.help_text.c_str() : fsdp::input_file_reference().c_str(), stdout);
+    return 0;
+  }
   fsdp::MpiSession mpi(&argc, &argv);
   std::unique_ptr<fsdp::Trainer> trainer;
   std::string setup_error;
   int64_t generate = 0;
   try {
-    Args args = parse_args(argc, argv);
-    if (args.help) {
-      if (mpi.rank() == 0) std::fputs(args.help_text.c_str(), stdout);
-      return 0;
-    }
-    if (args.keys) {
-      if (mpi.rank() == 0) std::fputs(fsdp::input_file_reference().c_str(), stdout);
-      return 0;
-    }
     fsdp::Config config = fsdp::load_config(args.input, args.overrides);
     generate = args.generate;
     if (generate > 0 && !config.model.family().generates)

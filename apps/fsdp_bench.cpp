@@ -570,21 +570,21 @@ int run(const Args& a, MPI_Comm world, int rank, int n, fsdp::DeviceRuntime* rt)
 }  // namespace
 
 int main(int argc, char** argv) {
-  fsdp::MpiSession mpi(&argc, &argv);
-  const int rank = mpi.rank(), n = mpi.size();
   Args args;
-  // Option errors happen identically on every rank before any communication: each rank exits 2
-  // (a usage error, as fsdp_ckpt's) by itself and rank 0 prints the one line.
+  // Option errors happen identically on every rank, before MPI starts: each rank exits 2 (a
+  // usage error, as fsdp_ckpt's) by itself and the launcher's rank 0 prints the one line.
   try {
     args = parse_args(argc, argv);
   } catch (const std::exception& e) {
-    if (rank == 0) std::fprintf(stderr, "fsdp_bench: %s\n", e.what());
+    if (fsdp_cli::launcher_rank() == 0) std::fprintf(stderr, "fsdp_bench: %s\n", e.what());
     return 2;
   }
   if (args.help) {
-    if (rank == 0) std::fputs(args.help_text.c_str(), stdout);
+    if (fsdp_cli::launcher_rank() == 0) std::fputs(args.help_text.c_str(), stdout);
     return 0;
   }
+  fsdp::MpiSession mpi(&argc, &argv);
+  const int rank = mpi.rank(), n = mpi.size();
   // --device cuda: every rank needs its GPU. The lowest rank without one says why, in one line;
   // every rank exits 1 (no abort needed: they all know).
   fsdp::MemoryTracker tracker;

@@ -115,7 +115,7 @@ void add_commands(CLI::App& app, Args& a) {
   command->add_option("DIR", a.out, "the model folder to write")->required();
 }
 
-// Every rank parses the same argv; main prints an error once and exits 2.
+// Every rank parses the same argv, before MPI starts; main prints an error once and exits 2.
 Args parse_args(int argc, char** argv) {
   Args a;
   Options o;
@@ -284,18 +284,19 @@ int export_hf(const Args& args, const fsdp::MpiSession& mpi) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  fsdp::MpiSession mpi(&argc, &argv);
   Args args;
+  // Before MPI starts (the same answer on every rank; the launcher's rank 0 prints it).
   try {
     args = parse_args(argc, argv);
   } catch (const std::exception& e) {
-    if (mpi.rank() == 0) std::fprintf(stderr, "fsdp_ckpt: %s\n", fsdp::describe(e).c_str());
+    if (fsdp_cli::launcher_rank() == 0) std::fprintf(stderr, "fsdp_ckpt: %s\n", fsdp::describe(e).c_str());
     return 2;
   }
   if (args.help) {
-    if (mpi.rank() == 0) std::fputs(args.help_text.c_str(), stdout);
+    if (fsdp_cli::launcher_rank() == 0) std::fputs(args.help_text.c_str(), stdout);
     return 0;
   }
+  fsdp::MpiSession mpi(&argc, &argv);
   if (args.command == "consolidate" || args.command == "reshard") return convert(args, mpi);
   if (args.command == "export-hf") return export_hf(args, mpi);
 

@@ -38,8 +38,10 @@ test_packages=(
   # the Boost.Test suites (meson builds them when Boost.Test is found)
   libboost-test-dev
   # tests/fuzz (libFuzzer targets, tests/fuzz/run.sh): clang 14 with its sanitizer and fuzzer
-  # runtimes (libclang-rt-14-dev) and LLVM's OpenMP runtime, which clang's -fopenmp links
-  clang libclang-rt-14-dev libomp-14-dev
+  # runtimes (libclang-rt-14-dev) and LLVM's OpenMP runtime, which clang's -fopenmp links; LLVM's
+  # linker for that build (tests/sanitize.sh: a sanitized test executable links in 0.45 CPU-s
+  # instead of binutils ld's 1.6)
+  clang libclang-rt-14-dev libomp-14-dev lld
   # tests/lint.sh: clang-tidy 14 (.clang-tidy), cppcheck 2.10 (tests/lint/cppcheck.supp) and
   # clang-format 14 (.clang-format); clang-tidy parses with clang's own omp.h (libomp-14-dev)
   clang-tidy cppcheck clang-format

@@ -2,7 +2,7 @@
 # The C++ and MPI test suites under AddressSanitizer (+ LeakSanitizer) and
 # UndefinedBehaviorSanitizer. Configures BUILD_DIR (default build-asan) with clang,
 # -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized (-O2, -gline-tables-only, asserts on;
-# the test executables' own sources at -O0, -Dtests_optimization=0: a Boost.Test file at -O2
+# the test executables' own sources at -O0, -D(mpi_)tests_optimization=0: a Boost.Test file at -O2
 # under the sanitizers costs minutes, and the code under test keeps -O2) and -Dfuzz=enabled
 # (the libFuzzer targets too, for .ci/run's fuzz stage), compiles it,
 # runs `meson test` with the sanitizer environment below, and ends like tests/run.sh with one
@@ -74,7 +74,8 @@ else
   # was a quarter of the optimizer's time (clang 14 -ftime-trace of the ckpt unity file under the
   # sanitizers: 21 of 83 s; without it 74 -> 58 CPU-s); it only optimizes OpenMP runtime calls,
   # which this build does not time.
-  options=(-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized -Dtests_optimization=0 -Dapps_optimization=0
+  options=(-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized -Dtests_optimization=0
+           -Dmpi_tests_optimization=0 -Dapps_optimization=0
            -Dfuzz=enabled "-Dcpp_args=-gline-tables-only -mllvm -openmp-opt-disable" -Dc_args=-gline-tables-only)
   # The CUDA code only where a GPU can run it: without one, its only test (test_gpu) skips, so
   # compiling the .cu kernels (nvcc, two architectures: about 65 s of the release build's
@@ -88,7 +89,9 @@ else
     # build 609 s wall / ~1,200 CPU-s plus the separate fuzz build; this one, fuzz targets
     # included, 372 s / 724 CPU-s. The release build (tests/run.sh) stays gcc: both compilers'
     # diagnostics, both code generators under test.
-    CC=clang CXX=clang++ meson setup "$build" "${options[@]}" >"/tmp/sanitize-setup.$$.log" 2>&1 \
+    # lld (CC_LD/CXX_LD): 58 executables link against the sanitized libfsdp.a; binutils ld took
+    # 1.6 CPU-s for each (test_nn), lld 0.45.
+    CC=clang CXX=clang++ CC_LD=lld CXX_LD=lld meson setup "$build" "${options[@]}" >"/tmp/sanitize-setup.$$.log" 2>&1 \
       || { cat "/tmp/sanitize-setup.$$.log"; fail "meson setup failed"; }
     mv "/tmp/sanitize-setup.$$.log" "$build/setup.log"
   elif ! grep -q "clang++" "$build/build.ninja"; then

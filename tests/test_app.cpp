@@ -322,6 +322,31 @@ BOOST_AUTO_TEST_CASE(a_bad_input_under_mpirun_is_reported_once) {
   }
 }
 
+// The command line is answered before MPI starts: --help, --keys and a bad option need no MPI.
+// With a PML that does not exist MPI_Init cannot succeed (the training run shows it fails), yet
+// those three answer as usual; under mpirun the launcher's rank 0 alone prints.
+BOOST_AUTO_TEST_CASE(command_line_answers_before_mpi_starts) {
+  TempDir d;
+  const std::string cfg = d.file("c.yaml", kTinyCnn);
+  const std::string no_mpi = "env OMPI_MCA_pml=no_such_pml ";
+  const Run train = run_with(no_mpi, cfg, 120);
+  BOOST_TEST(train.exit_code != 0, "MPI started with OMPI_MCA_pml=no_such_pml: " << train.err);
+  const Run help = run_with(no_mpi, "--help", 120);
+  BOOST_TEST(help.exit_code == 0, help.err);
+  BOOST_TEST(help.out == run("--help").out);
+  const Run keys = run_with(no_mpi, "--keys", 120);
+  BOOST_TEST(keys.exit_code == 0, keys.err);
+  BOOST_TEST(keys.out.find("train.steps") != std::string::npos);
+  expect_line(run_with(no_mpi, cfg + " --bogus", 120), "unknown option '--bogus' (try --help)");
+  const Run once = run_mpi(3, cfg + " --bogus");
+  BOOST_TEST(once.exit_code != 0);
+  BOOST_TEST(once.exit_code != 124, "mpirun hung until the timeout");
+  size_t ours = 0;
+  for (size_t at = once.err.find("fsdp_app:"); at != std::string::npos; at = once.err.find("fsdp_app:", at + 1)) ++ours;
+  BOOST_TEST(ours == 1u, "stderr: " << once.err);
+  BOOST_TEST(once.err.find("fsdp_app: unknown option '--bogus' (try --help)\n") != std::string::npos, once.err);
+}
+
 // fsdp.node_shared_params is a request: the banner says whether it is on, and why not.
 BOOST_AUTO_TEST_CASE(node_shared_params_says_whether_it_is_on) {
   TempDir d;

@@ -12,7 +12,8 @@
 # on one input), an allocation over 1 GiB or an RSS over 2 GiB fails the target and prints the
 # reproducer path and the command that replays it. Ends with `N passed, N failed`; exits 1 on any failure.
 # FUZZ_BUILD_ONLY=1 builds the targets and stops. Targets run FUZZ_JOBS at a time (default: the
-# number of cores; each libFuzzer is one process), each for the full SECONDS_PER_TARGET.
+# number of cores; each libFuzzer is one process; a file's path: the number it holds, read as each
+# target starts), each for the full SECONDS_PER_TARGET.
 #
 # A reproducer becomes a regression: fix the reader, then copy the file into
 # tests/fuzz/regressions/<target>/ (the normal build replays it as the meson test
@@ -94,7 +95,7 @@ if [ -f "$build/build.ninja" ] && sanitizer_fuzz_build; then
 elif [ -f "$build/build.ninja" ]; then
   meson setup --reconfigure "$build" "$root" "${options[@]}" >/dev/null || exit 1
 else
-  CXX=clang++ meson setup "$build" "$root" "${options[@]}" >/dev/null || exit 1
+  CXX=clang++ CXX_LD=lld meson setup "$build" "$root" "${options[@]}" >/dev/null || exit 1
 fi
 start=$SECONDS
 meson compile -C "$build" "${targets[@]/#/fuzz_}" >"$build/fuzz-build.log" 2>&1 || {
@@ -180,10 +181,17 @@ fuzz_target() {
   } >"$work/$t.report"
 }
 
-# Not nproc: it prints OMP_NUM_THREADS when that is set (1, exported above).
-jobs_max=${FUZZ_JOBS:-$(getconf _NPROCESSORS_ONLN)}
+# FUZZ_JOBS: a number, or a file holding one, read again before each target starts (.ci/run
+# writes 1 while its sanitize stage runs beside this, then the number of cores: the last targets
+# then share the cores that stage leaves). Not nproc: it prints OMP_NUM_THREADS when that is set
+# (1, exported above).
+jobs_max() {
+  local n=${FUZZ_JOBS:-$(getconf _NPROCESSORS_ONLN)}
+  [ -f "$n" ] && n=$(cat "$n")
+  [[ "$n" =~ ^[1-9][0-9]*$ ]] && echo "$n" || echo 1
+}
 for t in "${targets[@]}"; do
-  while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+  while [ "$(jobs -rp | wc -l)" -ge "$(jobs_max)" ]; do sleep 1; done
   fuzz_target "$t" &
 done
 wait
