@@ -39,12 +39,12 @@ if [ ! -f "$build/compile_commands.json" ]; then
     # only with the cuDNN frontend's headers (jobs/cudnn-frontend.sh: PyPI, cached). Without them
     # (or without cudnn.h) the build is configured without it, and this says the file is unchecked.
     # -Dnative_arch=false: without -march=native the database, and so the lint cache's keys, do
-    # not depend on the CPU of the machine that runs lint. -D(mpi_)tests_optimization=build: the test
-    # sources get the lint build's flags whatever the option's default (a new default would
-    # otherwise change every test unit's key). -Db_pch=false: each unit is analysed as written,
+    # not depend on the CPU of the machine that runs lint. -D(mpi_)tests_optimization=build and
+    # -Dapps_optimization=build: the test and app sources get the lint build's flags whatever the
+    # options' defaults (a new default would otherwise change every such unit's key). -Db_pch=false: each unit is analysed as written,
     # without the library's precompiled header (so a missing include is found), with its flags;
     # -Dunity_library=false: the database names each unit, not the unity files that group them.
-    lint_options=(-Dnative_arch=false -Dtests_optimization=build -Dmpi_tests_optimization=build -Db_pch=false -Dunity_library=false)
+    lint_options=(-Dnative_arch=false -Dtests_optimization=build -Dmpi_tests_optimization=build -Dapps_optimization=build -Db_pch=false -Dunity_library=false)
     if fe=$(bash jobs/cudnn-frontend.sh 2>&1) && meson setup "$build" "${lint_options[@]}" -Dcudnn_frontend_include="$fe" >"$build.setup.log" 2>&1; then
       :
     else

@@ -1367,10 +1367,8 @@ BOOST_AUTO_TEST_CASE(allocator_and_stream_order) {
   BOOST_TEST(tracker.current_total_bytes() == 0u);
 }
 
-namespace {
-bool init_unit_test() { return true; }
-}  // namespace
-
+// init_unit_test() is Boost's (the suites are compiled with -DBOOST_TEST_MAIN, tests/meson.build);
+// BOOST_TEST_NO_MAIN leaves main() to this file.
 int main(int argc, char* argv[]) {
   std::string why;
   if (cuda_device_count(&why) == 0) {

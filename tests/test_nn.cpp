@@ -58,14 +58,15 @@ Tensor int_tensor(const Shape& shape, const std::vector<int32_t>& values) {
 std::vector<float> to_vec(const Tensor& t) { return std::vector<float>(t.f32(), t.f32() + t.numel()); }
 
 // A module's parameters in one flat buffer, initialised like a run would and bound.
-struct Bound {
+struct BoundParams {
   FlatLayout layout;
   std::vector<float> data, grad;
-  Bound(Module& m, uint64_t seed) : layout(make_flat_layout(m.params())), data(layout.numel), grad(layout.numel, 0.0f) {
+  BoundParams(Module& m, uint64_t seed)
+      : layout(make_flat_layout(m.params())), data(layout.numel), grad(layout.numel, 0.0f) {
     init_flat_range(layout, data.data(), 0, layout.numel, seed);
     bind_flat(layout, data.data(), grad.data());
   }
-  Bound(const Bound&) = delete;
+  BoundParams(const BoundParams&) = delete;
   void zero_grad() { std::fill(grad.begin(), grad.end(), 0.0f); }
   // Moves parameters with constant init (LayerNorm ones/zeros, zero biases) to random values so
   // a gradient check exercises them.
@@ -154,7 +155,7 @@ double weighted_sum(const Tensor& y, const std::vector<float>& R) {
 
 // Gradient check of loss = sum(layer(x) * R): input gradient (if float input and requested) and
 // every parameter element.
-void check_layer(Layer& layer, RunCtx& ctx, Tensor x, Bound* params, const Tol& tol, bool check_input = true) {
+void check_layer(Layer& layer, RunCtx& ctx, Tensor x, BoundParams* params, const Tol& tol, bool check_input = true) {
   const std::string what = layer.type() + " '" + layer.name() + "'";
   Shape y_shape = layer.forward(ctx, x).shape();
   auto R = random_vec(static_cast<size_t>(shape_numel(y_shape)), 777);
@@ -197,7 +198,7 @@ BOOST_AUTO_TEST_CASE(linear_2d_and_3d) {
   RunCtx ctx;
   Linear lin("proj", 5, 4);
   BOOST_TEST(param_names(lin) == (std::vector<std::string>{"proj.weight", "proj.bias"}));
-  Bound b(lin, 1);
+  BoundParams b(lin, 1);
   check_layer(lin, ctx, random_tensor({3, 5}, 2), &b, Tol{});
   Tensor x3 = random_tensor({2, 3, 5}, 3);
   check_layer(lin, ctx, x3, &b, Tol{});
@@ -206,7 +207,7 @@ BOOST_AUTO_TEST_CASE(linear_2d_and_3d) {
   Linear nb("nb", 6, 3, false);
   BOOST_TEST(nb.bias == nullptr);
   BOOST_TEST(param_names(nb) == (std::vector<std::string>{"nb.weight"}));
-  Bound bn(nb, 4);
+  BoundParams bn(nb, 4);
   check_layer(nb, ctx, random_tensor({4, 6}, 5), &bn, Tol{});
   BOOST_CHECK_THROW(lin.forward(ctx, random_tensor({3, 4}, 1)), Error);
 }
@@ -214,7 +215,7 @@ BOOST_AUTO_TEST_CASE(linear_2d_and_3d) {
 BOOST_AUTO_TEST_CASE(linear_grads_accumulate_and_skip_input_grad) {
   RunCtx ctx;
   Linear lin("l", 4, 3);
-  Bound b(lin, 9);
+  BoundParams b(lin, 9);
   Tensor x = random_tensor({5, 4}, 1);
   Tensor dy = random_tensor({5, 3}, 2);
   lin.forward(ctx, x);
@@ -225,7 +226,7 @@ BOOST_AUTO_TEST_CASE(linear_grads_accumulate_and_skip_input_grad) {
   for (size_t i = 0; i < g1.size(); ++i) BOOST_TEST(std::fabs(b.grad[i] - 2 * g1[i]) < 1e-5);
   Linear first("f", 4, 3);
   first.need_input_grad = false;
-  Bound bf(first, 9);
+  BoundParams bf(first, 9);
   first.forward(ctx, x);
   const Tensor& dx = first.backward(ctx, dy);
   BOOST_TEST(!dx.defined());
@@ -237,7 +238,7 @@ BOOST_AUTO_TEST_CASE(conv2d_padding_0_and_1) {
   for (int64_t pad : {0, 1}) {
     Conv2d conv("conv", 3, 4, 3, pad);
     BOOST_TEST(param_names(conv) == (std::vector<std::string>{"conv.weight", "conv.bias"}));
-    Bound b(conv, 10 + pad);
+    BoundParams b(conv, 10 + pad);
     Tensor x = random_tensor({2, 3, 5, 6}, 20 + pad);
     BOOST_TEST(conv.forward(ctx, x).shape() == (Shape{2, 4, 3 + 2 * pad, 4 + 2 * pad}));
     check_layer(conv, ctx, x, &b, Tol{});
@@ -261,7 +262,7 @@ BOOST_AUTO_TEST_CASE(conv2d_padding_0_and_1) {
           }
   }
   Conv2d conv("c", 3, 4, 3);
-  Bound b(conv, 1);
+  BoundParams b(conv, 1);
   BOOST_CHECK_THROW(conv.forward(ctx, random_tensor({2, 2, 5, 5}, 1)), Error);
   BOOST_CHECK_THROW(conv.forward(ctx, random_tensor({3, 5, 5}, 1)), Error);
 }
@@ -270,7 +271,7 @@ BOOST_AUTO_TEST_CASE(conv2d_batch_change_and_no_input_grad) {
   RunCtx ctx;
   Conv2d conv("c", 2, 3, 3, 1);
   conv.need_input_grad = false;
-  Bound b(conv, 5);
+  BoundParams b(conv, 5);
   // Batch of 3 then batch of 1 (buffers reallocated) — the gradient check still holds.
   Tensor dy3 = random_tensor({3, 3, 4, 4}, 2);
   conv.forward(ctx, random_tensor({3, 2, 4, 4}, 1));
@@ -338,7 +339,7 @@ BOOST_AUTO_TEST_CASE(layernorm) {
   RunCtx ctx;
   LayerNorm ln("ln", 6);
   BOOST_TEST(param_names(ln) == (std::vector<std::string>{"ln.weight", "ln.bias"}));
-  Bound b(ln, 3);
+  BoundParams b(ln, 3);
   for (int i = 0; i < 6; ++i) {
     BOOST_TEST(ln.weight.data[i] == 1.0f);
     BOOST_TEST(ln.bias.data[i] == 0.0f);
@@ -354,7 +355,7 @@ BOOST_AUTO_TEST_CASE(layernorm_backward_adding) {
   RunCtx ctx;
   ctx.training = true;
   LayerNorm ln("blocks.0.ln2", 6);
-  Bound b(ln, 3);
+  BoundParams b(ln, 3);
   b.perturb_constants(4);
   const Tensor x = random_tensor({2, 3, 6}, 11, -2.0f, 2.0f), dy = random_tensor({2, 3, 6}, 12);
   const Tensor r = random_tensor({2, 3, 6}, 13);
@@ -387,7 +388,7 @@ BOOST_AUTO_TEST_CASE(embeddings) {
   BOOST_TEST(param_names(emb) == (std::vector<std::string>{"tok_emb.weight", "pos_emb.weight"}));
   BOOST_TEST(emb.tok.weight.shape == (Shape{7, 4}));
   BOOST_TEST(emb.pos.weight.shape == (Shape{6, 4}));
-  Bound b(emb, 5);
+  BoundParams b(emb, 5);
   // Repeated tokens: their gradients add up. T = 5 < max_seq.
   Tensor tokens = int_tensor({2, 5}, {1, 3, 3, 0, 6, 3, 1, 2, 2, 3});
   const Tensor& y = emb.forward(ctx, tokens);
@@ -414,7 +415,7 @@ BOOST_AUTO_TEST_CASE(multihead_attention_causal) {
   MultiheadAttention attn("attn", 8, 2);
   BOOST_TEST(param_names(attn) == (std::vector<std::string>{"attn.in_proj_weight", "attn.in_proj_bias",
                                                             "attn.out_proj.weight", "attn.out_proj.bias"}));
-  Bound b(attn, 6);
+  BoundParams b(attn, 6);
   b.perturb_constants(7);  // in_proj_bias, out_proj.bias
   // T 5 is one GEMM block; T 70 runs the host kernels' blocked causal GEMMs (rows in blocks of
   // causal_row_block: 32, 32 and a last, shorter one).
@@ -481,7 +482,7 @@ BOOST_AUTO_TEST_CASE(multihead_attention_causal) {
 BOOST_AUTO_TEST_CASE(multihead_attention_recompute) {
   RunCtx ctx;
   MultiheadAttention mat("attn", 8, 2), rec("attn", 8, 2, AttentionMode::recompute);
-  Bound bm(mat, 6), br(rec, 6);
+  BoundParams bm(mat, 6), br(rec, 6);
   bm.perturb_constants(7);
   br.perturb_constants(7);
   BOOST_TEST_REQUIRE(bm.data == br.data);
@@ -516,7 +517,7 @@ BOOST_AUTO_TEST_CASE(transformer_block) {
                                        "blocks.0.attn.out_proj.bias", "blocks.0.ln2.weight", "blocks.0.ln2.bias",
                                        "blocks.0.fc1.weight", "blocks.0.fc1.bias", "blocks.0.fc2.weight",
                                        "blocks.0.fc2.bias"}));
-  Bound b(blk, 8);
+  BoundParams b(blk, 8);
   b.perturb_constants(9);
   check_layer(blk, ctx, random_tensor({2, 5, 8}, 13), &b, Tol{});
 }
@@ -776,19 +777,19 @@ BOOST_AUTO_TEST_CASE(init_rules) {
   };
   {
     Linear lin("lin", 100, 50);
-    Bound b(lin, seed);
+    BoundParams b(lin, seed);
     check_uniform(lin.weight, lin.weight.data, 0.1);
     check_uniform(*lin.bias, lin.bias->data, 0.1);
   }
   {
     Conv2d conv("conv", 3, 40, 3);
-    Bound b(conv, seed);
+    BoundParams b(conv, seed);
     check_uniform(conv.weight, conv.weight.data, 1.0 / std::sqrt(27.0));
     check_uniform(conv.bias, conv.bias.data, 1.0 / std::sqrt(27.0));
   }
   {
     Embeddings emb(1000, 50, 16);
-    Bound b(emb, seed);
+    BoundParams b(emb, seed);
     for (const Param* p : {&emb.tok.weight, &emb.pos.weight}) {
       BOOST_TEST((p->init.kind == ParamInit::Kind::normal));
       double s = 0.0, q = 0.0;
@@ -804,14 +805,14 @@ BOOST_AUTO_TEST_CASE(init_rules) {
   }
   {
     LayerNorm ln("ln", 10);
-    Bound b(ln, seed);
+    BoundParams b(ln, seed);
     check_const(ln.weight, ln.weight.data, 1.0f);
     check_const(ln.bias, ln.bias.data, 0.0f);
   }
   {
     const int64_t C = 64;
     MultiheadAttention attn("attn", C, 4);
-    Bound b(attn, seed);
+    BoundParams b(attn, seed);
     check_uniform(attn.in_proj_weight, attn.in_proj_weight.data, std::sqrt(6.0 / (4.0 * C)));
     check_const(attn.in_proj_bias, attn.in_proj_bias.data, 0.0f);
     check_uniform(attn.out_proj.weight, attn.out_proj.weight.data, 1.0 / std::sqrt(static_cast<double>(C)));
@@ -819,7 +820,7 @@ BOOST_AUTO_TEST_CASE(init_rules) {
   }
   {
     auto m = make_mnist_cnn();
-    Bound b(*m, seed);
+    BoundParams b(*m, seed);
     auto ps = m->params();
     check_uniform(*ps[0], ps[0]->data, 1.0 / 3.0);
     check_uniform(*ps[2], ps[2]->data, 1.0 / std::sqrt(288.0));
@@ -868,7 +869,7 @@ BOOST_AUTO_TEST_CASE(init_depends_only_on_seed_name_index) {
   // The values belong to (seed, name, index): a standalone layer with the same name and shape
   // gets the same values as the model's.
   Linear head("head", 32, 256);
-  Bound hb(head, 42);
+  BoundParams hb(head, 42);
   int64_t head_off = layout.offsets[layout.params.size() - 2];
   for (int64_t i = 0; i < head.weight.numel(); ++i) BOOST_TEST_REQUIRE(head.weight.data[i] == full[head_off + i]);
   // Param::init_values on a sub-range.
@@ -898,7 +899,7 @@ BOOST_AUTO_TEST_SUITE(whole_model)
 
 namespace {
 // FD on chosen flat coordinates of a model's loss.
-void model_fd(Model& m, Bound& b, RunCtx& ctx, const Tensor& inputs, const Tensor& targets,
+void model_fd(Model& m, BoundParams& b, RunCtx& ctx, const Tensor& inputs, const Tensor& targets,
               const std::vector<int64_t>& coords, const Tol& tol, const std::string& what) {
   b.zero_grad();
   m.forward(ctx, inputs, targets);
@@ -915,7 +916,7 @@ void model_fd(Model& m, Bound& b, RunCtx& ctx, const Tensor& inputs, const Tenso
 
 BOOST_AUTO_TEST_CASE(mnist_cnn_gradient) {
   auto m = make_mnist_cnn();
-  Bound b(*m, 3);
+  BoundParams b(*m, 3);
   RunCtx ctx;
   ctx.dropout = false;
   ctx.loss_normalizer = 2.0;
@@ -949,7 +950,7 @@ BOOST_AUTO_TEST_CASE(mnist_cnn_gradient) {
 BOOST_AUTO_TEST_CASE(tiny_transformer_gradient) {
   const int64_t V = 16, C = 8, S = 6, Bt = 2;
   auto m = make_transformer(V, C, 1, 2, 16, S);
-  Bound b(*m, 4);
+  BoundParams b(*m, 4);
   RunCtx ctx;
   ctx.dropout = false;
   ctx.loss_normalizer = static_cast<double>(Bt * S);
@@ -974,7 +975,7 @@ BOOST_AUTO_TEST_CASE(split_batches_sum_to_full_batch) {
   // FSDP's invariant: two ranks' halves (sample_offset set, normalizer = global batch) add up to
   // the full batch, for the loss and for the gradients, with dropout on.
   auto m = make_mnist_cnn();
-  Bound b(*m, 6);
+  BoundParams b(*m, 6);
   RunCtx ctx;
   ctx.seed = 9;
   ctx.step = 4;
@@ -1005,7 +1006,7 @@ BOOST_AUTO_TEST_CASE(split_batches_sum_to_full_batch) {
 BOOST_AUTO_TEST_CASE(activation_buffers_are_reused) {
   MemoryTracker mem;  // first: it outlives the model, whose activations it tracks until freed
   auto m = make_mnist_cnn();
-  Bound b(*m, 7);
+  BoundParams b(*m, 7);
   RunCtx ctx;
   ctx.mem = &mem;
   ctx.loss_normalizer = 2.0;
@@ -1037,7 +1038,7 @@ BOOST_AUTO_TEST_CASE(empty_batch_on_a_rank) {
     BOOST_TEST(f.backward(ctx, f.forward(ctx, x)).shape() == x.shape());
   }
   auto run = [](Model& m, const Tensor& x, const Tensor& t, const Tensor& x1, const Tensor& t1) {
-    Bound b(m, 2);
+    BoundParams b(m, 2);
     RunCtx ctx;
     ctx.loss_normalizer = 8.0;
     BOOST_TEST(m.forward(ctx, x, t) == 0.0);
@@ -1069,7 +1070,7 @@ BOOST_AUTO_TEST_CASE(hooks_see_the_hooked_modules_in_order) {
   };
   auto check = [](Model& m, const std::set<std::string>& hooked, const Tensor& x, const Tensor& t,
                   const std::vector<std::string>& forward, const std::vector<std::string>& backward) {
-    Bound b(m, 1);
+    BoundParams b(m, 1);
     m.visit([&](Module& mod) { mod.set_hooked(hooked.count(mod.name()) > 0 && !mod.is_container()); });
     Recorder rec;
     RunCtx ctx;
