@@ -316,7 +316,9 @@ def main():
     worst = {}
     for fmt in ["consolidated", "sharded"]:
         for a, b in [(4, 3), (8, 2), (2, 5)]:
-            for model in ["mnist_cnn", "transformer"]:
+            # The CNN at 4->3 in each format (and in two cases below); the other pairs' world
+            # sizes are the transformer's to cover: a CNN case costs 4-7 s, a transformer one 1 s.
+            for model in ["mnist_cnn", "transformer"] if (a, b) == (4, 3) else ["transformer"]:
                 name = f"reshard {model} {fmt} np {a}->{b}"
                 H.case(name, lambda *x: worst.__setitem__(x[0], reshard_case(*x)), name, model, fmt, a, b)
     H.case("reshard transformer FULL_SHARD np4 -> NO_SHARD np2", lambda *x: worst.__setitem__(x[0], reshard_case(*x)),
