@@ -8,6 +8,11 @@
 #                                      clang with its fuzzer and sanitizer runtimes, clang-tidy,
 #                                      cppcheck, clang-format, PyTorch and h5py for the reference
 #                                      checks, Slurm and munge, network namespaces)
+#   bash jobs/install-deps.sh --tests-build
+#                                      only what compiling the tests and the quality gates needs
+#                                      (the first set, Boost.Test, clang, the lint tools): tests/run.sh
+#                                      installs this first and the rest (what only running the
+#                                      tests needs) while the build compiles
 # README.md gives the time of both README commands on a fresh machine (tests/fresh_machine.sh).
 set -euo pipefail
 
@@ -34,7 +39,8 @@ run_packages=(
   gnuplot-nox
 )
 
-test_packages=(
+# What compiling the tests, the sanitizer and fuzz build and the lint needs.
+test_build_packages=(
   # the Boost.Test suites (meson builds them when Boost.Test is found)
   libboost-test-dev
   # tests/fuzz (libFuzzer targets, tests/fuzz/run.sh): clang 14 with its sanitizer and fuzzer
@@ -45,6 +51,11 @@ test_packages=(
   # tests/lint.sh: clang-tidy 14 (.clang-tidy), cppcheck 2.10 (tests/lint/cppcheck.supp) and
   # clang-format 14 (.clang-format); clang-tidy parses with clang's own omp.h (libomp-14-dev)
   clang-tidy cppcheck clang-format
+)
+
+# What only running the tests needs (Python reference checks, Slurm, simulated hosts): on a fresh
+# machine most of the install's time (PyTorch and its Python dependencies, byte-compiled by dpkg).
+test_run_packages=(
   # reference checks against PyTorch (Debian's system python3, not pyenv's)
   python3-torch python3-h5py python3-numpy
   # ... and against Python's sentencepiece, which HF's T5Tokenizer uses too
@@ -68,9 +79,10 @@ test_packages=(
 packages=("${run_packages[@]}")
 case "${1:-}" in
   "") ;;
-  --tests) packages+=("${test_packages[@]}") ;;
+  --tests) packages+=("${test_build_packages[@]}" "${test_run_packages[@]}") ;;
+  --tests-build) packages+=("${test_build_packages[@]}") ;;
   *)
-    echo "usage: bash jobs/install-deps.sh [--tests]" >&2
+    echo "usage: bash jobs/install-deps.sh [--tests | --tests-build]" >&2
     exit 2
     ;;
 esac

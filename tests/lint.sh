@@ -32,7 +32,7 @@ case "$analyzer_mode" in deep | shallow) ;; *)
   echo "LINT_ANALYZER_MODE must be deep or shallow, not '$analyzer_mode'"; echo "0 passed, 3 failed"; exit 1 ;;
 esac
 
-bash jobs/install-deps.sh --tests || { echo "install-deps failed"; echo "0 passed, 3 failed"; exit 1; }
+bash jobs/install-deps.sh --tests-build || { echo "install-deps failed"; echo "0 passed, 3 failed"; exit 1; }
 if [ ! -f "$build/compile_commands.json" ]; then
   if [ ! -e "$build" ]; then
     # The GPU build's cuDNN attention (src/tensor/cuda/cudnn_attention.cpp) enters the database

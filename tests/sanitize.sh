@@ -64,7 +64,11 @@ t0=$(date +%s)
 if [ "${SANITIZE_TESTS_ONLY:-0}" = 1 ]; then
   [ -f "$build/build.ninja" ] || fail "$build is not configured (SANITIZE_TESTS_ONLY=1 needs a build made by SANITIZE_BUILD_ONLY=1)"
 else
-  bash jobs/install-deps.sh --tests || fail "install-deps failed"
+  # A build only (.ci/run's background compile) needs only what compiling needs: the packages that
+  # only running the e2e tests needs install meanwhile, from tests/run.sh.
+  deps=--tests
+  [ "${SANITIZE_BUILD_ONLY:-0}" = 1 ] && deps=--tests-build
+  bash jobs/install-deps.sh "$deps" || fail "install-deps failed"
   # -gline-tables-only (after the buildtype's -g, so it wins): file:line in every sanitizer report,
   # without the full debug info nobody reads in CI; measured with clang 14 on trainer.cpp and
   # fsdp_app.cpp under these flags: 12.4 -> 11.7 and 24.3 -> 20.9 CPU-s.
