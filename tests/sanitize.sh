@@ -3,7 +3,8 @@
 # UndefinedBehaviorSanitizer. Configures BUILD_DIR (default build-asan) with clang,
 # -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized (-O2, -gline-tables-only, asserts on;
 # the test executables' own sources at -O0, -D(mpi_)tests_optimization=0: a Boost.Test file at -O2
-# under the sanitizers costs minutes, and the code under test keeps -O2) and -Dfuzz=enabled
+# under the sanitizers costs minutes, and the code under test keeps -O2; the library's units that
+# parse, write and register at -O0 too, -Dcold_optimization=0, see below) and -Dfuzz=enabled
 # (the libFuzzer targets too, for .ci/run's fuzz stage), compiles it,
 # runs `meson test` with the sanitizer environment below, and ends like tests/run.sh with one
 # line "N passed, N failed" (", N skipped" when any were; tests/summary.py).
@@ -74,11 +75,18 @@ else
   # fsdp_app.cpp under these flags: 12.4 -> 11.7 and 24.3 -> 20.9 CPU-s.
   # -Dapps_optimization=0: the apps' own units (CLI11 parsing, drivers) at -O0 too, as the tests'
   # (119 -> 52 CPU-s for the four under clang's sanitizers); the library they call keeps -O2.
+  # -Dcold_optimization=0: the library's units that parse, write and register (config/, ckpt/, the
+  # text readers, the families' registrations, the trainer's glue) at -O0; the units that compute
+  # keep -O2. Under ASan+UBSan and the fuzzer's coverage, clang's back end (code generation for the
+  # instrumented code) was most of each unit's time, -O1 and -O2 alike (the library 421 and 430
+  # CPU-s); at -O0 it is a fast path. Measured on the 2-core EPYC VM: the whole library at -O0
+  # compiled in 222 CPU-s instead of 467 (-O1) but the sanitize stage's tests took 395 CPU-s instead
+  # of 219; this split: the build 543 CPU-s in all (the library 283), the tests 235 CPU-s.
   # -mllvm -openmp-opt-disable: clang's OpenMPOpt pass runs on every unit built with -fopenmp and
   # was a quarter of the optimizer's time (clang 14 -ftime-trace of the ckpt unity file under the
   # sanitizers: 21 of 83 s; without it 74 -> 58 CPU-s); it only optimizes OpenMP runtime calls,
   # which this build does not time.
-  options=(-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized -Dtests_optimization=0
+  options=(-Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized -Dcold_optimization=0 -Dtests_optimization=0
            -Dmpi_tests_optimization=0 -Dapps_optimization=0
            -Dfuzz=enabled "-Dcpp_args=-gline-tables-only -mllvm -openmp-opt-disable" -Dc_args=-gline-tables-only)
   # The CUDA code only where a GPU can run it: without one, its only test (test_gpu) skips, so

@@ -6,9 +6,9 @@ namespace fsdp {
 
 namespace {
 
-class Row final : public JsonRow {
+class JsonlRow final : public JsonRow {
  public:
-  Row(const nlohmann::json& row, const std::string& what, const std::string& file, int64_t line)
+  JsonlRow(const nlohmann::json& row, const std::string& what, const std::string& file, int64_t line)
       : row_(row), what_(what), file_(file), line_(line) {}
   std::string string(const std::string& key) const override {
     const auto it = row_.find(key);
@@ -45,7 +45,7 @@ void read_json_lines(std::string_view text, const std::string& what, const std::
       throw bad_row(what, file, number, std::string("not a JSON object (") + e.what() + ")");
     }
     if (!row.is_object()) throw bad_row(what, file, number, "not a JSON object");
-    visit(Row(row, what, file, number));
+    visit(JsonlRow(row, what, file, number));
   }
 }
 
