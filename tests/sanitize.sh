@@ -4,16 +4,18 @@
 # -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized (-O2, -gline-tables-only, asserts on;
 # the test executables' own sources at -O0, -D(mpi_)tests_optimization=0: a Boost.Test file at -O2
 # under the sanitizers costs minutes, and the code under test keeps -O2; the library's units that
-# parse, write and register at -O0 too, -Dcold_optimization=0, see below) and -Dfuzz=enabled
+# parse, write, register and compose at -O0 too, -Dcold_optimization=0, see below) and -Dfuzz=enabled
 # (the libFuzzer targets too, for .ci/run's fuzz stage), compiles it,
 # runs `meson test` with the sanitizer environment below, and ends like tests/run.sh with one
 # line "N passed, N failed" (", N skipped" when any were; tests/summary.py).
 # Usage: bash tests/sanitize.sh [BUILD_DIR] [extra meson test args]; SANITIZE_BUILD_ONLY=1 only
 # configures and compiles; SANITIZE_TESTS_ONLY=1 only runs the tests of a build made so.
-# Without extra arguments it runs every suite but e2e, mpi_more and cli (unit, app, mpi, fuzz
-# replays: every Boost.Test suite and every MPI suite, the MPI ones at world sizes 1 and 3;
-# np 2, 4, 5 and 8, suite mpi_more, run in the release build: under ASan np 2, 4, 5 added ~100 s
-# and np 8 ~130 s; np 3 gives the uneven splits and odd rings; cli, the apps' argv errors, runs in
+# Without extra arguments it runs every suite but e2e, mpi_more, mpi_np1 and cli (unit, app, mpi,
+# fuzz replays: every Boost.Test suite and every MPI suite, the MPI ones at world size 3 and the
+# small ones at 1 too; np 2, 4, 5 and 8, suite mpi_more, run in the release build: under ASan np
+# 2, 4, 5 added ~100 s and np 8 ~130 s; np 3 gives the uneven splits and odd rings; comm and
+# engine_streams at np 1, suite mpi_np1, 28 s under ASan, run in the release build too, their
+# one-rank shortcuts instrumented in the single-process suites; cli, the apps' argv errors, runs in
 # the release build too: 85 s under ASan in CI for parsing that test_app runs instrumented). The e2e scripts (torch reference, FSDP equivalence,
 # checkpoints end to end, multihost, Slurm, fault injection) run once, in the release build of
 # tests/run.sh; `bash tests/sanitize.sh build-asan --suite e2e` runs them here too (about 40
@@ -75,13 +77,14 @@ else
   # fsdp_app.cpp under these flags: 12.4 -> 11.7 and 24.3 -> 20.9 CPU-s.
   # -Dapps_optimization=0: the apps' own units (CLI11 parsing, drivers) at -O0 too, as the tests'
   # (119 -> 52 CPU-s for the four under clang's sanitizers); the library they call keeps -O2.
-  # -Dcold_optimization=0: the library's units that parse, write and register (config/, ckpt/, the
-  # text readers, the families' registrations, the trainer's glue) at -O0; the units that compute
-  # keep -O2. Under ASan+UBSan and the fuzzer's coverage, clang's back end (code generation for the
+  # -Dcold_optimization=0: the library's units that parse, write, register and compose (config/,
+  # ckpt/, the text readers, models/, train/) at -O0; the units that compute (tensor/, nn/, optim/,
+  # comm/, the engine, backends/) keep -O2. Under ASan+UBSan and the fuzzer's coverage, clang's back end (code generation for the
   # instrumented code) was most of each unit's time, -O1 and -O2 alike (the library 421 and 430
   # CPU-s); at -O0 it is a fast path. Measured on the 2-core EPYC VM: the whole library at -O0
   # compiled in 222 CPU-s instead of 467 (-O1) but the sanitize stage's tests took 395 CPU-s instead
-  # of 219; this split: the build 543 CPU-s in all (the library 283), the tests 235 CPU-s.
+  # of 219; the split with models/ and the trainer still at -O2: the build 543 CPU-s in all (the
+  # library 283), the tests 235 CPU-s.
   # -mllvm -openmp-opt-disable: clang's OpenMPOpt pass runs on every unit built with -fopenmp and
   # was a quarter of the optimizer's time (clang 14 -ftime-trace of the ckpt unity file under the
   # sanitizers: 21 of 83 s; without it 74 -> 58 CPU-s); it only optimizes OpenMP runtime calls,
@@ -152,7 +155,7 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 # -t 3: every test's meson timeout x3. The instrumented binaries run 1.2-2x slower alone (more
 # with the suppressions' slow unwinding under HDF5's many small mallocs); the Python tests' own
 # per-run timeouts (120-300 s) are far above what one sanitized run takes.
-[ $# -eq 0 ] && set -- --no-suite e2e --no-suite mpi_more --no-suite cli
+[ $# -eq 0 ] && set -- --no-suite e2e --no-suite mpi_more --no-suite mpi_np1 --no-suite cli
 no_rebuild=()
 [ "${SANITIZE_TESTS_ONLY:-0}" = 1 ] && no_rebuild=(--no-rebuild)
 meson test -C "$build" --print-errorlogs -t 3 "${no_rebuild[@]}" "$@"
