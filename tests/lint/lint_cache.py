@@ -12,7 +12,8 @@ compiler cache reuses an object file. The key covers:
     every header's active text, system headers included (a package update changes the key);
   - the raw bytes of every file of ours that the unit includes, #if branches not taken included
     (cppcheck reads those too);
-  - the tool's salt: its --version, its configuration files and its command-line options.
+  - the tool's salt: its --version (but clang-tidy's "Host CPU:" line), its configuration files
+    and its command-line options.
 Usage (tests/lint.sh runs these):
   lint_cache.py keys DB ROOT JOBS KEYS        one line "unit_key path" per entry of DB (a compile
                                               database with absolute paths; paths relative to ROOT)
@@ -81,6 +82,10 @@ def unit_key(entry, root, home):
 def tool_key(tool, salt, unit):
     root = os.path.realpath(".")
     home = os.path.realpath(os.path.expanduser("~"))
+    # clang-tidy --version names the CPU it runs on ("Host CPU: znver3"): that line says nothing
+    # of the analysis (the database has no -march=native), and kept in the salt it made every key
+    # change with the machine, so lint on a machine of another kind analysed all units again.
+    salt = re.sub(r"^\s*Host CPU:.*$", "", salt, flags=re.M)
     return hashlib.sha256(f"{tool}\0{normalise(salt, root, home)}\0{unit}".encode()).hexdigest()
 
 

@@ -79,5 +79,14 @@ open(clean, "w").close()
 subprocess.run([sys.executable, CACHE, "record", "cppcheck", "salt", keys, clean, manifest], check=True)
 R.check("recording one tool keeps the other's lines", todo_count("clang-tidy", "salt") == 0, "")
 
+# The salt's "Host CPU:" line (clang-tidy --version) is the machine's, not the tool's: a recording
+# made on one CPU holds on another; the version line next to it still counts.
+tidy_version = "Debian LLVM version 14.0.6\n  Optimized build.\n  Host CPU: %s\n"
+with open(clean, "w") as f:
+    f.write(os.path.join(root, "src", "a.cpp") + "\n")
+subprocess.run([sys.executable, CACHE, "record", "clang-tidy", tidy_version % "znver3", keys, clean, manifest], check=True)
+R.check("another Host CPU skips", todo_count("clang-tidy", tidy_version % "rocketlake") == 0, "")
+R.check("another version analyses", todo_count("clang-tidy", (tidy_version % "znver3").replace("14.0.6", "15.0.7")) == 1, "")
+
 shutil.rmtree(base)
 R.finish()
