@@ -61,7 +61,9 @@ SLACK_S = 20            # what ending the job may take beyond it (abort, step te
 HYBRID_RTOL = 1e-5
 # Jobs that cross the two emulated nodes of one machine: TCP between them over loopback (the
 # nodes have their own hostnames, cluster.py: shared memory within a node, as on a cluster).
-CROSS_NODE_ENV = {"OMPI_MCA_btl_tcp_if_include": "lo"}
+# The two emulated nodes also share this machine's cores, which hybrid.sbatch (it looks at its own
+# node's tasks and cores) cannot see: Open MPI's waits must yield, as on an oversubscribed node.
+CROSS_NODE_ENV = {"OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
 sets = set_args  # ["--set", item, ...]
