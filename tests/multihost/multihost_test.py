@@ -69,6 +69,9 @@ def multihost_mpirun(hosts):
            "--mca", "orte_keep_fqdn_hostnames", "1",
            "--mca", "oob_tcp_if_include", f"{SUBNET}.0/24", "--mca", "btl_tcp_if_include", f"{SUBNET}.0/24",
            "--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp",
+           # The simulated hosts share this machine's cores, which no host's mpirun/orted sees (each
+           # has its slots): Open MPI's waits must yield, as mpirun makes them on one oversubscribed host.
+           "--mca", "mpi_yield_when_idle", "1",
            "-x", "PATH", "-x", "OPENBLAS_NUM_THREADS", "-x", "OMP_NUM_THREADS"]
     if os.environ.get("LD_LIBRARY_PATH"):
         cmd += ["-x", "LD_LIBRARY_PATH"]
