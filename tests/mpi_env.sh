@@ -6,3 +6,11 @@
 # `^cm,ucx` 3.9 s and 5.8 CPU-s; test_app and cli together 71 -> 43 s. A caller's own
 # OMPI_MCA_pml (a CUDA-aware Open MPI whose GPU path is the ucx PML) is kept.
 export OMPI_MCA_pml=${OMPI_MCA_pml:-^cm,ucx}
+# hwloc's PCI discovery, which every MPI process runs (mpirun, and each rank when oversubscribed):
+# it reads each PCI device's config space through sysfs, and in a VM each read traps to the
+# hypervisor. An `mpirun -np 8` of fsdp_app for 2 steps took 565 CPU-ms with it, 370 without
+# (perf: a fifth of its samples in pci_read_config). `-pci` alone does not stop it (the linuxio
+# component reads the config space too): both are named. Only without a GPU: the tests use no
+# PCI locality then (no NIC or GPU to place); with one, NCCL and CUDA-aware MPI may. A caller's
+# own HWLOC_COMPONENTS is kept.
+if [ ! -e /dev/nvidiactl ]; then export HWLOC_COMPONENTS=${HWLOC_COMPONENTS:--pci,-linuxio}; fi

@@ -76,7 +76,8 @@ def multihost_mpirun(hosts):
     if os.environ.get("LD_LIBRARY_PATH"):
         cmd += ["-x", "LD_LIBRARY_PATH"]
     # A sanitizer build (tests/sanitize.sh): the remote ranks need its options and suppressions.
-    for var in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "UCX_MEM_EVENTS", "UCX_MEM_MALLOC_HOOKS"):
+    # ... and tests/mpi_env.sh's settings (HWLOC_COMPONENTS: no PCI discovery in each rank).
+    for var in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "UCX_MEM_EVENTS", "UCX_MEM_MALLOC_HOOKS", "HWLOC_COMPONENTS"):
         if os.environ.get(var):
             cmd += ["-x", var]
     return cmd
