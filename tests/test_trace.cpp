@@ -171,16 +171,23 @@ std::map<int64_t, Span> step_spans(const std::vector<Span>& all, int pid) {
   return out;
 }
 
-// Every rank's step `step`: the engine's collectives that start inside the step span (on a
-// device the last reduction may end after the host has left the step), by name, equal the
-// plan's StepTraffic counts and bytes.
+// Every rank's step `step`: the engine's collectives that start inside the step, by name, equal
+// the plan's StepTraffic counts and bytes. On a device the host leaves the step span once it has
+// queued the work, so the step's last reductions may start on the comm stream after it (seen
+// under load: a reduce_scatter one short); the step's optimizer span (compute stream) ends after
+// every reduction it waits for, and before the next all_gather (which gathers its update) starts:
+// the window ends at whichever of the two ends later.
 void check_traffic(const std::vector<Span>& all, const fsdp::MemoryPlan& plan, int64_t step) {
   for (int pid = 0; pid < world_size(); ++pid) {
     const Span step_span = step_spans(all, pid).at(step);
+    int64_t window_end = step_span.end;
+    for (const Span& s : all)
+      if (s.pid == pid && s.name == "optimizer" && s.args.at("step").get<int64_t>() == step)
+        window_end = std::max(window_end, s.end);
     std::map<std::string, std::pair<int64_t, int64_t>> seen;  // name -> calls, bytes
     for (const Span& s : all)
       if (s.pid == pid && is_collective(s) && !s.args.contains("scalar") && s.begin >= step_span.begin &&
-          s.begin <= step_span.end) {
+          s.begin <= window_end) {
         seen[s.name].first += 1;
         seen[s.name].second += s.args.at("bytes").get<int64_t>();
       }
