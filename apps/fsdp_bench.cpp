@@ -35,6 +35,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -189,6 +190,7 @@ struct Args {
   std::string csv;
   double timeout_s = 60;
   fsdp::Device device = fsdp::Device::cpu;
+  fsdp::DeviceBuffers device_buffers = fsdp::DeviceBuffers::automatic;  // --device cuda on mpi/ucx
   bool help = false;      // -h/--help: print help_text
   std::string help_text;  // CLI11's, from the options in parse_args
 };
@@ -280,6 +282,15 @@ void add_options(CLI::App& app, Args& a, std::string& backends, std::string& ops
       ->type_name("cpu|cuda")
       ->capture_default_str()
       ->check(fsdp_cli::accepted_by([](const std::string& v) { fsdp::parse_device(v); }));
+  app.add_option("--device-buffers", a.device_buffers,
+                 "--device cuda on mpi/ucx: auto (device pointers where the library reads device memory, else "
+                 "pinned staging), staged, or direct (device pointers without asking); comm.device_buffers")
+      ->type_name("auto|staged|direct")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, fsdp::DeviceBuffers>{{"auto", fsdp::DeviceBuffers::automatic},
+                                                     {"staged", fsdp::DeviceBuffers::staged},
+                                                     {"direct", fsdp::DeviceBuffers::direct}},
+          CLI::ignore_case));
 }
 
 // CLI11 over the options above, then the checks that span options and the lists' names.
@@ -467,6 +478,7 @@ std::vector<size_t> counts_for(const Collective& c, const Args& a, int n) {
 fsdp::CommOptions comm_options(const Args& a, fsdp::DeviceRuntime* rt) {
   fsdp::CommOptions o{a.timeout_s};
   o.runtime = rt;
+  o.device_buffers = a.device_buffers;
   return o;
 }
 
@@ -492,6 +504,7 @@ int run(const Args& a, MPI_Comm world, int rank, int n, fsdp::DeviceRuntime* rt)
   // communicator of their own, alive only while they run: a backend's progress threads or
   // polling must not slow the raw-MPI rows or another backend's.
   std::vector<std::string> started;
+  std::vector<std::string> paths;  // per started backend: how it takes device buffers
   for (const std::string& name : a.backends) {
     std::unique_ptr<fsdp::Communicator> comm;
     std::string reason;
@@ -503,9 +516,10 @@ int run(const Args& a, MPI_Comm world, int rank, int n, fsdp::DeviceRuntime* rt)
     // The lowest rank where it failed tells every rank why, so the skip line carries the reason.
     if (!comm && reason.empty()) reason = "could not start";
     const fsdp::Agreement agreed = fsdp::agree_on_error(world, comm ? "" : reason);
-    comm.reset();
     if (agreed.ok()) {
       started.push_back(name);
+      paths.push_back(comm->device_path().text);
+      comm.reset();
       continue;
     }
     if (rank == 0)
@@ -521,7 +535,10 @@ int run(const Args& a, MPI_Comm world, int rank, int n, fsdp::DeviceRuntime* rt)
     std::printf("# backends: mpi-raw (MPI_Allgather, MPI_Reduce_scatter_block, MPI_Allreduce%s)%s%s\n",
                 a.dtype == DType::bf16 || a.dtype == DType::f16 ? " with an f32 user op for the sum" : "",
                 started.empty() ? "" : ", ", join(started).c_str());
-    if (rt) std::printf("# device: %s (backends on device buffers, mpi-raw on host)\n", rt->describe().c_str());
+    if (rt) {
+      std::printf("# device: %s (backends on device buffers, mpi-raw on host)\n", rt->describe().c_str());
+      for (size_t k = 0; k < started.size(); ++k) std::printf("# %s: %s\n", started[k].c_str(), paths[k].c_str());
+    }
     std::printf(
         "# size = whole array (bytes); count = elements per call; time = mean of %d, max over ranks;\n"
         "# busbw = algbw*(n-1)/n (all_gather, reduce_scatter), algbw*2(n-1)/n (all_reduce); wrong = bad elements\n",

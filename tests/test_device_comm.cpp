@@ -259,7 +259,23 @@ void check_values(const Buf& b, size_t begin, size_t end, const std::function<do
 
 // ---- the wrapped communicators under test ----
 
-enum class Mode { staged, aware };
+// staged: every device buffer through pinned staging; aware: device pointers for every
+// collective (a CUDA-aware MPI); movers: device pointers for all_gather and broadcast only, the
+// reductions staged (a UCX with CUDA memory: its rings reduce on the host).
+enum class Mode { staged, aware, movers };
+
+fsdp::DevicePath path_of(Mode mode) {
+  return {mode != Mode::staged, mode == Mode::aware, "test"};
+}
+Mode mode_of(const fsdp::DevicePath& p) {
+  return !p.direct_moves ? Mode::staged : p.direct_reductions ? Mode::aware : Mode::movers;
+}
+// Whether the wrapper hands this call's device pointers to the library (comm/device_comm.h):
+// both sides on the device, and for a reduction (sum) a path that reduces on the device.
+bool direct_call(Mode mode, bool reduction, bool din, bool dout) {
+  if (mode == Mode::staged || !din || !dout) return false;
+  return !reduction || mode == Mode::aware;
+}
 
 std::vector<std::string> host_backends() {
   std::vector<std::string> out;
@@ -275,39 +291,40 @@ std::unique_ptr<Communicator> registry_comm(const std::string& backend, FakeRunt
   o.runtime = &rt;
   return fsdp::make_communicator(backend, MPI_COMM_WORLD, o);
 }
-Mode registry_mode(const std::string& backend) {
-  return backend == "mpi" && fsdp::mpi_device_aware() ? Mode::aware : Mode::staged;
-}
+Mode registry_mode(const Communicator& c) { return mode_of(c.device_path()); }
 // Explicitly staged or device-aware, whatever the library.
 std::unique_ptr<Communicator> wrapped_comm(const std::string& backend, FakeRuntime& rt, Mode mode) {
   return fsdp::wrap_for_device(fsdp::make_communicator(backend, MPI_COMM_WORLD, fsdp::CommOptions{kTimeout_s}), rt,
-                               mode == Mode::aware);
+                               path_of(mode));
 }
 
 std::string where(const Communicator& c, Mode mode, const std::string& what) {
-  return std::string(c.backend()) + (mode == Mode::aware ? " (device-aware) " : " (staged) ") + what + " on rank " +
+  const char* how = mode == Mode::aware ? " (device pointers) " : mode == Mode::movers ? " (movers direct) " : " (staged) ";
+  return std::string(c.backend()) + how + what + " on rank " +
          std::to_string(c.rank()) + "/" + std::to_string(c.size());
 }
 
-// What one collective must have cost: in staged mode, one device->host copy when a device buffer
-// is read and one host->device copy when a device buffer is written; nothing in device-aware mode
-// but a host wait for the stream; nothing at all for host buffers.
-void check_costs(FakeRuntime& rt, const Counts& before, Mode mode, bool reads_device, bool writes_device,
-                 const std::string& what) {
+// What one collective must have cost: staged, one device->host copy when a device buffer is read
+// and one host->device copy when a device buffer is written; direct (device pointers), nothing but
+// a host wait for the stream and `want_d2d` device copies (an all_gather made in place); nothing
+// at all for host buffers.
+void check_costs(FakeRuntime& rt, const Counts& before, bool direct, bool reads_device, bool writes_device,
+                 const std::string& what, size_t want_d2d = 0) {
   const Counts& now = rt.counts;
   const bool any_device = reads_device || writes_device;
-  const size_t want_d2h = mode == Mode::staged && reads_device ? 1 : 0;
-  const size_t want_h2d = mode == Mode::staged && writes_device ? 1 : 0;
+  const size_t want_d2h = !direct && reads_device ? 1 : 0;
+  const size_t want_h2d = !direct && writes_device ? 1 : 0;
   report(now.d2h - before.d2h == want_d2h, what + ": " + std::to_string(now.d2h - before.d2h) +
                                                " device->host copies, expected " + std::to_string(want_d2h));
   report(now.h2d - before.h2d == want_h2d, what + ": " + std::to_string(now.h2d - before.h2d) +
                                                " host->device copies, expected " + std::to_string(want_h2d));
-  report(now.other_copies == before.other_copies, what + ": unexpected device/host-to-same-space copies");
+  report(now.other_copies - before.other_copies == want_d2d,
+         what + ": " + std::to_string(now.other_copies - before.other_copies) +
+             " device/host-to-same-space copies, expected " + std::to_string(want_d2d));
   if (!any_device) report(now.host_syncs == before.host_syncs, what + ": host buffers made the host synchronise");
-  if (mode == Mode::aware && any_device)
-    report(now.host_syncs > before.host_syncs, what + ": device-aware call did not synchronise the stream first");
-  if (mode == Mode::aware && now.d2h == before.d2h)
-    report(now.pinned_allocs == before.pinned_allocs, what + ": device-aware call staged");
+  if (direct && any_device)
+    report(now.host_syncs > before.host_syncs, what + ": a device-pointer call did not synchronise the stream first");
+  if (direct) report(now.pinned_allocs == before.pinned_allocs, what + ": a device-pointer call staged");
   report(now.null_stream_ops == 0, what + ": something was enqueued on the null stream");
   report(rt.errors.empty(), what + ": " + (rt.errors.empty() ? "" : rt.errors.front()));
 }
@@ -351,7 +368,8 @@ void run_all_gather(Communicator& c, FakeRuntime& rt, Mode mode, DType d, size_t
   const Counts base = rt.counts;  // after the fill: its copy is the test's own
   auto work = c.all_gather(in, out.data(), count, d, stream);
   work->wait();
-  check_costs(rt, base, mode, din, dout, what);
+  const bool direct = direct_call(mode, false, din, dout);
+  check_costs(rt, base, direct, din, dout, what, direct && !in_place ? 1 : 0);
   check_values(
       out, 0, out.count(), [&](size_t j) { return gather_value(static_cast<int>(j / count), j % count); }, what);
 }
@@ -374,7 +392,7 @@ void run_reduce_scatter(Communicator& c, FakeRuntime& rt, Mode mode, DType d, si
   const Counts base = rt.counts;
   auto work = c.reduce_scatter(in.data(), out.data(), count, d, ReduceOp::sum, stream);
   work->wait();
-  check_costs(rt, base, Mode::staged, din, dout, what);  // reductions are staged in either mode (CPU reduce)
+  check_costs(rt, base, direct_call(mode, true, din, dout), din, dout, what);
   check_values(
       out, 0, count, [&](size_t i) { return expected_sum(n, static_cast<size_t>(r) * count + i); }, what);
 }
@@ -403,7 +421,7 @@ void run_all_reduce(Communicator& c, FakeRuntime& rt, Mode mode, DType d, size_t
   const Counts base = rt.counts;
   auto work = c.all_reduce(in->data(), out.data(), count, d, ReduceOp::sum, stream);
   work->wait();
-  check_costs(rt, base, Mode::staged, din, dout, what);  // reductions are staged in either mode (CPU reduce)
+  check_costs(rt, base, direct_call(mode, true, din, dout), din, dout, what);
   check_values(
       out, 0, count, [&](size_t i) { return expected_sum(n, i); }, what);
 }
@@ -429,7 +447,7 @@ void run_broadcast(Communicator& c, FakeRuntime& rt, Mode mode, DType d, size_t 
   auto work = c.broadcast(buf.data(), count, d, root, stream);
   work->wait();
   // The root's buffer is only read, the others' only written.
-  check_costs(rt, base, mode, dev && r == root, dev && r != root, what);
+  check_costs(rt, base, direct_call(mode, false, dev, dev), dev && r == root, dev && r != root, what);
   check_values(
       buf, 0, count, [&](size_t j) { return gather_value(root, j); }, what);
 }
@@ -458,8 +476,9 @@ BOOST_AUTO_TEST_CASE(registry_wraps_host_backends_and_keeps_their_names) {
     report(c->backend() == b, b + ": wrapped backend() is '" + std::string(c->backend()) + "'");
     auto child = c->split(c->rank() % 2, c->rank());
     report(child->backend() == b, b + ": wrapped split's backend() is '" + std::string(child->backend()) + "'");
+    report(child->device_path().text == c->device_path().text, b + ": the split took another device path");
     // The split is wrapped too: device buffers work on it.
-    run_all_reduce(*child, rt, registry_mode(b), DType::f32, 7, true, true, false, Stream{});
+    run_all_reduce(*child, rt, registry_mode(*c), DType::f32, 7, true, true, false, Stream{});
     c->barrier();
   }
 }
@@ -478,7 +497,7 @@ BOOST_AUTO_TEST_CASE(registry_device_buffers_exact) {
   for (const std::string& b : host_backends()) {
     FakeRuntime rt;
     auto c = registry_comm(b, rt);
-    every_collective(*c, rt, registry_mode(b), true, true, Stream{});
+    every_collective(*c, rt, registry_mode(*c), true, true, Stream{});
   }
 }
 
@@ -488,15 +507,95 @@ BOOST_AUTO_TEST_CASE(device_aware_passes_pointers_after_synchronising) {
     auto c = wrapped_comm(b, rt, Mode::aware);
     every_collective(*c, rt, Mode::aware, true, true, Stream{});
     every_collective(*c, rt, Mode::aware, true, true, rt.user_stream());
-    // all_gather and broadcast go direct; the reductions are staged (the MPI backend reduces on
-    // the CPU), so staging memory exists, but the data movers made no copies (check_costs).
-    report(rt.counts.pinned_allocs > 0, b + ": the device-aware path staged no reduction");
+    report(rt.counts.pinned_allocs == 0, b + ": the device-pointer path staged");
+    // avg divides on the host: staged even here, and still right.
+    Buf x(rt, true, DType::f32, 5);
+    for (size_t i = 0; i < 5; ++i) x.set(i, 2.0 * (c->rank() + 1));
+    c->all_reduce(x.data(), x.data(), 5, DType::f32, ReduceOp::avg)->wait();
+    report(rt.counts.pinned_allocs == 1, b + ": avg on device pointers was not staged");
+    report(x.get(4) == c->size() + 1.0, b + ": avg gave " + std::to_string(x.get(4)));
+  }
+}
+
+// A UCX with CUDA memory: all_gather and broadcast pass device pointers, the reductions stage.
+BOOST_AUTO_TEST_CASE(movers_direct_reductions_staged) {
+  for (const std::string& b : host_backends()) {
+    FakeRuntime rt;
+    auto c = wrapped_comm(b, rt, Mode::movers);
+    every_collective(*c, rt, Mode::movers, true, true, Stream{});
+    every_collective(*c, rt, Mode::movers, true, true, rt.user_stream());
+    report(rt.counts.pinned_allocs > 0, b + ": the movers-only path staged no reduction");
+  }
+}
+
+// The path a backend chose is the rule of comm.h, word for word, the same on every rank.
+BOOST_AUTO_TEST_CASE(device_path_rule_and_messages) {
+  using fsdp::DeviceBuffers;
+  const fsdp::LibraryDeviceSupport yes{true, "CUDA-aware Open MPI v4.1.4", "-"};
+  const fsdp::LibraryDeviceSupport no{false, "Open MPI v4.1.4", "Open MPI v4.1.4 has no CUDA support at run time"};
+  auto expect = [](const fsdp::DevicePath& p, bool moves, bool reductions, const std::string& text) {
+    report(p.direct_moves == moves && p.direct_reductions == reductions && p.text == text,
+           "device path '" + p.text + "' (" + std::to_string(p.direct_moves) + std::to_string(p.direct_reductions) +
+               "), expected '" + text + "'");
+  };
+  expect(fsdp::choose_device_path(DeviceBuffers::automatic, yes), true, true,
+         "device pointers (CUDA-aware Open MPI v4.1.4)");
+  expect(fsdp::choose_device_path(DeviceBuffers::automatic, no), false, false,
+         "pinned staging: Open MPI v4.1.4 has no CUDA support at run time");
+  expect(fsdp::choose_device_path(DeviceBuffers::staged, yes), false, false,
+         "pinned staging: comm.device_buffers is staged");
+  expect(fsdp::choose_device_path(DeviceBuffers::direct, no), true, true,
+         "device pointers (comm.device_buffers is direct; Open MPI v4.1.4 has no CUDA support at run time: passed as "
+         "asked)");
+  expect(fsdp::choose_device_path(DeviceBuffers::direct, yes), true, true,
+         "device pointers (comm.device_buffers is direct; CUDA-aware Open MPI v4.1.4)");
+  expect(fsdp::choose_device_path(DeviceBuffers::automatic, yes, "the ucx rings reduce on the host"), true, false,
+         "device pointers (CUDA-aware Open MPI v4.1.4); reductions through pinned staging: the ucx rings reduce on "
+         "the host");
+  // Agreement: rank 0 alone would pass device pointers; every rank stages.
+  const int r = world_rank();
+  const fsdp::DevicePath agreed = fsdp::agree_device_path(
+      fsdp::choose_device_path(r == 0 ? DeviceBuffers::automatic : DeviceBuffers::staged, yes), MPI_COMM_WORLD);
+  if (world_size() == 1)
+    expect(agreed, true, true, "device pointers (CUDA-aware Open MPI v4.1.4)");
+  else if (r == 0)
+    expect(agreed, false, false, "pinned staging: another rank's library takes no device memory");
+  else
+    expect(agreed, false, false, "pinned staging: comm.device_buffers is staged");
+  // Through the registry: this build's libraries, each backend's own words; direct always passes
+  // device pointers for the movers.
+  for (const std::string& b : host_backends()) {
+    FakeRuntime rt;
+    for (DeviceBuffers setting : {DeviceBuffers::automatic, DeviceBuffers::staged, DeviceBuffers::direct}) {
+      fsdp::CommOptions o{kTimeout_s};
+      o.runtime = &rt;
+      o.device_buffers = setting;
+      auto c = fsdp::make_communicator(b, MPI_COMM_WORLD, o);
+      const fsdp::DevicePath p = c->device_path();
+      const std::string said = b + " " + std::string(fsdp::name_of(fsdp::kDeviceBuffers, setting)) + ": " + p.text;
+      if (setting == DeviceBuffers::staged)
+        expect(p, false, false, "pinned staging: comm.device_buffers is staged");
+      if (setting == DeviceBuffers::direct) {
+        report(p.direct_moves && p.text.rfind("device pointers (comm.device_buffers is direct; ", 0) == 0, said);
+        report(p.direct_reductions == (b == "mpi"), said + ": reductions direct only on mpi");
+      }
+      if (setting == DeviceBuffers::automatic)
+        report(p.direct_moves ? p.text.rfind("device pointers (", 0) == 0 : p.text.rfind("pinned staging: ", 0) == 0,
+               said);
+      if (b == "ucx" && setting != DeviceBuffers::staged && p.direct_moves)
+        report(p.text.find("; reductions through pinned staging: the ucx rings reduce on the host") !=
+                   std::string::npos,
+               said);
+      // Whatever the path, every collective's result is right and costs what the path says.
+      every_collective(*c, rt, mode_of(p), true, true, Stream{});
+      if (world_rank() == 0 && setting == DeviceBuffers::automatic) BOOST_TEST_MESSAGE(said);
+    }
   }
 }
 
 BOOST_AUTO_TEST_CASE(host_pointers_pass_through) {
   for (const std::string& b : host_backends()) {
-    for (Mode mode : {Mode::staged, Mode::aware}) {
+    for (Mode mode : {Mode::staged, Mode::aware, Mode::movers}) {
       FakeRuntime rt;
       auto c = wrapped_comm(b, rt, mode);
       every_collective(*c, rt, mode, false, false, Stream{});

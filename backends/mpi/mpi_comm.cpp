@@ -9,10 +9,7 @@
 #include <functional>
 #include <utility>
 
-#if __has_include(<mpi-ext.h>)
-#include <mpi-ext.h>  // Open MPI's extensions: MPIX_Query_cuda_support
-#endif
-
+#include "mpi/mpi_cuda.h"
 #include "mpi/mpi_reduce.h"
 
 namespace fsdp {
@@ -265,17 +262,31 @@ std::unique_ptr<NodeSharedMemory> MpiCommunicator::share_node_memory(size_t byte
 
 MpiCommunicator::MpiCommunicator(MPI_Comm owned, std::shared_ptr<MpiHalfTypes> types,
                                  std::shared_ptr<ShmProgress> progress, std::shared_ptr<Watchdog> watchdog,
-                                 const CommOptions& options)
+                                 const CommOptions& options, DevicePath path)
     : Communicator(options),
       comm_(owned),
       types_(std::move(types)),
       progress_(std::move(progress)),
-      watchdog_(std::move(watchdog)) {
+      watchdog_(std::move(watchdog)),
+      path_(std::move(path)),
+      device_pointers_(path_.direct_moves) {
   MPI_Comm_rank(owned, &rank_);
   MPI_Comm_size(owned, &size_);
   // Errors come back as codes and become exceptions with the collective's name.
   MPI_Comm_set_errhandler(owned, MPI_ERRORS_RETURN);
-  shm_ = ShmChannel::create(owned, progress_);  // collective, like the constructor's callers
+  // Collective, like the constructor's callers; equal on every rank (the path is).
+  if (!device_pointers_) shm_ = ShmChannel::create(owned, progress_);
+}
+
+// Device pointers: MPI's blocking collective `call` (the library takes device memory only there),
+// its deadline kept by the watchdog; avg's division on the host is never asked for here (the
+// device wrapper stages avg), and on host buffers it runs after the call.
+template <class Call>
+std::unique_ptr<Work> MpiCommunicator::blocking(const CollectiveDesc& desc, Call call, std::function<void()> finish) {
+  Watchdog::Armed armed = watchdog_->arm(desc.text(), options().timeout_s);
+  check(call(), desc);
+  if (finish) finish();
+  return std::make_unique<DoneWork>();
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -297,7 +308,7 @@ CollectiveDesc MpiCommunicator::describe(const char* collective, size_t count, D
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) const {
   MPI_Comm sub = MPI_COMM_NULL;
   MPI_Comm_split(comm_.get(), color, key, &sub);
-  return std::make_unique<MpiCommunicator>(sub, types_, progress_, watchdog_, options());
+  return std::make_unique<MpiCommunicator>(sub, types_, progress_, watchdog_, options(), path_);
 }
 
 // From this many bytes (the whole gathered array) all_gather uses the blocking MPI_Allgather.
@@ -309,7 +320,7 @@ std::unique_ptr<Work> MpiCommunicator::all_gather(const void* in, void* out, siz
   MPI_Datatype t = types_->datatype(dtype);
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-cstyle-cast): Open MPI's MPI_IN_PLACE is ((void*)1)
   const void* send = static_cast<const char*>(out) + rank_ * count * dtype_bytes(dtype) == in ? MPI_IN_PLACE : in;
-  if (count * dtype_bytes(dtype) * static_cast<size_t>(size_) >= kBlockingAllGatherBytes) {
+  if (device_pointers_ || count * dtype_bytes(dtype) * static_cast<size_t>(size_) >= kBlockingAllGatherBytes) {
     // OpenMPI's non-blocking all_gather (libnbc) runs far below its blocking one (coll/tuned)
     // here: fsdp_bench f32 at np=2, 1-16 MiB, 1.8-2.4 GB/s busbw against 5.4-9.5. Host MPI makes
     // no progress outside MPI calls anyway, so the blocking call loses no overlap; it completes
@@ -336,9 +347,13 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter(const void* in, void* out,
   }
   std::function<void()> finish;
   if (op == ReduceOp::avg) finish = [out, count, dtype, n = size_] { mpi_scale_for_avg(out, count, dtype, n); };
+  int n = checked_count(count, "reduce_scatter");
+  if (device_pointers_)
+    return blocking(describe("reduce_scatter", count, dtype), [&] {
+      return MPI_Reduce_scatter_block(in, out, n, types_->datatype(dtype), types_->op(dtype, op), comm_.get());
+    }, std::move(finish));
   auto work = std::make_unique<MpiWork>(describe("reduce_scatter", count, dtype), options().timeout_s, progress_,
                                         std::move(finish));
-  int n = checked_count(count, "reduce_scatter");
   check(MPI_Ireduce_scatter_block(in, out, n, types_->datatype(dtype), types_->op(dtype, op), comm_.get(),
                                   work->request()),
         work->desc());
@@ -362,10 +377,14 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce(const void* in, void* out, siz
   }
   std::function<void()> finish;
   if (op == ReduceOp::avg) finish = [out, count, dtype, n = size_] { mpi_scale_for_avg(out, count, dtype, n); };
-  auto work = std::make_unique<MpiWork>(describe("all_reduce", count, dtype), options().timeout_s, progress_,
-                                        std::move(finish));
   int n = checked_count(count, "all_reduce");
   const void* send = in == out ? MPI_IN_PLACE : in;  // NOLINT(cppcoreguidelines-pro-type-cstyle-cast): as above
+  if (device_pointers_)
+    return blocking(describe("all_reduce", count, dtype), [&] {
+      return MPI_Allreduce(send, out, n, types_->datatype(dtype), types_->op(dtype, op), comm_.get());
+    }, std::move(finish));
+  auto work = std::make_unique<MpiWork>(describe("all_reduce", count, dtype), options().timeout_s, progress_,
+                                        std::move(finish));
   check(MPI_Iallreduce(send, out, n, types_->datatype(dtype), types_->op(dtype, op), comm_.get(), work->request()),
         work->desc());
   return work;
@@ -375,6 +394,10 @@ std::unique_ptr<Work> MpiCommunicator::broadcast(void* buf, size_t count, DType 
   auto work = std::make_unique<MpiWork>(describe("broadcast", count, dtype), options().timeout_s, progress_);
   if (root < 0 || root >= size_)
     throw Error(work->desc().text() + ": root " + std::to_string(root) + " outside [0, " + std::to_string(size_) + ")");
+  if (device_pointers_)
+    return blocking(work->desc(), [&] {
+      return MPI_Bcast(buf, checked_count(count, "broadcast"), types_->datatype(dtype), root, comm_.get());
+    });
   check(MPI_Ibcast(buf, checked_count(count, "broadcast"), types_->datatype(dtype), root, comm_.get(), work->request()),
         work->desc());
   return work;
@@ -390,8 +413,12 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm bootstrap, const Co
   MPI_Comm dup = MPI_COMM_NULL;
   MPI_Comm_dup(bootstrap, &dup);  // our traffic never matches the application's
   auto progress = std::make_shared<ShmProgress>(node_oversubscribed(dup));
+  // Only a device run asks the library: a host run's buffers are all host memory.
+  DevicePath path;
+  if (options.runtime && options.runtime->device() == Device::cuda)
+    path = agree_device_path(choose_device_path(options.device_buffers, mpi_device_support()), dup);
   return std::make_unique<MpiCommunicator>(dup, std::make_shared<MpiHalfTypes>(), std::move(progress),
-                                           std::make_shared<Watchdog>(), options);
+                                           std::make_shared<Watchdog>(), options, std::move(path));
 }
 
 }  // namespace fsdp

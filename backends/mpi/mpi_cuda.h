@@ -1,12 +1,15 @@
 #pragma once
-// Whether the MPI library takes device (CUDA) pointers in collectives: Open MPI built with CUDA
-// support (mpi-ext.h defines MPIX_CUDA_AWARE_SUPPORT) whose library, queried at run time, says so
-// (MPIX_Query_cuda_support() == 1: the library loaded may differ from the header). False for any
-// other MPI, and for Debian's Open MPI (built without CUDA). The registry hands it to
-// make_communicator (comm.h BackendEntry::device_aware): true lets device buffers go to MPI
-// as they are, false stages them through host memory (comm/device_comm.h).
+// Whether the MPI library takes device (CUDA) pointers in collectives, asked at run time: Open
+// MPI's CUDA extension (mpi-ext.h: MPIX_Query_cuda_support() == 1 once the library was built with
+// CUDA and found the driver). Any other MPI cannot be asked: comm.device_buffers: direct passes
+// device pointers to it anyway (Cray MPICH, MVAPICH2-GDR). Debian's Open MPI is built without
+// CUDA; jobs/cuda-aware-mpi.sh builds one with it.
+#include "comm/comm.h"
+
 namespace fsdp {
 
-bool mpi_device_aware();
+// After MPI_Init. library: "CUDA-aware Open MPI v4.1.4"; why_not: what MPIX_Query_cuda_support
+// said, or that this MPI has no such query.
+LibraryDeviceSupport mpi_device_support();
 
 }  // namespace fsdp

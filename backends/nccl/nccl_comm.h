@@ -47,6 +47,7 @@ class NcclCommunicator : public Communicator {
  public:
   NcclCommunicator(ncclComm_t owned, int device, const CommOptions& options);
   std::string_view backend() const override { return "nccl"; }
+  DevicePath device_path() const override { return {true, true, "device buffers (NCCL's own)"}; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int device() const { return device_; }

@@ -613,8 +613,13 @@ size_t env_size(const char* name, size_t fallback) {
 }  // namespace
 
 UcxCommunicator::UcxCommunicator(MPI_Comm owned, std::shared_ptr<ucx::Context> context, const CommOptions& options,
-                                 UcxTuning tuning, uint8_t id)
-    : Communicator(options), comm_(owned), context_(std::move(context)), tuning_(tuning), id_(id) {
+                                 UcxTuning tuning, uint8_t id, DevicePath path)
+    : Communicator(options),
+      comm_(owned),
+      context_(std::move(context)),
+      tuning_(tuning),
+      id_(id),
+      path_(std::move(path)) {
   MPI_Comm_rank(owned, &rank_);
   MPI_Comm_size(owned, &size_);
   worker_ = std::make_shared<Worker>(context_, owned, tuning_.chunk_bytes);
@@ -644,7 +649,7 @@ std::unique_ptr<Communicator> UcxCommunicator::split(int color, int key) const {
   // Workers already separate communicators; the id in the tag makes a stray message visible
   // as unmatched rather than misdelivered. Equal on every member: parent id, split count, colour.
   const auto id = static_cast<uint8_t>(id_ * 131u + index * 31u + static_cast<uint32_t>(color) * 7u + 1u);
-  return std::make_unique<UcxCommunicator>(sub, context_, options(), tuning_, id);
+  return std::make_unique<UcxCommunicator>(sub, context_, options(), tuning_, id, path_);
 }
 
 std::unique_ptr<Work> UcxCommunicator::all_gather(const void* in, void* out, size_t count, DType dtype, Stream) {
@@ -726,7 +731,11 @@ std::unique_ptr<Communicator> make_ucx_communicator(MPI_Comm bootstrap, const Co
   auto context = std::make_shared<ucx::Context>();
   MPI_Comm dup = MPI_COMM_NULL;
   MPI_Comm_dup(bootstrap, &dup);  // our bootstrap traffic never matches the application's
-  return std::make_unique<UcxCommunicator>(dup, std::move(context), options, tuning, 0);
+  DevicePath path;
+  if (options.runtime && options.runtime->device() == Device::cuda)
+    path = agree_device_path(
+        choose_device_path(options.device_buffers, context->device_support(), "the ucx rings reduce on the host"), dup);
+  return std::make_unique<UcxCommunicator>(dup, std::move(context), options, tuning, 0, std::move(path));
 }
 
 }  // namespace fsdp

@@ -48,7 +48,7 @@ class UcxCommunicator : public Communicator {
  public:
   // Collective over `owned` (address exchange); takes ownership of it.
   UcxCommunicator(MPI_Comm owned, std::shared_ptr<ucx::Context> context, const CommOptions& options, UcxTuning tuning,
-                  uint8_t id);
+                  uint8_t id, DevicePath path);
   ~UcxCommunicator() override;  // collective: closes endpoints, fences
   UcxCommunicator(const UcxCommunicator&) = delete;
   UcxCommunicator& operator=(const UcxCommunicator&) = delete;
@@ -63,6 +63,9 @@ class UcxCommunicator : public Communicator {
                                    Stream stream) override;
   std::unique_ptr<Work> broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) override;
   void barrier() override;
+  // Device memory goes to UCX for all_gather and broadcast when its context moves CUDA memory;
+  // reduce_scatter and all_reduce stay staged: the rings reduce on the host.
+  DevicePath device_path() const override { return path_; }
 
  private:
   CollectiveDesc describe(const char* collective, size_t count, DType dtype);
@@ -74,6 +77,7 @@ class UcxCommunicator : public Communicator {
   UcxTuning tuning_;
   int rank_ = 0, size_ = 1;
   uint8_t id_ = 0;
+  DevicePath path_;
   mutable uint32_t splits_ = 0;  // same on every rank: split is collective
 };
 

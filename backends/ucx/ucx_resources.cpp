@@ -37,6 +37,22 @@ Context::Context() {
 
 Context::~Context() { ucp_cleanup(context_); }
 
+LibraryDeviceSupport Context::device_support() const {
+  ucp_context_attr_t attr{};
+  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  const std::string name = std::string("UCX ") + ucp_get_version_string();
+  LibraryDeviceSupport s;
+  s.library = name + " with CUDA memory";
+  if (ucp_context_query(context_, &attr) != UCS_OK) {
+    s.why_not = name + " did not say which memory types it moves (ucp_context_query)";
+    return s;
+  }
+  s.reads_device_memory = (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+  s.why_not = name + " moves no CUDA memory (no cuda transports: built without CUDA, as Debian's is, or no "
+              "CUDA driver; jobs/cuda-aware-mpi.sh's prefix has a UCX with them)";
+  return s;
+}
+
 void Context::detach(ucp_worker_h worker) { std::erase(workers_, worker); }
 
 void Context::dismiss(Pollable* pollable) {

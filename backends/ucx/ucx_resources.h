@@ -39,6 +39,9 @@ class Context {
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
   ucp_context_h get() const { return context_; }
+  // Whether this context moves CUDA memory (its transports list UCS_MEMORY_TYPE_CUDA: UCX built
+  // with CUDA, its cuda modules loaded, a driver present); names the library for messages.
+  LibraryDeviceSupport device_support() const;
 
   // Progress is family-wide, as MPI's is: testing any collective progresses every worker and
   // advances every collective in flight in the family. Ring algorithms forward data, so a rank

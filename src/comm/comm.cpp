@@ -77,6 +77,42 @@ std::optional<BackendEntry> find_backend(const std::string& backend) {
   return std::nullopt;
 }
 
+DevicePath choose_device_path(DeviceBuffers setting, const LibraryDeviceSupport& library,
+                              const std::string& reductions_why_staged) {
+  DevicePath path;
+  if (setting == DeviceBuffers::staged) {
+    path.text = "pinned staging: comm.device_buffers is staged";
+    return path;
+  }
+  if (setting == DeviceBuffers::automatic && !library.reads_device_memory) {
+    path.text = "pinned staging: " + library.why_not;
+    return path;
+  }
+  path.direct_moves = true;
+  path.direct_reductions = reductions_why_staged.empty();
+  path.text = "device pointers (";
+  if (setting == DeviceBuffers::direct)
+    path.text += "comm.device_buffers is direct; " +
+                 (library.reads_device_memory ? library.library : library.why_not + ": passed as asked");
+  else
+    path.text += library.library;
+  path.text += ")";
+  if (!path.direct_reductions) path.text += "; reductions through pinned staging: " + reductions_why_staged;
+  return path;
+}
+
+DevicePath agree_device_path(DevicePath path, MPI_Comm comm) {
+  int direct[2] = {path.direct_moves ? 1 : 0, path.direct_reductions ? 1 : 0};
+  MPI_Allreduce(MPI_IN_PLACE, direct, 2, MPI_INT, MPI_MIN, comm);
+  if (!path.direct_moves) return path;  // the least direct already, with its own reason
+  if (direct[0] == 0) return {false, false, "pinned staging: another rank's library takes no device memory"};
+  if (path.direct_reductions && direct[1] == 0) {
+    path.direct_reductions = false;
+    path.text += "; reductions through pinned staging: another rank's backend reduces on the host";
+  }
+  return path;
+}
+
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm bootstrap,
                                                 const CommOptions& options) {
   std::string built;
@@ -87,7 +123,8 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_
     }
     std::unique_ptr<Communicator> comm = e.make(bootstrap, options);
     if (!options.runtime || options.runtime->device() != Device::cuda || e.device_native) return comm;
-    return wrap_for_device(std::move(comm), *options.runtime, e.device_aware && e.device_aware());
+    const DevicePath path = comm->device_path();
+    return wrap_for_device(std::move(comm), *options.runtime, path);
   }
   throw Error("comm.backend '" + backend + "' is not built in this binary (built: " + built + ")");
 }

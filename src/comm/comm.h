@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "comm/device_buffers.h"
 #include "tensor/device.h"  // Stream
 #include "tensor/dtype.h"
 #include "tensor/error.h"
@@ -51,7 +52,35 @@ struct CommOptions {
   // buffers only. On a cuda runtime, backends without native device buffers (all but nccl) are
   // wrapped by make_communicator to accept that device's buffers (comm/device_comm.h).
   DeviceRuntime* runtime = nullptr;
+  DeviceBuffers device_buffers = DeviceBuffers::automatic;
 };
+
+// Whether a backend's library reads and writes device memory itself, asked at run time (the
+// library loaded may differ from the headers built against). `library` names it for messages
+// ("CUDA-aware Open MPI v4.1.4"); `why_not` says why it does not.
+struct LibraryDeviceSupport {
+  bool reads_device_memory = false;
+  std::string library;
+  std::string why_not;
+};
+
+// How a backend takes device buffers (comm/device_comm.h applies it): device pointers straight
+// to the library for the data movers (all_gather, broadcast) and for the reductions
+// (reduce_scatter, all_reduce with sum, max, min), or pinned host staging. `text` is what the
+// run prints: "device pointers (CUDA-aware Open MPI v4.1.4)", "pinned staging: <why>".
+struct DevicePath {
+  bool direct_moves = false;
+  bool direct_reductions = false;
+  std::string text;
+};
+// The rule for every host-data-plane backend: `setting` against what the library says;
+// `reductions_why_staged` non-empty when the backend itself reduces on the host (its reductions
+// stay staged even with device pointers for the movers).
+DevicePath choose_device_path(DeviceBuffers setting, const LibraryDeviceSupport& library,
+                              const std::string& reductions_why_staged = {});
+// Collective over `comm`: every rank takes the same path (a backend's algorithms may depend on
+// it), the least direct one any rank chose; a rank that loses its device pointers says why.
+DevicePath agree_device_path(DevicePath path, MPI_Comm comm);
 
 // What a handle describes in messages: "mpi reduce_scatter #17 (count 4096, bf16)".
 struct CollectiveDesc {
@@ -217,6 +246,11 @@ class Communicator {
     (void)bytes;
     return nullptr;
   }
+  // How this communicator takes buffers of options().runtime's device (comm/device_comm.h reads
+  // it). The default: a backend that never reads device memory stages everything.
+  virtual DevicePath device_path() const {
+    return {false, false, "pinned staging: the " + std::string(backend()) + " backend takes host memory only"};
+  }
 
   const CommOptions& options() const { return options_; }
 
@@ -242,10 +276,9 @@ struct BackendEntry {
   const char* name = nullptr;
   CommunicatorFactory make = nullptr;
   // Device buffers (CommOptions::runtime on cuda): a native backend (nccl) takes them itself;
-  // any other is wrapped (comm/device_comm.h), passing device pointers to the library when
-  // device_aware() says it reads device memory (a CUDA-aware MPI), staging them otherwise.
+  // any other is wrapped (comm/device_comm.h) with the path its communicator's device_path()
+  // chose.
   bool device_native = false;
-  bool (*device_aware)() = nullptr;  // null: never
   // share_node_memory can map memory the ranks of a node share (when they are on one node and
   // there is room): what a plan of fsdp.node_shared_params assumes for this backend.
   bool maps_node_memory = false;

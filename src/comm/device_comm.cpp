@@ -244,19 +244,20 @@ class StagedWork final : public Work {
 
 class DeviceCommunicator final : public Communicator {
  public:
-  DeviceCommunicator(std::unique_ptr<Communicator> host, DeviceRuntime& rt, bool device_aware)
+  DeviceCommunicator(std::unique_ptr<Communicator> host, DeviceRuntime& rt, DevicePath path)
       : Communicator(host->options()),
         host_(std::move(host)),
         rt_(rt),
-        device_aware_(device_aware),
+        path_(std::move(path)),
         pool_(std::make_shared<StagingPool>(rt, options().timeout_s)) {}
 
   std::string_view backend() const override { return host_->backend(); }
   int rank() const override { return host_->rank(); }
   int size() const override { return host_->size(); }
   std::unique_ptr<Communicator> split(int color, int key) const override {
-    return wrap_for_device(host_->split(color, key), rt_, device_aware_);
+    return wrap_for_device(host_->split(color, key), rt_, path_);
   }
+  DevicePath device_path() const override { return path_; }
   void barrier() override { host_->barrier(); }
 
   std::unique_ptr<Work> all_gather(const void* in, void* out, size_t count, DType dtype, Stream stream) override {
@@ -265,7 +266,12 @@ class DeviceCommunicator final : public Communicator {
     auto host_call = [&](const void* hin, void* hout) { return host_->all_gather(hin, hout, count, dtype, stream); };
     if (count == 0 || (!din && !dout)) return host_call(in, out);
     const std::string what = what_for(backend(), "all_gather", count, dtype);
-    if (device_aware_) return direct(stream, what, [&] { return host_call(in, out); });
+    if (path_.direct_moves && din && dout) {
+      // In place on the device first: no backend then copies the input on the host.
+      char* slot = static_cast<char*>(out) + static_cast<size_t>(rank()) * ib;
+      if (slot != in) rt_.copy_async(slot, in, ib, CopyKind::device_to_device, resolve(stream));
+      return direct(stream, what, [&] { return host_call(slot, out); });
+    }
     StagePlan p;
     if (dout) {
       // The whole output; a device input goes to its own slot of it, so the wrapped collective
@@ -289,9 +295,10 @@ class DeviceCommunicator final : public Communicator {
     };
     if (count == 0 || (!din && !dout)) return host_call(in, out);
     const std::string what = what_for(backend(), "reduce_scatter", count, dtype);
-    // Staged even when the library is device aware: backends/mpi reduces on the CPU through raw
-    // pointers (its shared-memory pipeline, avg's division, bf16/f16 sums), which device memory
-    // would fault. Only the pure data movers (all_gather, broadcast) go direct.
+    // Direct when the backend hands device pointers to a library that reduces them (a CUDA-aware
+    // MPI's blocking reductions); avg is staged: its division runs on the host.
+    if (path_.direct_reductions && op != ReduceOp::avg && din && dout)
+      return direct(stream, what, [&] { return host_call(in, out); });
     StagePlan p;
     if (din) {
       p.in = CopyIn{0, in, ib};
@@ -314,7 +321,8 @@ class DeviceCommunicator final : public Communicator {
     };
     if (count == 0 || (!din && !dout)) return host_call(in, out);
     const std::string what = what_for(backend(), "all_reduce", count, dtype);
-    // Staged even when device aware: the reduction runs on the CPU (see reduce_scatter).
+    if (path_.direct_reductions && op != ReduceOp::avg && din && dout)
+      return direct(stream, what, [&] { return host_call(in, out); });  // as reduce_scatter
     // One region: with both sides on the device the wrapped collective runs in place in it.
     StagePlan p;
     p.bytes = b;
@@ -328,7 +336,7 @@ class DeviceCommunicator final : public Communicator {
     auto host_call = [&](void* hbuf) { return host_->broadcast(hbuf, count, dtype, root, stream); };
     if (count == 0 || !on_device(buf)) return host_call(buf);
     const std::string what = what_for(backend(), "broadcast", count, dtype);
-    if (device_aware_) return direct(stream, what, [&] { return host_call(buf); });
+    if (path_.direct_moves) return direct(stream, what, [&] { return host_call(buf); });
     // The root's buffer is only read, the others' only written.
     StagePlan p;
     p.bytes = b;
@@ -344,7 +352,7 @@ class DeviceCommunicator final : public Communicator {
   bool on_device(const void* p) const { return p && rt_.is_device_pointer(p); }
   Stream resolve(Stream s) const { return s.native ? s : rt_.compute_stream(); }
 
-  // device_aware: the library reads the device buffers once the stream's work so far is done.
+  // Device pointers: the library reads the device buffers once the stream's work so far is done.
   template <class Call>
   std::unique_ptr<Work> direct(Stream stream, const std::string& what, Call call) {
     const std::unique_ptr<Event> ready = rt_.record(resolve(stream));
@@ -374,16 +382,16 @@ class DeviceCommunicator final : public Communicator {
 
   std::unique_ptr<Communicator> host_;
   DeviceRuntime& rt_;
-  bool device_aware_;
+  DevicePath path_;
   std::shared_ptr<StagingPool> pool_;
 };
 
 }  // namespace
 
 std::unique_ptr<Communicator> wrap_for_device(std::unique_ptr<Communicator> host, DeviceRuntime& runtime,
-                                              bool device_aware) {
+                                              DevicePath path) {
   if (!host) return host;
-  return std::make_unique<DeviceCommunicator>(std::move(host), runtime, device_aware);
+  return std::make_unique<DeviceCommunicator>(std::move(host), runtime, std::move(path));
 }
 
 }  // namespace fsdp

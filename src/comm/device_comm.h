@@ -8,11 +8,17 @@
 // The Stream of a call is the one whose work produced the inputs and will consume the outputs; a
 // null Stream means runtime.compute_stream() (in calls and in Work::wait_on alike).
 //
-//  - device_aware (the library reads and writes device memory itself, e.g. a CUDA-aware MPI):
+// Which calls go which way is the wrapped communicator's device_path() (comm.h), chosen by the
+// backend from comm.device_buffers and what its library says at run time:
+//  - device pointers (the library reads and writes device memory itself, e.g. a CUDA-aware MPI):
 //    the host first waits for the stream's work so far (an event recorded on it, synchronised
 //    with comm.timeout_s), then the wrapped communicator gets the device pointers. Its Work is
 //    returned as is: once complete the result is in device memory, so wait_on has nothing more
-//    to order.
+//    to order. Data movers (all_gather, broadcast) go so with DevicePath::direct_moves,
+//    reductions (sum, max, min) with direct_reductions; a device all_gather that is not in place
+//    is made so on the stream first (a device-to-device copy into its slot), so no backend
+//    copies device memory on the host. Calls that mix host and device buffers, and avg (its
+//    division runs on the host), are staged.
 //  - staged (every other case): device inputs are copied into pinned host staging memory with
 //    copy_async on the call's stream, and the host waits for that copy (comm.timeout_s) before
 //    the wrapped collective starts on the host buffers. The returned Work copies the result back
@@ -52,6 +58,6 @@ namespace fsdp {
 // Returns a Communicator that accepts device buffers of `runtime` on `host`'s backend. Its
 // backend() is host's (messages keep naming "mpi"/"ucx"); its splits are wrapped the same way.
 std::unique_ptr<Communicator> wrap_for_device(std::unique_ptr<Communicator> host, DeviceRuntime& runtime,
-                                              bool device_aware);
+                                              DevicePath path);
 
 }  // namespace fsdp

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/device_buffers.h"
 #include "config/enums.h"
 #include "models/family.h"
 #include "optim/optimizer_config.h"
@@ -124,6 +125,7 @@ struct FsdpConfig {
 struct CommConfig {
   std::string backend = "mpi";  // one this build has (config/backends.h: mpi, ucx, nccl)
   double timeout_s = 300.0;     // > 0
+  DeviceBuffers device_buffers = DeviceBuffers::automatic;  // device runs on mpi/ucx (comm/device_buffers.h)
 };
 
 struct CheckpointConfig {

@@ -283,6 +283,11 @@ std::vector<Field> schema(Config& c) {
       {"comm.timeout_s", &c.comm.timeout_s, above(0),
        "Seconds a collective or a device wait may take before the run stops with one line naming it "
        "(init_process_group's timeout)"},
+      {"comm.device_buffers", choice(&c.comm.device_buffers, kDeviceBuffers), unbounded(),
+       "Device runs on `mpi` or `ucx`: `auto` passes device pointers where the library says it reads device "
+       "memory (a CUDA-aware Open MPI, a UCX with CUDA transports) and stages through pinned host memory "
+       "otherwise; `staged` always stages; `direct` passes device pointers without asking (a CUDA-aware MPI "
+       "that has no Open MPI query: Cray MPICH, MVAPICH2-GDR). The banner says which path and why"},
       {"checkpoint.dir", &k.dir, unbounded(),
        "The folder of the checkpoints (`ckpt_<step>.h5`, `best.h5`), made when missing; a launch also saves one "
        "when it ends; empty: no checkpoints"},

@@ -37,6 +37,9 @@ void Trainer::print_banner() const {
     std::printf("fsdp_app: train.matmul_precision %s: GEMM operands rounded to %s, f32 accumulation\n",
                 std::string(matmul_precision_name(c.train.matmul_precision)).c_str(),
                 std::string(rounded_operand_name(c.train.matmul_precision)).c_str());
+  // Device runs: how the backend takes device buffers, and why (comm.device_buffers).
+  if (leader && s.comms.device)
+    std::printf("fsdp_app: comm %s: %s\n", c.comm.backend.c_str(), s.comms.device->device_path().text.c_str());
   if (leader && !engine.node_shared_params_note().empty())
     std::printf("fsdp_app: fsdp.node_shared_params %s\n", engine.node_shared_params_note().c_str());
   if (env.world_size > 1) {

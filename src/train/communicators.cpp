@@ -18,7 +18,8 @@ RunCommunicators make_run_communicators(
       r.world = make_communicator(device ? "mpi" : c.comm.backend, comm, {c.comm.timeout_s});
     if (decorate) r.world = decorate(std::move(r.world));
   }
-  if (device && comm != MPI_COMM_NULL) r.device = make_communicator(c.comm.backend, comm, {c.comm.timeout_s, &runtime});
+  if (device && comm != MPI_COMM_NULL)
+    r.device = make_communicator(c.comm.backend, comm, {c.comm.timeout_s, &runtime, c.comm.device_buffers});
   return r;
 }
 

