@@ -1,7 +1,7 @@
 #!/bin/bash
 # Builds the CUDA-aware data planes (issue 40) and prints their prefix on its last line:
 #
-#   prefix=$(bash jobs/cuda-aware-mpi.sh | tail -1)
+#   prefix=$(bash jobs/cuda-aware-mpi.sh | tail -1)       # --cached: print it only if built
 #   meson setup build-cuda-mpi -Dmpi_prefix="$prefix"     # the project on this MPI
 #   PATH=$prefix/bin:$PATH mpirun -np 2 build-cuda-mpi/apps/fsdp_app IN.yaml
 #
@@ -51,6 +51,8 @@ if [ "$(cat "$prefix/READY" 2>/dev/null)" = "$key" ] && [ -x "$prefix/bin/mpicxx
   echo "$prefix"
   exit 0
 fi
+# --cached: only say where a complete build is (jobs/gpu-bundle.sh asks so); build nothing.
+[ "${1:-}" = --cached ] && { echo "cuda-aware-mpi: no complete build at $prefix" >&2; exit 1; }
 
 work=$cache/cuda-mpi-work
 mkdir -p "$work" || { echo "cuda-aware-mpi: cannot create $work" >&2; exit 1; }

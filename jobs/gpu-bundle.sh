@@ -12,7 +12,10 @@
 #                                NCCL (the GPU machine's own: run-gpu-checks.sh finds them);
 #                                lib/ucx/ UCX's transport modules (found beside libucs)
 #   fsdp-gpu/ompi/               OpenMPI 4.1 relocated (OPAL_PREFIX): bin/orterun, bin/orted, its
-#                                MCA plugins at Debian's relative path, share/openmpi help files
+#                                MCA plugins at its relative path, share/openmpi help files. The
+#                                CUDA-aware Open MPI and UCX of jobs/cuda-aware-mpi.sh when that
+#                                has been built (GPU_BUNDLE_MPI=cuda-aware builds it first,
+#                                =debian takes Debian's), else Debian's; BUILD-INFO says which
 #   fsdp-gpu/pmix/               PMIx's plugins and help files (PMIX_INSTALL_PREFIX)
 #   fsdp-gpu/etc/                Debian's openmpi-mca-params.conf
 #   fsdp-gpu/py/                 the performance check's PyTorch FSDP2 side (gpu_perf_fsdp2.py,
@@ -33,7 +36,16 @@ archive=$(realpath -m "$1")
 # The archive's folder (the device tool's carry folder, gpu-bundle/, is git-ignored and absent in a
 # fresh clone): made now, so a bad path fails before minutes of nvcc, not after.
 mkdir -p "$(dirname "$archive")" 2>/dev/null || { echo "gpu-bundle: cannot create $(dirname "$archive") for $1" >&2; exit 2; }
-build=${GPU_BUNDLE_BUILD:-$root/build-gpu-bundle}
+# The data planes (issue 40): the CUDA-aware build when there is one (or asked for), else Debian's.
+cuda_mpi=
+case ${GPU_BUNDLE_MPI:-auto} in
+  auto) cuda_mpi=$(bash "$root/jobs/cuda-aware-mpi.sh" --cached 2>/dev/null | tail -1) || cuda_mpi= ;;
+  cuda-aware) cuda_mpi=$(bash "$root/jobs/cuda-aware-mpi.sh" | tail -1) || exit 1 ;;
+  debian) ;;
+  *) echo "gpu-bundle: GPU_BUNDLE_MPI=$GPU_BUNDLE_MPI: expected auto, cuda-aware or debian" >&2; exit 2 ;;
+esac
+# A build folder per MPI: the MPI, HDF5 and UCX dependencies are found once, at setup.
+build=${GPU_BUNDLE_BUILD:-$root/build-gpu-bundle${cuda_mpi:+-cuda-mpi}}
 arch=${GPU_BUNDLE_ARCH:-80,90}
 limit=$((48 * 1024 * 1024))
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
@@ -50,6 +62,8 @@ t0=$(date +%s)
 fe_inc=$(bash "$root/jobs/cudnn-frontend.sh") || exit 1
 opts=(-Dbuildtype=release -Dgpu=enabled -Dgpu_arch="$arch" -Dnative_arch=false -Dcpp_args=-march=x86-64-v3
   -Dstatic_cudart=true -Dtests=enabled -Dfuzz=disabled -Dcudnn_frontend_include="$fe_inc")
+[ -n "$cuda_mpi" ] && opts+=(-Dpkg_config_path="$cuda_mpi/lib/pkgconfig")
+echo "gpu-bundle: Open MPI and UCX: ${cuda_mpi:-Debian (no CUDA)}"
 if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" "$root" "${opts[@]}" >"$build.setup.log" 2>&1 || { tail -30 "$build.setup.log"; exit 1; }
 else
@@ -67,26 +81,42 @@ mkdir -p "$B"/{bin,lib/ucx,etc,data/fashion-mnist,data/fortunes}
 for t in "${apps[@]}" "${tests[@]}"; do cp "$build/$t" "$B/bin/"; done
 strip --strip-unneeded "$B"/bin/*
 
-# OpenMPI at Debian's layout under ompi/ (prefix /usr -> OPAL_PREFIX): the launcher, its MCA
-# plugins (Pkglibdir), the help files (Pkgdatadir). PMIx (prefix .../pmix2) likewise under pmix/.
-ompi_lib=ompi/lib/x86_64-linux-gnu/openmpi/lib
-mkdir -p "$B/ompi/bin" "$B/$ompi_lib" "$B/ompi/share" "$B/pmix/lib" "$B/pmix/share"
-cp /usr/bin/orterun /usr/bin/orted "$B/ompi/bin/"
+# OpenMPI at its install layout under ompi/ (its prefix -> OPAL_PREFIX): the launcher, its MCA
+# plugins (Pkglibdir), the help files (Pkgdatadir). PMIx (prefix .../pmix2, Debian's in both
+# cases) likewise under pmix/. UCX's modules in lib/ucx (UCX_MODULE_DIR).
+mkdir -p "$B/ompi/bin" "$B/ompi/share" "$B/pmix/lib" "$B/pmix/share"
+if [ -n "$cuda_mpi" ]; then
+  ompi_plugins=ompi/lib/openmpi
+  mkdir -p "$B/ompi/lib"
+  cp "$cuda_mpi/bin/orterun" "$cuda_mpi/bin/orted" "$B/ompi/bin/"
+  cp -r "$cuda_mpi/lib/openmpi" "$B/ompi/lib/"
+  rm -f "$B/$ompi_plugins"/*.la
+  cp -r "$cuda_mpi/share/openmpi" "$B/ompi/share/"
+  # Debian's settings less its `pml = ^ucx` and `osc = ^ucx`: this Open MPI's pml ucx is the one
+  # that moves device memory over UCX's cuda transports.
+  grep -vE '^(pml|osc) *=' /etc/openmpi/openmpi-mca-params.conf >"$B/etc/openmpi-mca-params.conf"
+  ucx_modules=("$cuda_mpi"/lib/ucx/libuct_*.so.0 "$cuda_mpi"/lib/ucx/libucm_*.so.0)
+else
+  ompi_plugins=ompi/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
+  mkdir -p "$B/$(dirname "$ompi_plugins")"
+  cp /usr/bin/orterun /usr/bin/orted "$B/ompi/bin/"
+  cp -r $multiarch/openmpi/lib/openmpi3 "$B/$(dirname "$ompi_plugins")/"
+  cp -r /usr/share/openmpi "$B/ompi/share/"
+  cp /etc/openmpi/openmpi-mca-params.conf "$B/etc/"
+  ucx_modules=($multiarch/ucx/libuct_*.so.0 $multiarch/ucx/libucm_*.so.0 $multiarch/ucx/libucx_*.so.0)
+fi
 ln -s orterun "$B/ompi/bin/mpirun"
 ln -s ../ompi/bin/orterun "$B/bin/mpirun"
-cp -r $multiarch/openmpi/lib/openmpi3 "$B/$ompi_lib/"
-cp -r /usr/share/openmpi "$B/ompi/share/"
 rm -f "$B"/ompi/share/openmpi/*wrapper-data.txt
 cp -r $multiarch/pmix2/lib/pmix "$B/pmix/lib/"
 cp -r $multiarch/pmix2/share/pmix "$B/pmix/share/"
-cp /etc/openmpi/openmpi-mca-params.conf "$B/etc/"
-for m in $multiarch/ucx/libuct_*.so.0 $multiarch/ucx/libucm_*.so.0 $multiarch/ucx/libucx_*.so.0; do
+for m in "${ucx_modules[@]}"; do
   [ -e "$m" ] && cp -L "$m" "$B/lib/ucx/"
 done
 
 # Every library the binaries and plugins load, by soname, except the base system's and the
 # GPU machine's own. OpenBLAS: the OpenMP build (Debian's alternative may point at pthreads).
-skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libmvec|libdl\.so|libpthread|librt\.so|libutil\.so|libresolv|libanl|libnsl|libstdc\+\+|libgcc_s|libcuda\.so|libcublas|libcublasLt|libnccl)'
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libmvec|libdl\.so|libpthread|librt\.so|libutil\.so|libresolv|libanl|libnsl|libstdc\+\+|libgcc_s|libcuda\.so|libnvidia-ml|libcublas|libcublasLt|libnccl)'
 declare -A have=()
 collect() {  # ELF files
   local f soname path
@@ -95,7 +125,7 @@ collect() {  # ELF files
       [[ $soname =~ $skip ]] && continue
       [ -n "${have[$soname]:-}" ] && continue
       if [ "$path" = "not" ] || [ -z "$path" ]; then
-        case $soname in libcublas*|libnccl*|libcuda*) continue ;; esac
+        case $soname in libcublas*|libnccl*|libcuda*|libnvidia-ml*) continue ;; esac
         echo "gpu-bundle: $f needs $soname, which is not found here" >&2; exit 1
       fi
       [ "$soname" = libopenblas.so.0 ] && path=$multiarch/openblas-openmp/libopenblas.so.0
@@ -104,7 +134,7 @@ collect() {  # ELF files
     done < <(ldd "$f" | awk '/=>/ {print $1, $3}')
   done
 }
-collect "$B"/bin/* "$B"/ompi/bin/orterun "$B"/ompi/bin/orted "$B/$ompi_lib"/openmpi3/*.so \
+collect "$B"/bin/* "$B"/ompi/bin/orterun "$B"/ompi/bin/orted "$B/$ompi_plugins"/*.so \
   "$B"/pmix/lib/pmix/*.so "$B"/lib/ucx/*.so.0
 # libmpi's and friends' components dlopen by sonames ldd already saw; strip the debug sections.
 strip --strip-unneeded "$B"/lib/*.so* "$B"/lib/ucx/* 2>/dev/null || true
@@ -148,7 +178,12 @@ inc=$cuda_root/include
   echo "cublas $(def CUBLAS_VER_MAJOR "$inc/cublas_api.h").$(def CUBLAS_VER_MINOR "$inc/cublas_api.h").$(def CUBLAS_VER_PATCH "$inc/cublas_api.h")"
   echo "nccl $(def NCCL_MAJOR "$inc/nccl.h").$(def NCCL_MINOR "$inc/nccl.h").$(def NCCL_PATCH "$inc/nccl.h")"
   echo "nccl_min 2.18.0"
-  echo "openmpi $(dpkg-query -W -f='${Version}' openmpi-bin)"
+  if [ -n "$cuda_mpi" ]; then
+    echo "openmpi $("$cuda_mpi/bin/ompi_info" --parsable | awk -F: '/^ompi:version:full:/ {print $4}') CUDA-aware ($(basename "$cuda_mpi"))"
+    echo "ucx $(cat "$cuda_mpi/lib/pkgconfig/ucx.pc" | awk '/^Version:/ {print $2}') with cuda transports"
+  else
+    echo "openmpi $(dpkg-query -W -f='${Version}' openmpi-bin) (Debian's, no CUDA)"
+  fi
   # The GPU libraries the binaries link (NEEDED), and cuBLAS/cuBLASLt, which they dlopen() by
   # these sonames when a CUDA runtime starts (src/tensor/cuda/cublas_loader.h).
   cublas_major=$(def CUBLAS_VER_MAJOR "$inc/cublas_api.h")

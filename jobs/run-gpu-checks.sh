@@ -488,6 +488,60 @@ c_bench() {
   note "csv: logs/bench_np1.csv (all backends), logs/bench_np2.csv (mpi, ucx)"
   return $bad
 }
+# Issue 40: the MPI and UCX data planes on device memory (the bundle's CUDA-aware Open MPI and UCX,
+# jobs/cuda-aware-mpi.sh). fsdp_bench at np 1-4 sharing the GPU, 1 KiB-256 MiB, for nccl, mpi and
+# ucx with device pointers (--device-buffers auto: the path each prints must say so) and staged;
+# then a table of busbw at 64 MiB and up: mpi/ucx direct against nccl and against their staging.
+# FSDP on mpi and ucx with device pointers at np 2 and 4 equals np 1 within 1e-5.
+c_device_pointers() {
+  local bad=0 np be how tag
+  for np in 1 2 3 4; do
+    for how in auto staged; do
+      tag=np${np}_$how
+      T=200 mpirun_ -np $np "$B/bin/fsdp_bench" --backend "$([ $how = auto ] && echo all || echo mpi,ucx)" \
+        --device $DEV --device-buffers $how -b 1K -e 256M -f 4 --csv "$L/devptr_$tag.csv" >"$W/devptr_$tag.txt" 2>&1 ||
+        { note "fsdp_bench np $np --device-buffers $how failed"; bad=1; }
+      cat "$W/devptr_$tag.txt"
+      grep -a '^# \(mpi\|ucx\|nccl\):' "$W/devptr_$tag.txt" | sed "s/^/np $np $how: /" | tee -a "$NOTE"
+    done
+  done
+  grep -aq '^# mpi: device pointers' "$W/devptr_np2_auto.txt" || { note "mpi did not take device pointers at np 2"; bad=1; }
+  # busbw (GB/s) per size >= 64 MiB: LABEL, then the rows of every np.
+  env -u LD_LIBRARY_PATH python3 - "$L" <<'PY' | tee -a "$NOTE"
+import csv, glob, os, sys
+rows = {}
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "devptr_np*_*.csv"))):
+    np_, how = os.path.basename(f)[len("devptr_np"):-4].split("_")
+    for r in csv.DictReader(open(f)):
+        if int(r["size_bytes"]) < 64 << 20: continue
+        label = r["backend"] if r["backend"] in ("nccl", "mpi-raw") else r["backend"] + ("-direct" if how == "auto" else "-staged")
+        if r["backend"] == "mpi-raw" and how != "auto": continue
+        rows.setdefault((int(np_), r["op"], int(r["size_bytes"])), {})[label] = float(r["busbw_GBps"])
+labels = ["nccl", "mpi-direct", "mpi-staged", "ucx-direct", "ucx-staged", "mpi-raw"]
+print("| np | op | size | " + " | ".join(labels) + " | mpi-direct/nccl | mpi direct/staged | ucx direct/staged |")
+print("|" + "---|" * (len(labels) + 6))
+for (n, op, size), v in sorted(rows.items()):
+    g = lambda k: v.get(k, float("nan"))
+    ratio = lambda a, b: "%.2f" % (g(a) / g(b)) if g(b) > 0 else "-"
+    print(f"| {n} | {op} | {size >> 20} MiB | " + " | ".join("%.1f" % g(k) for k in labels) +
+          f" | {ratio('mpi-direct', 'nccl')} | {ratio('mpi-direct', 'mpi-staged')} | {ratio('ucx-direct', 'ucx-staged')} |")
+PY
+  for be in mpi ucx; do
+    app dp_${be}_np1 1 "${TINY_transformer[@]}" train.device=$DEV comm.backend=$be train.batch_size=24 train.steps=10 \
+      train.epochs=0 fsdp.sharding_strategy=NO_SHARD >"$W/dp_${be}_np1.txt" 2>&1 || { bad=1; continue; }
+    for np in 2 4; do
+      for s in FULL_SHARD HYBRID_SHARD; do
+        tag=dp_${be}_np${np}_$s
+        app $tag $np "${TINY_transformer[@]}" train.device=$DEV comm.backend=$be train.batch_size=$((24 / np)) \
+          train.steps=10 train.epochs=0 fsdp.sharding_strategy=$s fsdp.hybrid.shard_group_size=2 >"$W/$tag.txt" 2>&1 ||
+          { note "$tag failed: $(grep -a -m1 '^fsdp_app' "$W/$tag.txt")"; bad=1; continue; }
+        note "$tag: $(grep -a -m1 "^fsdp_app: comm $be:" "$W/$tag.txt")"
+        same_losses dp_${be}_np1 $tag 1e-5 | tee -a "$NOTE" || bad=1
+      done
+    done
+  done
+  return $bad
+}
 # A transformer that fills the GPU, bf16 params and reductions, f32 master, FULL_SHARD, np 1,
 # NCCL; the same model (torch_models.LM), batch and precision under PyTorch FSDP2; the cuBLAS bf16
 # GEMM peak measured in the same call. MFU = tokens/s * FLOPs per token / peak, FLOPs per token
@@ -630,7 +684,7 @@ else
   gpu_checks=(machine:c_machine test_gpu:c_test_gpu gpu_vs_cpu_f32:c_gpu_vs_cpu nccl:c_nccl
     performance:c_perf t5:c_t5 gpu_vs_cpu_bf16:c_bf16 cpu_offload:c_cpu_offload
     checkpoint_device_cpu:c_ckpt_device_cpu world_sizes_mpi:c_world_sizes_mpi fsdp_bench_cuda:c_bench
-    world_sizes_ucx:c_world_sizes_ucx compute_sanitizer:c_sanitizer)
+    world_sizes_ucx:c_world_sizes_ucx compute_sanitizer:c_sanitizer device_pointers:c_device_pointers)
   order=("${gpu_checks[@]%%:*}")
   [ "$only" != ",," ] && IFS=, read -r -a order <<<"${RUN_GPU_CHECKS_ONLY}"
   for want in "${order[@]}"; do

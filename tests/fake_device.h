@@ -51,6 +51,7 @@ struct FakeDeviceCounts {
   uint64_t stream_syncs = 0;     // synchronize(stream), host-value kernels, pageable d2h copies
   uint64_t comm_stream_ops = 0;  // work enqueued on the communication stream
   uint64_t null_stream_ops = 0;  // work on Stream{}: a bug for this runtime (counted, run in order)
+  uint64_t library_accesses = 0;  // device-pointer collective calls and waits (library_access)
 };
 
 class FakeDevice final : public DeviceRuntime {
@@ -95,6 +96,12 @@ class FakeDevice final : public DeviceRuntime {
   void enqueue(Stream stream, std::function<void()> op);
   // Runs `fn` now with device memory readable (host-value kernels after their synchronisation).
   void with_memory_open(const std::function<void()>& fn);
+  // A library with device pointers (comm.device_buffers: direct) reads the memory as a GPU's
+  // CUDA-aware MPI would: open while it runs. Counted.
+  void library_access(const std::function<void()>& access) override {
+    ++counts_.library_accesses;
+    with_memory_open(access);
+  }
   size_t ran(const void* stream) const;
 
  private:

@@ -157,15 +157,16 @@ std::string describe(const FakeDeviceCounts& c) {
 
 // The device run must equal the host run bitwise, and the fake must have seen the device paths.
 // device_only: keys only a device run takes (fsdp.cpu_offload).
-void check_same(const std::string& name, const std::string& yaml, const std::vector<std::string>& overrides,
-                bool expect_comm_stream = true, const std::vector<std::string>& device_only = {}) {
+// Returns the device run's counts.
+FakeDeviceCounts check_same(const std::string& name, const std::string& yaml, const std::vector<std::string>& overrides,
+                            bool expect_comm_stream = true, const std::vector<std::string>& device_only = {}) {
   RunResult host = train_once(yaml, overrides, false);
   std::vector<std::string> dev_overrides = overrides;
   dev_overrides.insert(dev_overrides.end(), device_only.begin(), device_only.end());
   RunResult dev = train_once(yaml, dev_overrides, true);
   report(host.error.empty(), name + ": host run failed: " + host.error);
   report(dev.error.empty(), name + ": device run failed: " + dev.error);
-  if (!host.error.empty() || !dev.error.empty()) return;
+  if (!host.error.empty() || !dev.error.empty()) return dev.counts;
   if (world_rank() == 0) {
     report(!host.losses.empty(), name + ": the host run wrote no losses");
     report(host.losses == dev.losses, name + ": per-step losses differ between the host and the fake device");
@@ -196,6 +197,7 @@ void check_same(const std::string& name, const std::string& yaml, const std::vec
   if (expect_comm_stream)
     report(dev.counts.comm_stream_ops > 0 && dev.counts.stream_waits > 0,
            name + ": nothing ran on the communication stream: " + describe(dev.counts));
+  return dev.counts;
 }
 
 const char* kLm =
@@ -275,7 +277,27 @@ BOOST_AUTO_TEST_CASE(cnn_with_dropout_and_sgd) {
 }
 
 BOOST_AUTO_TEST_CASE(ucx_data_plane) {
-  check_same("FULL_SHARD over ucx", kLm, {"comm.backend=ucx", "fsdp.mixed_precision.param_dtype=bf16"});
+  const FakeDeviceCounts staged =
+      check_same("FULL_SHARD over ucx", kLm, {"comm.backend=ucx", "fsdp.mixed_precision.param_dtype=bf16"});
+  report(staged.library_accesses == 0, "staged ucx: the library was handed device memory");
+}
+
+// comm.device_buffers: direct hands the fake device's pointers to the library, as a CUDA-aware
+// Open MPI (every collective) or a UCX with CUDA memory (all_gather; reductions staged) gets a
+// GPU's: the host waits for the stream, the library reads and writes device memory (opened by
+// library_access), and the result is in place for the next stream operation with no copy. The
+// runs equal the host's bitwise, with reduced-precision all_gathers and reductions.
+BOOST_AUTO_TEST_CASE(device_pointers_to_the_library) {
+  std::vector<std::string> hybrid = hybrid_overrides();
+  for (const char* backend : {"mpi", "ucx"}) {
+    const std::string be = backend;
+    std::vector<std::string> sets = {"comm.backend=" + be, "comm.device_buffers=direct",
+                                     "fsdp.mixed_precision.param_dtype=bf16"};
+    const FakeDeviceCounts full = check_same("FULL_SHARD over " + be + ", device pointers", kLm, sets);
+    if (world_size() > 1) report(full.library_accesses > 0, be + " direct: no collective was handed device memory");
+    sets.insert(sets.end(), hybrid.begin(), hybrid.end());
+    check_same("HYBRID_SHARD over " + be + ", device pointers", kLm, sets);
+  }
 }
 
 // Checkpoints from device shards (staged through host memory) hold the host run's values: a run

@@ -42,6 +42,38 @@ void synchronize_for(DeviceRuntime& rt, const Event& event, double timeout_s, co
   }
 }
 
+// The Work of a call with device pointers (and, on such a path, of every call: a UCX family's
+// progress moves any ring in flight): the library's tests and waits, and a wait in its
+// destructor, run inside runtime.library_access (nothing on a GPU; the fake device opens its
+// memory).
+class LibraryWork final : public Work {
+ public:
+  LibraryWork(std::unique_ptr<Work> inner, DeviceRuntime& rt) : inner_(std::move(inner)), rt_(rt) {}
+  ~LibraryWork() override {
+    try {
+      rt_.library_access([&] { inner_.reset(); });
+    } catch (...) {  // a destructor's wait that failed: the error was the caller's to see
+    }
+  }
+  LibraryWork(const LibraryWork&) = delete;
+  LibraryWork& operator=(const LibraryWork&) = delete;
+  bool test() override {
+    bool done = false;
+    rt_.library_access([&] { done = inner_->test(); });
+    return done;
+  }
+  void wait() override {
+    rt_.library_access([&] { inner_->wait(); });
+  }
+  void wait_on(Stream stream) override {
+    rt_.library_access([&] { inner_->wait_on(stream); });
+  }
+
+ private:
+  std::unique_ptr<Work> inner_;
+  DeviceRuntime& rt_;
+};
+
 // ---- the staging cache ----
 
 struct StagingSlot {
@@ -258,13 +290,19 @@ class DeviceCommunicator final : public Communicator {
     return wrap_for_device(host_->split(color, key), rt_, path_);
   }
   DevicePath device_path() const override { return path_; }
-  void barrier() override { host_->barrier(); }
+  void barrier() override {
+    if (path_.direct_moves) {
+      rt_.library_access([&] { host_->barrier(); });  // progresses the family's rings, as guarded()
+    } else {
+      host_->barrier();
+    }
+  }
 
   std::unique_ptr<Work> all_gather(const void* in, void* out, size_t count, DType dtype, Stream stream) override {
     const size_t ib = count * dtype_bytes(dtype), ob = ib * static_cast<size_t>(size());
     const bool din = on_device(in), dout = on_device(out);
     auto host_call = [&](const void* hin, void* hout) { return host_->all_gather(hin, hout, count, dtype, stream); };
-    if (count == 0 || (!din && !dout)) return host_call(in, out);
+    if (count == 0 || (!din && !dout)) return guarded([&] { return host_call(in, out); });
     const std::string what = what_for(backend(), "all_gather", count, dtype);
     if (path_.direct_moves && din && dout) {
       // In place on the device first: no backend then copies the input on the host.
@@ -293,7 +331,7 @@ class DeviceCommunicator final : public Communicator {
     auto host_call = [&](const void* hin, void* hout) {
       return host_->reduce_scatter(hin, hout, count, dtype, op, stream);
     };
-    if (count == 0 || (!din && !dout)) return host_call(in, out);
+    if (count == 0 || (!din && !dout)) return guarded([&] { return host_call(in, out); });
     const std::string what = what_for(backend(), "reduce_scatter", count, dtype);
     // Direct when the backend hands device pointers to a library that reduces them (a CUDA-aware
     // MPI's blocking reductions); avg is staged: its division runs on the host.
@@ -319,7 +357,7 @@ class DeviceCommunicator final : public Communicator {
     auto host_call = [&](const void* hin, void* hout) {
       return host_->all_reduce(hin, hout, count, dtype, op, stream);
     };
-    if (count == 0 || (!din && !dout)) return host_call(in, out);
+    if (count == 0 || (!din && !dout)) return guarded([&] { return host_call(in, out); });
     const std::string what = what_for(backend(), "all_reduce", count, dtype);
     if (path_.direct_reductions && op != ReduceOp::avg && din && dout)
       return direct(stream, what, [&] { return host_call(in, out); });  // as reduce_scatter
@@ -334,7 +372,7 @@ class DeviceCommunicator final : public Communicator {
   std::unique_ptr<Work> broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) override {
     const size_t b = count * dtype_bytes(dtype);
     auto host_call = [&](void* hbuf) { return host_->broadcast(hbuf, count, dtype, root, stream); };
-    if (count == 0 || !on_device(buf)) return host_call(buf);
+    if (count == 0 || !on_device(buf)) return guarded([&] { return host_call(buf); });
     const std::string what = what_for(backend(), "broadcast", count, dtype);
     if (path_.direct_moves) return direct(stream, what, [&] { return host_call(buf); });
     // The root's buffer is only read, the others' only written.
@@ -352,12 +390,23 @@ class DeviceCommunicator final : public Communicator {
   bool on_device(const void* p) const { return p && rt_.is_device_pointer(p); }
   Stream resolve(Stream s) const { return s.native ? s : rt_.compute_stream(); }
 
+  // On a path with device pointers, any call may progress a device-pointer collective in flight
+  // (a UCX family's progress moves every ring): its call and its Work's waits run inside
+  // library_access too.
+  template <class Call>
+  std::unique_ptr<Work> guarded(Call call) {
+    if (!path_.direct_moves) return call();
+    std::unique_ptr<Work> work;
+    rt_.library_access([&] { work = call(); });
+    return std::make_unique<LibraryWork>(std::move(work), rt_);
+  }
+
   // Device pointers: the library reads the device buffers once the stream's work so far is done.
   template <class Call>
   std::unique_ptr<Work> direct(Stream stream, const std::string& what, Call call) {
     const std::unique_ptr<Event> ready = rt_.record(resolve(stream));
     synchronize_for(rt_, *ready, options().timeout_s, what + ": waiting for the stream before the collective");
-    return call();
+    return guarded(call);  // a direct path: always inside library_access
   }
 
   // Staged: the device input into the staging buffer (the host waits for it), the wrapped
@@ -376,7 +425,7 @@ class DeviceCommunicator final : public Communicator {
         throw;
       }
     }
-    std::unique_ptr<Work> inner = call(lease.base());
+    std::unique_ptr<Work> inner = guarded([&] { return call(lease.base()); });
     return std::make_unique<StagedWork>(std::move(inner), std::move(lease), p.out, rt_, s, options().timeout_s, what);
   }
 

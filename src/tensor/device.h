@@ -15,6 +15,7 @@
 // reuse it, the allocator waits for an event recorded on s at the free.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -94,6 +95,12 @@ class DeviceRuntime {
   // trace's names); no-ops elsewhere. Pushes and pops nest on the calling thread.
   virtual void range_push(const char* name) {}
   virtual void range_pop() {}
+
+  // Runs `access`, in which a library (a CUDA-aware MPI, a UCX with CUDA transports) reads or
+  // writes this device's memory itself, from the host thread: a GPU needs nothing around it; the
+  // fake device of the tests, whose memory faults on any host access outside a stream
+  // operation, opens it for the call (comm/device_comm.h wraps every device-pointer call so).
+  virtual void library_access(const std::function<void()>& access) { access(); }
 
   virtual Kernels& kernels() = 0;  // enqueued on compute_stream()
 };
