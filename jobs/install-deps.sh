@@ -13,6 +13,10 @@
 #                                      (the first set, Boost.Test, clang, the lint tools): tests/run.sh
 #                                      installs this first and the rest (what only running the
 #                                      tests needs) while the build compiles
+#   bash jobs/install-deps.sh --cuda-mpi
+#                                      the first set, and what jobs/cuda-aware-mpi.sh needs to build
+#                                      Open MPI from source (make, gcc, the PMIx/hwloc/libevent
+#                                      headers Debian's build uses; a venv for pip)
 # README.md gives the time of both README commands on a fresh machine (tests/fresh_machine.sh).
 set -euo pipefail
 
@@ -76,13 +80,18 @@ test_run_packages=(
   slurm-wlm slurm-wlm-basic-plugins munge libpmix2
 )
 
+# What jobs/cuda-aware-mpi.sh adds (Open MPI's configure and make; pip from a venv when the
+# system's python3 has none). libopenmpi-dev already depends on the three -dev packages.
+cuda_mpi_packages=(make gcc libpmix-dev libhwloc-dev libevent-dev python3-venv)
+
 packages=("${run_packages[@]}")
 case "${1:-}" in
   "") ;;
+  --cuda-mpi) packages+=("${cuda_mpi_packages[@]}") ;;
   --tests) packages+=("${test_build_packages[@]}" "${test_run_packages[@]}") ;;
   --tests-build) packages+=("${test_build_packages[@]}") ;;
   *)
-    echo "usage: bash jobs/install-deps.sh [--tests | --tests-build]" >&2
+    echo "usage: bash jobs/install-deps.sh [--tests | --tests-build | --cuda-mpi]" >&2
     exit 2
     ;;
 esac

@@ -519,6 +519,15 @@ void FakeDevice::with_memory_open(const std::function<void()>& fn) {
   arena_->close();
 }
 
+void FakeDevice::library_access(const std::function<void()>& access) {
+  ++counts_.library_accesses;
+  if (!opened_to_libraries_) {
+    arena_->open();  // never closed: see the header
+    opened_to_libraries_ = true;
+  }
+  access();
+}
+
 void FakeDevice::run_until(const void* stream, size_t index) {
   Queue& q = queues_[stream];  // std::map: stays valid while ops enqueue elsewhere
   if (q.done >= index) return;

@@ -46,11 +46,11 @@ struct FakeDeviceCounts {
   uint64_t ops_enqueued = 0, ops_run = 0;
   uint64_t kernels = 0;  // kernel launches
   uint64_t h2d = 0, d2h = 0, d2d = 0;
-  uint64_t stream_waits = 0;     // wait(stream, event)
-  uint64_t event_syncs = 0;      // synchronize(event): the host waits for one point of a stream
-  uint64_t stream_syncs = 0;     // synchronize(stream), host-value kernels, pageable d2h copies
-  uint64_t comm_stream_ops = 0;  // work enqueued on the communication stream
-  uint64_t null_stream_ops = 0;  // work on Stream{}: a bug for this runtime (counted, run in order)
+  uint64_t stream_waits = 0;      // wait(stream, event)
+  uint64_t event_syncs = 0;       // synchronize(event): the host waits for one point of a stream
+  uint64_t stream_syncs = 0;      // synchronize(stream), host-value kernels, pageable d2h copies
+  uint64_t comm_stream_ops = 0;   // work enqueued on the communication stream
+  uint64_t null_stream_ops = 0;   // work on Stream{}: a bug for this runtime (counted, run in order)
   uint64_t library_accesses = 0;  // device-pointer collective calls and waits (library_access)
 };
 
@@ -96,12 +96,13 @@ class FakeDevice final : public DeviceRuntime {
   void enqueue(Stream stream, std::function<void()> op);
   // Runs `fn` now with device memory readable (host-value kernels after their synchronisation).
   void with_memory_open(const std::function<void()>& fn);
-  // A library with device pointers (comm.device_buffers: direct) reads the memory as a GPU's
-  // CUDA-aware MPI would: open while it runs. Counted.
-  void library_access(const std::function<void()>& access) override {
-    ++counts_.library_accesses;
-    with_memory_open(access);
-  }
+  // A library handed device pointers (comm.device_buffers: direct) reads and writes the memory
+  // as a GPU's CUDA-aware MPI or UCX does, and not only during the call: a peer process may copy
+  // out of it later (UCX's CMA rendezvous reads with process_vm_readv while this rank does
+  // something else). So from the first such access the memory stays open for good: a run on a
+  // device-pointer path keeps the stream-order checks (poison, deferred streams) but no longer
+  // faults on host access. Counted.
+  void library_access(const std::function<void()>& access) override;
   size_t ran(const void* stream) const;
 
  private:
@@ -126,6 +127,7 @@ class FakeDevice final : public DeviceRuntime {
   std::map<const char*, size_t> pinned_;  // start -> bytes
   std::vector<std::string> errors_;
   char compute_tag_ = 0, comm_tag_ = 0;  // their addresses are the streams
+  bool opened_to_libraries_ = false;     // library_access opened the memory for good
 };
 
 }  // namespace fsdp::testing

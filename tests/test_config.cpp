@@ -669,6 +669,16 @@ BOOST_AUTO_TEST_CASE(checkpoint_keys_that_need_a_folder_or_evaluations) {
   BOOST_TEST(error_of("train: {stop_after_steps: -1}\n").find("train.stop_after_steps") != std::string::npos);
 }
 
+BOOST_AUTO_TEST_CASE(comm_device_buffers) {
+  BOOST_TEST((parse_config("comm: {backend: mpi}\n", "in.yaml").comm.device_buffers == fsdp::DeviceBuffers::automatic));
+  BOOST_TEST(
+      (parse_config("comm: {device_buffers: staged}\n", "in.yaml").comm.device_buffers == fsdp::DeviceBuffers::staged));
+  BOOST_TEST(
+      (parse_config("comm: {device_buffers: direct}\n", "in.yaml").comm.device_buffers == fsdp::DeviceBuffers::direct));
+  BOOST_TEST(error_of("comm: {device_buffers: device}\n") ==
+             "in.yaml:1: comm.device_buffers: expected one of [auto, staged, direct], got 'device'");
+}
+
 BOOST_AUTO_TEST_CASE(trace_keys) {
   const Config off = parse_config("", "in.yaml");
   BOOST_TEST(off.output.trace.empty());

@@ -264,9 +264,7 @@ void check_values(const Buf& b, size_t begin, size_t end, const std::function<do
 // reductions staged (a UCX with CUDA memory: its rings reduce on the host).
 enum class Mode { staged, aware, movers };
 
-fsdp::DevicePath path_of(Mode mode) {
-  return {mode != Mode::staged, mode == Mode::aware, "test"};
-}
+fsdp::DevicePath path_of(Mode mode) { return {mode != Mode::staged, mode == Mode::aware, "test"}; }
 Mode mode_of(const fsdp::DevicePath& p) {
   return !p.direct_moves ? Mode::staged : p.direct_reductions ? Mode::aware : Mode::movers;
 }
@@ -284,10 +282,10 @@ std::vector<std::string> host_backends() {
   return out;
 }
 
-// Through the registry, as the trainer gets it (staged unless the MPI is CUDA-aware).
-std::unique_ptr<Communicator> registry_comm(const std::string& backend, FakeRuntime& rt,
-                                            double timeout_s = kTimeout_s) {
-  fsdp::CommOptions o{timeout_s};
+// Through the registry, as the trainer gets it (comm.device_buffers auto: device pointers where
+// the library says it reads device memory, staged otherwise).
+std::unique_ptr<Communicator> registry_comm(const std::string& backend, FakeRuntime& rt) {
+  fsdp::CommOptions o{kTimeout_s};
   o.runtime = &rt;
   return fsdp::make_communicator(backend, MPI_COMM_WORLD, o);
 }
@@ -299,9 +297,11 @@ std::unique_ptr<Communicator> wrapped_comm(const std::string& backend, FakeRunti
 }
 
 std::string where(const Communicator& c, Mode mode, const std::string& what) {
-  const char* how = mode == Mode::aware ? " (device pointers) " : mode == Mode::movers ? " (movers direct) " : " (staged) ";
-  return std::string(c.backend()) + how + what + " on rank " +
-         std::to_string(c.rank()) + "/" + std::to_string(c.size());
+  const char* how = mode == Mode::aware    ? " (device pointers) "
+                    : mode == Mode::movers ? " (movers direct) "
+                                           : " (staged) ";
+  return std::string(c.backend()) + how + what + " on rank " + std::to_string(c.rank()) + "/" +
+         std::to_string(c.size());
 }
 
 // What one collective must have cost: staged, one device->host copy when a device buffer is read
@@ -573,8 +573,7 @@ BOOST_AUTO_TEST_CASE(device_path_rule_and_messages) {
       auto c = fsdp::make_communicator(b, MPI_COMM_WORLD, o);
       const fsdp::DevicePath p = c->device_path();
       const std::string said = b + " " + std::string(fsdp::name_of(fsdp::kDeviceBuffers, setting)) + ": " + p.text;
-      if (setting == DeviceBuffers::staged)
-        expect(p, false, false, "pinned staging: comm.device_buffers is staged");
+      if (setting == DeviceBuffers::staged) expect(p, false, false, "pinned staging: comm.device_buffers is staged");
       if (setting == DeviceBuffers::direct) {
         report(p.direct_moves && p.text.rfind("device pointers (comm.device_buffers is direct; ", 0) == 0, said);
         report(p.direct_reductions == (b == "mpi"), said + ": reductions direct only on mpi");
@@ -583,9 +582,9 @@ BOOST_AUTO_TEST_CASE(device_path_rule_and_messages) {
         report(p.direct_moves ? p.text.rfind("device pointers (", 0) == 0 : p.text.rfind("pinned staging: ", 0) == 0,
                said);
       if (b == "ucx" && setting != DeviceBuffers::staged && p.direct_moves)
-        report(p.text.find("; reductions through pinned staging: the ucx rings reduce on the host") !=
-                   std::string::npos,
-               said);
+        report(
+            p.text.find("; reductions through pinned staging: the ucx rings reduce on the host") != std::string::npos,
+            said);
       // Whatever the path, every collective's result is right and costs what the path says.
       every_collective(*c, rt, mode_of(p), true, true, Stream{});
       if (world_rank() == 0 && setting == DeviceBuffers::automatic) BOOST_TEST_MESSAGE(said);
@@ -737,7 +736,12 @@ BOOST_AUTO_TEST_CASE(timeout_message_unchanged, *ut::precondition(fsdp::testing:
   const int n = world_size();
   for (const std::string& b : host_backends()) {
     FakeRuntime rt;
-    auto parent = registry_comm(b, rt, 0.5);
+    // Staged: with device pointers (a CUDA-aware Open MPI's auto) mpi's collectives are MPI's
+    // blocking ones, whose deadline is the watchdog's: it ends the rank (test_watchdog).
+    fsdp::CommOptions o{0.5};
+    o.runtime = &rt;
+    o.device_buffers = fsdp::DeviceBuffers::staged;
+    auto parent = fsdp::make_communicator(b, MPI_COMM_WORLD, o);
     auto doomed = parent->split(0, parent->rank());
     doomed->barrier();  // #0
     doomed->barrier();  // #1

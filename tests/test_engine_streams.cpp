@@ -15,6 +15,8 @@
 #include <unistd.h>
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -156,31 +158,53 @@ std::string describe(const FakeDeviceCounts& c) {
 }
 
 // The device run must equal the host run bitwise, and the fake must have seen the device paths.
-// device_only: keys only a device run takes (fsdp.cpu_offload).
-// Returns the device run's counts.
+// device_only: keys only a device run takes (fsdp.cpu_offload). The device run stages its
+// buffers through host memory unless the case sets comm.device_buffers: the staged path reduces
+// as the host run does (the same backend's own algorithm), so bitwise equality holds at every
+// world size, with any MPI (a CUDA-aware one's auto would hand device pointers to its own
+// reductions). rtol > 0: the device run's reductions are the library's own (mpi with device
+// pointers: Open MPI's order, and bf16/f16 rounded per pairwise op): losses within rtol, weights
+// not compared. Returns the device run's counts.
 FakeDeviceCounts check_same(const std::string& name, const std::string& yaml, const std::vector<std::string>& overrides,
-                            bool expect_comm_stream = true, const std::vector<std::string>& device_only = {}) {
+                            bool expect_comm_stream = true, const std::vector<std::string>& device_only = {},
+                            double rtol = 0) {
   RunResult host = train_once(yaml, overrides, false);
   std::vector<std::string> dev_overrides = overrides;
   dev_overrides.insert(dev_overrides.end(), device_only.begin(), device_only.end());
+  if (std::none_of(dev_overrides.begin(), dev_overrides.end(),
+                   [](const std::string& o) { return o.rfind("comm.device_buffers=", 0) == 0; }))
+    dev_overrides.emplace_back("comm.device_buffers=staged");
   RunResult dev = train_once(yaml, dev_overrides, true);
   report(host.error.empty(), name + ": host run failed: " + host.error);
   report(dev.error.empty(), name + ": device run failed: " + dev.error);
   if (!host.error.empty() || !dev.error.empty()) return dev.counts;
+  auto close = [rtol](double a, double b) {
+    return a == b || std::abs(a - b) <= rtol * std::max(std::abs(a), std::abs(b));
+  };
   if (world_rank() == 0) {
     report(!host.losses.empty(), name + ": the host run wrote no losses");
-    report(host.losses == dev.losses, name + ": per-step losses differ between the host and the fake device");
     report(!host.weights.empty(), name + ": the host run saved no weights");
-    report(host.weights == dev.weights, name + ": saved weights differ between the host and the fake device");
-    BOOST_TEST_MESSAGE(name << " (np " << world_size() << "): " << host.losses.size() << " losses and "
-                            << host.weights.size() << " weight-file bytes equal; device: " << describe(dev.counts));
+    if (rtol == 0) {
+      report(host.losses == dev.losses, name + ": per-step losses differ between the host and the fake device");
+      report(host.weights == dev.weights, name + ": saved weights differ between the host and the fake device");
+    } else {
+      bool near = host.losses.size() == dev.losses.size();
+      for (size_t i = 0; near && i < host.losses.size(); ++i)
+        near = close(std::stod(host.losses[i]), std::stod(dev.losses[i]));
+      report(near, name + ": per-step losses differ between the host and the fake device by more than " +
+                       std::to_string(rtol));
+    }
+    BOOST_TEST_MESSAGE(name << " (np " << world_size() << "): " << host.losses.size() << " losses "
+                            << (rtol == 0 ? "and " + std::to_string(host.weights.size()) + " weight-file bytes equal"
+                                          : "within " + std::to_string(rtol))
+                            << "; device: " << describe(dev.counts));
   }
   report(host.summary.steps == dev.summary.steps, name + ": step counts differ");
-  report(host.summary.last_loss == dev.summary.last_loss,
+  report(close(host.summary.last_loss, dev.summary.last_loss),
          name + ": last loss " + std::to_string(dev.summary.last_loss) + " on the device, " +
              std::to_string(host.summary.last_loss) + " on the host");
-  report(host.summary.eval_loss == dev.summary.eval_loss, name + ": eval loss differs");
-  report(host.summary.eval_accuracy == dev.summary.eval_accuracy, name + ": eval accuracy differs");
+  report(close(host.summary.eval_loss, dev.summary.eval_loss), name + ": eval loss differs");
+  if (rtol == 0) report(host.summary.eval_accuracy == dev.summary.eval_accuracy, name + ": eval accuracy differs");
   // The memory plan runs this step on the meta device (as cuda for the device run): its peaks are
   // the measured ones to the byte, cpu_offload and the device's host staging included.
   if (world_rank() == 0) {
@@ -287,16 +311,20 @@ BOOST_AUTO_TEST_CASE(ucx_data_plane) {
 // GPU's: the host waits for the stream, the library reads and writes device memory (opened by
 // library_access), and the result is in place for the next stream operation with no copy. The
 // runs equal the host's bitwise, with reduced-precision all_gathers and reductions.
+// mpi: the reductions are Open MPI's own (its order at 3 ranks and more), so the losses are
+// compared within 1e-5 (what the GPU check asks of np 2 and 4 against np 1); ucx's reductions are
+// its rings', staged, so it stays bitwise.
 BOOST_AUTO_TEST_CASE(device_pointers_to_the_library) {
   std::vector<std::string> hybrid = hybrid_overrides();
   for (const char* backend : {"mpi", "ucx"}) {
     const std::string be = backend;
+    const double rtol = be == "mpi" ? 1e-5 : 0;
     std::vector<std::string> sets = {"comm.backend=" + be, "comm.device_buffers=direct",
                                      "fsdp.mixed_precision.param_dtype=bf16"};
-    const FakeDeviceCounts full = check_same("FULL_SHARD over " + be + ", device pointers", kLm, sets);
+    const FakeDeviceCounts full = check_same("FULL_SHARD over " + be + ", device pointers", kLm, sets, true, {}, rtol);
     if (world_size() > 1) report(full.library_accesses > 0, be + " direct: no collective was handed device memory");
     sets.insert(sets.end(), hybrid.begin(), hybrid.end());
-    check_same("HYBRID_SHARD over " + be + ", device pointers", kLm, sets);
+    check_same("HYBRID_SHARD over " + be + ", device pointers", kLm, sets, true, {}, rtol);
   }
 }
 
@@ -403,9 +431,11 @@ BOOST_AUTO_TEST_CASE(node_shared_params_same_bits) {
 
 // The test can fail: with the fake's stream waits dropped, the communication stream no longer
 // waits for the compute stream's casts, so the all_gather reads a slot before it is written.
+// Staged: device pointers (a CUDA-aware Open MPI's auto) make the host wait for the stream before
+// every collective, which orders everything whatever the stream waits do.
 BOOST_AUTO_TEST_CASE(dropped_stream_waits_are_caught) {
   const std::vector<std::string> o = {"fsdp.mixed_precision.param_dtype=bf16", "train.steps=2",
-                                      "train.eval_every=never"};
+                                      "train.eval_every=never", "comm.device_buffers=staged"};
   RunResult host = train_once(kLm, o, false);
   FakeDeviceOptions broken;
   broken.drop_stream_waits = true;

@@ -349,9 +349,12 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter(const void* in, void* out,
   if (op == ReduceOp::avg) finish = [out, count, dtype, n = size_] { mpi_scale_for_avg(out, count, dtype, n); };
   int n = checked_count(count, "reduce_scatter");
   if (device_pointers_)
-    return blocking(describe("reduce_scatter", count, dtype), [&] {
-      return MPI_Reduce_scatter_block(in, out, n, types_->datatype(dtype), types_->op(dtype, op), comm_.get());
-    }, std::move(finish));
+    return blocking(
+        describe("reduce_scatter", count, dtype),
+        [&] {
+          return MPI_Reduce_scatter_block(in, out, n, types_->datatype(dtype), types_->op(dtype, op), comm_.get());
+        },
+        std::move(finish));
   auto work = std::make_unique<MpiWork>(describe("reduce_scatter", count, dtype), options().timeout_s, progress_,
                                         std::move(finish));
   check(MPI_Ireduce_scatter_block(in, out, n, types_->datatype(dtype), types_->op(dtype, op), comm_.get(),
@@ -380,9 +383,10 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce(const void* in, void* out, siz
   int n = checked_count(count, "all_reduce");
   const void* send = in == out ? MPI_IN_PLACE : in;  // NOLINT(cppcoreguidelines-pro-type-cstyle-cast): as above
   if (device_pointers_)
-    return blocking(describe("all_reduce", count, dtype), [&] {
-      return MPI_Allreduce(send, out, n, types_->datatype(dtype), types_->op(dtype, op), comm_.get());
-    }, std::move(finish));
+    return blocking(
+        describe("all_reduce", count, dtype),
+        [&] { return MPI_Allreduce(send, out, n, types_->datatype(dtype), types_->op(dtype, op), comm_.get()); },
+        std::move(finish));
   auto work = std::make_unique<MpiWork>(describe("all_reduce", count, dtype), options().timeout_s, progress_,
                                         std::move(finish));
   check(MPI_Iallreduce(send, out, n, types_->datatype(dtype), types_->op(dtype, op), comm_.get(), work->request()),

@@ -56,7 +56,7 @@ class MpiCommunicator : public Communicator {
   std::shared_ptr<Watchdog> watchdog_;  // the deadline of blocking calls, shared by the splits
   int rank_ = 0, size_ = 1;
   DevicePath path_;
-  bool device_pointers_ = false;  // path_.direct_moves: MPI's blocking collectives only, no pipeline
+  bool device_pointers_ = false;     // path_.direct_moves: MPI's blocking collectives only, no pipeline
   std::unique_ptr<ShmChannel> shm_;  // declared last: its window is freed before the comms
 };
 

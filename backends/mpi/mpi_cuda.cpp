@@ -30,11 +30,13 @@ LibraryDeviceSupport mpi_device_support() {
   // Asked even when the header says 0 (Debian's): the library loaded at run time may differ.
   s.reads_device_memory = MPIX_Query_cuda_support() == 1;
   s.library = "CUDA-aware " + name;
-  s.why_not = name + " has no CUDA support at run time (MPIX_Query_cuda_support() = 0: built without CUDA, "
+  s.why_not = name +
+              " has no CUDA support at run time (MPIX_Query_cuda_support() = 0: built without CUDA, "
               "as Debian's is, or no CUDA driver; jobs/cuda-aware-mpi.sh builds one with it)";
 #else
   s.library = name;
-  s.why_not = name + " cannot be asked whether it reads device memory (no Open MPI CUDA extension; "
+  s.why_not = name +
+              " cannot be asked whether it reads device memory (no Open MPI CUDA extension; "
               "comm.device_buffers: direct passes device pointers to a CUDA-aware MPI anyway)";
 #endif
   return s;

@@ -48,7 +48,8 @@ LibraryDeviceSupport Context::device_support() const {
     return s;
   }
   s.reads_device_memory = (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
-  s.why_not = name + " moves no CUDA memory (no cuda transports: built without CUDA, as Debian's is, or no "
+  s.why_not = name +
+              " moves no CUDA memory (no cuda transports: built without CUDA, as Debian's is, or no "
               "CUDA driver; jobs/cuda-aware-mpi.sh's prefix has a UCX with them)";
   return s;
 }

@@ -123,8 +123,8 @@ struct FsdpConfig {
 };
 
 struct CommConfig {
-  std::string backend = "mpi";  // one this build has (config/backends.h: mpi, ucx, nccl)
-  double timeout_s = 300.0;     // > 0
+  std::string backend = "mpi";                              // one this build has (config/backends.h: mpi, ucx, nccl)
+  double timeout_s = 300.0;                                 // > 0
   DeviceBuffers device_buffers = DeviceBuffers::automatic;  // device runs on mpi/ucx (comm/device_buffers.h)
 };
 
