@@ -104,6 +104,13 @@ RunResult train_once(const std::string& yaml, std::vector<std::string> overrides
   overrides.push_back("output.metrics=" + metrics);
   overrides.push_back("output.save_weights=" + weights);
   overrides.push_back(std::string("train.device=") + (device ? "cuda" : "cpu"));
+  // A device run stages its buffers through host memory unless the case sets comm.device_buffers:
+  // the staged path reduces as the host run does (the same backend's own algorithm), so bitwise
+  // equality with the host holds at every world size with any MPI (a CUDA-aware Open MPI's auto
+  // would hand device pointers to its own reductions, in its own order).
+  if (device && std::none_of(overrides.begin(), overrides.end(),
+                             [](const std::string& o) { return o.rfind("comm.device_buffers=", 0) == 0; }))
+    overrides.emplace_back("comm.device_buffers=staged");
   RunResult r;
   try {
     fsdp::Config c = fsdp::parse_config(yaml, "streams.yaml", overrides);
@@ -158,22 +165,16 @@ std::string describe(const FakeDeviceCounts& c) {
 }
 
 // The device run must equal the host run bitwise, and the fake must have seen the device paths.
-// device_only: keys only a device run takes (fsdp.cpu_offload). The device run stages its
-// buffers through host memory unless the case sets comm.device_buffers: the staged path reduces
-// as the host run does (the same backend's own algorithm), so bitwise equality holds at every
-// world size, with any MPI (a CUDA-aware one's auto would hand device pointers to its own
-// reductions). rtol > 0: the device run's reductions are the library's own (mpi with device
-// pointers: Open MPI's order, and bf16/f16 rounded per pairwise op): losses within rtol, weights
-// not compared. Returns the device run's counts.
+// device_only: keys only a device run takes (fsdp.cpu_offload). rtol > 0: the device run's
+// reductions are the library's own (mpi with device pointers: Open MPI's order, and bf16/f16
+// rounded per pairwise op): losses within rtol, weights not compared. Returns the device run's
+// counts.
 FakeDeviceCounts check_same(const std::string& name, const std::string& yaml, const std::vector<std::string>& overrides,
                             bool expect_comm_stream = true, const std::vector<std::string>& device_only = {},
                             double rtol = 0) {
   RunResult host = train_once(yaml, overrides, false);
   std::vector<std::string> dev_overrides = overrides;
   dev_overrides.insert(dev_overrides.end(), device_only.begin(), device_only.end());
-  if (std::none_of(dev_overrides.begin(), dev_overrides.end(),
-                   [](const std::string& o) { return o.rfind("comm.device_buffers=", 0) == 0; }))
-    dev_overrides.emplace_back("comm.device_buffers=staged");
   RunResult dev = train_once(yaml, dev_overrides, true);
   report(host.error.empty(), name + ": host run failed: " + host.error);
   report(dev.error.empty(), name + ": device run failed: " + dev.error);
@@ -431,11 +432,11 @@ BOOST_AUTO_TEST_CASE(node_shared_params_same_bits) {
 
 // The test can fail: with the fake's stream waits dropped, the communication stream no longer
 // waits for the compute stream's casts, so the all_gather reads a slot before it is written.
-// Staged: device pointers (a CUDA-aware Open MPI's auto) make the host wait for the stream before
-// every collective, which orders everything whatever the stream waits do.
+// Staged (train_once's default): device pointers make the host wait for the stream before every
+// collective, which orders everything whatever the stream waits do.
 BOOST_AUTO_TEST_CASE(dropped_stream_waits_are_caught) {
   const std::vector<std::string> o = {"fsdp.mixed_precision.param_dtype=bf16", "train.steps=2",
-                                      "train.eval_every=never", "comm.device_buffers=staged"};
+                                      "train.eval_every=never"};
   RunResult host = train_once(kLm, o, false);
   FakeDeviceOptions broken;
   broken.drop_stream_waits = true;
