@@ -2,6 +2,7 @@
 # Builds the CUDA-aware data planes (issue 40) and prints their prefix on its last line:
 #
 #   prefix=$(bash jobs/cuda-aware-mpi.sh | tail -1)       # --cached: print it only if built
+#   bash jobs/cuda-aware-mpi.sh --check   # and build the apps on it (build-cuda-mpi/), run a job
 #   meson setup build-cuda-mpi -Dmpi_prefix="$prefix"     # the project on this MPI
 #   PATH=$prefix/bin:$PATH mpirun -np 2 build-cuda-mpi/apps/fsdp_app IN.yaml
 #
@@ -36,6 +37,11 @@
 # system's sources are untouched). On failure: one line on stderr naming the step and its log,
 # exit 1.
 set -u -o pipefail
+mode=${1:-}
+case $mode in "" | --cached | --check) ;; *) echo "usage: bash jobs/cuda-aware-mpi.sh [--cached | --check]" >&2; exit 2 ;; esac
+root=$(cd "$(dirname "$0")/.." && pwd)
+fail() { echo "cuda-aware-mpi: $1 failed (log: $2): $(grep -m1 -iE 'error|fatal' "$2" || tail -1 "$2")" >&2; exit 1; }
+step() { echo "cuda-aware-mpi: $1" >&2; }
 
 OMPI_VERSION=4.1.4
 UCX_WHEEL=libucx-cu13==1.22.0
@@ -49,20 +55,40 @@ cuda_version=$(sed -n 's/^#define CUDA_VERSION \([0-9]*\).*/\1/p' "$cuda_root/in
 key="ompi$OMPI_VERSION-ucx${UCX_WHEEL##*==}-cuda$cuda_version"
 cache=$HOME/.cache/fsdp-hpc
 prefix=${FSDP_CUDA_MPI:-$cache/cuda-mpi-$key}
+# --check, after the prefix is ready: the project's apps built on it, linked to its libmpi, and a
+# 3-step job at np 2 under its mpirun (what a user of the prefix does first; no GPU needed).
+check() {
+  local build=$root/build-cuda-mpi log=$root/build-cuda-mpi.check.log
+  step "check: the apps on $prefix in $build ($log)"
+  {
+    [ -f "$build/build.ninja" ] || meson setup "$build" "$root" -Dbuildtype=release -Dtests=disabled \
+      -Dpkg_config_path="$prefix/lib/pkgconfig"
+    meson compile -C "$build" apps/fsdp_app apps/fsdp_bench
+  } >"$log" 2>&1 || fail "check: building the apps on the prefix" "$log"
+  ldd "$build/apps/fsdp_app" | grep -q "$prefix/lib/libmpi.so" ||
+    { echo "cuda-aware-mpi: check: $build/apps/fsdp_app does not load $prefix/lib/libmpi.so" >&2; exit 1; }
+  : >"$build/empty.yaml"
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 timeout 300 \
+    "$prefix/bin/mpirun" -np 2 --oversubscribe "$build/apps/fsdp_app" "$build/empty.yaml" --set model.kind=transformer \
+    --set model.vocab=64 --set model.d_model=32 --set model.n_layers=2 --set model.n_heads=4 --set model.d_ff=64 \
+    --set model.seq_len=16 --set data.kind=synthetic --set data.synthetic_samples=96 --set train.steps=3 \
+    --set train.eval_every=never --set train.threads=1 --set comm.backend=ucx >>"$log" 2>&1 ||
+    fail "check: fsdp_app at np 2 under $prefix/bin/mpirun" "$log"
+  step "check: $(grep -m1 '^done:' "$log")"
+}
 if [ "$(cat "$prefix/READY" 2>/dev/null)" = "$key" ] && [ -x "$prefix/bin/mpicxx" ]; then
+  [ "$mode" = --check ] && check
   echo "$prefix"
   exit 0
 fi
 # --cached: only say where a complete build is (jobs/gpu-bundle.sh asks so); build nothing.
-[ "${1:-}" = --cached ] && { echo "cuda-aware-mpi: no complete build at $prefix" >&2; exit 1; }
+[ "$mode" = --cached ] && { echo "cuda-aware-mpi: no complete build at $prefix" >&2; exit 1; }
 
 bash "$(dirname "$0")/install-deps.sh" --cuda-mpi ||
   { echo "cuda-aware-mpi: jobs/install-deps.sh --cuda-mpi failed (root, or sudo, installs Debian's packages)" >&2; exit 1; }
 work=$cache/cuda-mpi-work
 mkdir -p "$work" || { echo "cuda-aware-mpi: cannot create $work" >&2; exit 1; }
 jobs=${CUDA_MPI_JOBS:-$(nproc)}
-fail() { echo "cuda-aware-mpi: $1 failed (log: $2): $(grep -m1 -iE 'error|fatal' "$2" || tail -1 "$2")" >&2; exit 1; }
-step() { echo "cuda-aware-mpi: $1" >&2; }
 t0=$SECONDS
 rm -rf "$prefix" && mkdir -p "$prefix" || { echo "cuda-aware-mpi: cannot create $prefix" >&2; exit 1; }
 
@@ -139,4 +165,5 @@ EOF
   { echo "cuda-aware-mpi: $prefix/bin/ompi_info lists no pml ucx" >&2; exit 1; }
 echo "$key" >"$prefix/READY"
 step "done in $((SECONDS - t0)) s: $(du -sh "$prefix" | cut -f1)"
+[ "$mode" = --check ] && check
 echo "$prefix"

@@ -5,13 +5,15 @@
 # clone. Prints each command's wall time, exit code and last lines; the full logs stay in OUT_DIR.
 # Run by hand (root, network to Debian's archive and PyPI; about an hour on 2 cores), not in CI.
 #
-# usage: bash tests/fresh_machine.sh [--out OUT_DIR] [--keep] [--no-cuda] [--reverse]
+# usage: bash tests/fresh_machine.sh [--out OUT_DIR] [--keep] [--no-cuda] [--reverse | --cuda-mpi]
 #   --out DIR   where the logs and the summary go (default /tmp/fresh_machine.<date>)
 #   --keep      keep the root afterwards (OUT_DIR/root) for a look inside
 #   --no-cuda   do not bind this machine's CUDA toolkit (/usr/local/cuda) into the root. By default
 #               it is bound read-only, as the machines this project runs on have it installed
 #               outside Debian's packages; the build then compiles the GPU path with nvcc too
 #   --reverse   run the two commands in the other order (tests/run.sh first)
+#   --cuda-mpi  instead of the two commands, `bash jobs/cuda-aware-mpi.sh --check`: the CUDA-aware
+#               Open MPI and UCX built from nothing, the apps built on them, a job at np 2
 #
 # The root gets what the machine image gives every fresh machine and Debian's minbase lacks: the
 # apt sources (this machine's, so the same archive), DNS (resolv.conf), pip's configuration and the
@@ -27,7 +29,8 @@ while [ $# -gt 0 ]; do
     --keep) keep=1 ;;
     --no-cuda) cuda=0 ;;
     --reverse) order=(tests/run.sh jobs/run-default.sh) ;;
-    *) echo "usage: bash tests/fresh_machine.sh [--out OUT_DIR] [--keep] [--no-cuda] [--reverse]" >&2; exit 2 ;;
+    --cuda-mpi) order=("jobs/cuda-aware-mpi.sh --check") ;;
+    *) echo "usage: bash tests/fresh_machine.sh [--out OUT_DIR] [--keep] [--no-cuda] [--reverse | --cuda-mpi]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -79,7 +82,7 @@ echo "fresh_machine: cloned $(git -C "$root/root/fsdp-hpc" log -1 --format='%h %
 # run NAME: one of the README's commands inside the root, in a private mount namespace, with a
 # bare environment (what a login shell on a fresh machine has), at most 90 minutes.
 run() {
-  local cmd=$1 log=$out/$(basename "$1" .sh).log start rc
+  local cmd=$1 log=$out/$(basename "${1%% *}" .sh).log start rc
   start=$(date +%s)
   echo "fresh_machine: bash $cmd ($log)"
   unshare -m --propagation private bash -c '
