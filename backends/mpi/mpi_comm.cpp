@@ -282,7 +282,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm owned, std::shared_ptr<MpiHalfTypes> t
 // its deadline kept by the watchdog; avg's division on the host is never asked for here (the
 // device wrapper stages avg), and on host buffers it runs after the call.
 template <class Call>
-std::unique_ptr<Work> MpiCommunicator::blocking(const CollectiveDesc& desc, Call call, std::function<void()> finish) {
+std::unique_ptr<Work> MpiCommunicator::blocking(const CollectiveDesc& desc, Call call,
+                                                const std::function<void()>& finish) {
   Watchdog::Armed armed = watchdog_->arm(desc.text(), options().timeout_s);
   check(call(), desc);
   if (finish) finish();
@@ -354,7 +355,7 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter(const void* in, void* out,
         [&] {
           return MPI_Reduce_scatter_block(in, out, n, types_->datatype(dtype), types_->op(dtype, op), comm_.get());
         },
-        std::move(finish));
+        finish);
   auto work = std::make_unique<MpiWork>(describe("reduce_scatter", count, dtype), options().timeout_s, progress_,
                                         std::move(finish));
   check(MPI_Ireduce_scatter_block(in, out, n, types_->datatype(dtype), types_->op(dtype, op), comm_.get(),
@@ -386,7 +387,7 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce(const void* in, void* out, siz
     return blocking(
         describe("all_reduce", count, dtype),
         [&] { return MPI_Allreduce(send, out, n, types_->datatype(dtype), types_->op(dtype, op), comm_.get()); },
-        std::move(finish));
+        finish);
   auto work = std::make_unique<MpiWork>(describe("all_reduce", count, dtype), options().timeout_s, progress_,
                                         std::move(finish));
   check(MPI_Iallreduce(send, out, n, types_->datatype(dtype), types_->op(dtype, op), comm_.get(), work->request()),

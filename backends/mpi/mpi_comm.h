@@ -49,7 +49,7 @@ class MpiCommunicator : public Communicator {
  private:
   CollectiveDesc describe(const char* collective, size_t count, DType dtype);
   template <class Call>
-  std::unique_ptr<Work> blocking(const CollectiveDesc& desc, Call call, std::function<void()> finish = {});
+  std::unique_ptr<Work> blocking(const CollectiveDesc& desc, Call call, const std::function<void()>& finish = {});
   MpiCommHandle comm_;
   std::shared_ptr<MpiHalfTypes> types_;
   std::shared_ptr<ShmProgress> progress_;

@@ -103,6 +103,7 @@ DevicePath choose_device_path(DeviceBuffers setting, const LibraryDeviceSupport&
 
 DevicePath agree_device_path(DevicePath path, MPI_Comm comm) {
   int direct[2] = {path.direct_moves ? 1 : 0, path.direct_reductions ? 1 : 0};
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-cstyle-cast): Open MPI's MPI_IN_PLACE is ((void*)1)
   MPI_Allreduce(MPI_IN_PLACE, direct, 2, MPI_INT, MPI_MIN, comm);
   if (!path.direct_moves) return path;  // the least direct already, with its own reason
   if (direct[0] == 0) return {false, false, "pinned staging: another rank's library takes no device memory"};
