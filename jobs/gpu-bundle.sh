@@ -94,7 +94,10 @@ if [ -n "$cuda_mpi" ]; then
   cp -r "$cuda_mpi/share/openmpi" "$B/ompi/share/"
   # Debian's settings less its `pml = ^ucx` and `osc = ^ucx`: this Open MPI's pml ucx is the one
   # that moves device memory over UCX's cuda transports.
-  grep -vE '^(pml|osc) *=' /etc/openmpi/openmpi-mca-params.conf >"$B/etc/openmpi-mca-params.conf"
+  # Quiet where libcuda is missing (run-gpu-checks.sh --cpu; gpu_versions reports the driver):
+  # Open MPI's 12-line notice otherwise reaches mpirun as a help message it fails to unpack.
+  { grep -vE '^(pml|osc) *=' /etc/openmpi/openmpi-mca-params.conf; echo "opal_warn_on_missing_libcuda = 0"; } \
+    >"$B/etc/openmpi-mca-params.conf"
   ucx_modules=("$cuda_mpi"/lib/ucx/libuct_*.so.0 "$cuda_mpi"/lib/ucx/libucm_*.so.0)
 else
   ompi_plugins=ompi/lib/x86_64-linux-gnu/openmpi/lib/openmpi3

@@ -84,6 +84,12 @@ hide=$work/hide.sh
     fi
   done
 } >"$hide"
+# A bundle built on jobs/cuda-aware-mpi.sh's Open MPI and UCX (BUILD-INFO names the prefix's folder):
+# the prefix is hidden too, or the binaries' build-time run path would find its libraries here.
+cuda_mpi=$(awk '$1 == "openmpi" && /CUDA-aware/ {gsub(/[()]/, "", $NF); print $NF}' "$B/BUILD-INFO")
+for d in "${HOME:-/root}/.cache/fsdp-hpc/$cuda_mpi" ${FSDP_CUDA_MPI:-}; do
+  [ -n "$cuda_mpi" ] && [ -d "$d" ] && echo "mount -t tmpfs none '$d'" >>"$hide"
+done
 echo "$(grep -c mount "$hide") mounts"
 
 # Inside the namespace: hide, check that the hiding works, run the checks, ldd the binaries.
