@@ -40,7 +40,7 @@ set -u -o pipefail
 mode=${1:-}
 case $mode in "" | --cached | --check) ;; *) echo "usage: bash jobs/cuda-aware-mpi.sh [--cached | --check]" >&2; exit 2 ;; esac
 root=$(cd "$(dirname "$0")/.." && pwd)
-fail() { echo "cuda-aware-mpi: $1 failed (log: $2): $(grep -m1 -iE 'error|fatal' "$2" || tail -1 "$2")" >&2; exit 1; }
+fail() { echo "cuda-aware-mpi: $1 failed (log: $2): $(grep -m1 -iE '^fsdp_app:|error|fatal' "$2" || tail -1 "$2")" >&2; exit 1; }
 step() { echo "cuda-aware-mpi: $1" >&2; }
 
 OMPI_VERSION=4.1.4
@@ -71,7 +71,7 @@ check() {
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 timeout 300 \
     "$prefix/bin/mpirun" -np 2 --oversubscribe "$build/apps/fsdp_app" "$build/empty.yaml" --set model.kind=transformer \
     --set model.vocab=64 --set model.d_model=32 --set model.n_layers=2 --set model.n_heads=4 --set model.d_ff=64 \
-    --set model.seq_len=16 --set data.kind=synthetic --set data.synthetic_samples=96 --set train.steps=3 \
+    --set model.seq_len=16 --set data.kind=synthetic --set data.synthetic_samples=96 --set train.batch_size=8 --set train.steps=3 \
     --set train.eval_every=never --set train.threads=1 --set comm.backend=ucx >>"$log" 2>&1 ||
     fail "check: fsdp_app at np 2 under $prefix/bin/mpirun" "$log"
   step "check: $(grep -m1 '^done:' "$log")"

@@ -88,6 +88,7 @@ class FakeDevice final : public DeviceRuntime {
   size_t pending(Stream stream) const;
   const FakeDeviceCounts& counts() const { return counts_; }
   const CachingAllocator& allocator() const { return *allocator_; }
+  std::optional<AllocatorStats> allocator_stats() const override { return allocator_->stats(); }
   // Errors the runtime noticed without crashing (a copy between the wrong spaces, ...).
   const std::vector<std::string>& errors() const { return errors_; }
   void count_kernel() { ++counts_.kernels; }

@@ -158,6 +158,9 @@ BOOST_AUTO_TEST_CASE(sizes_round_to_512_bytes) {
   for (void* p : {a, b, c, d}) e.alloc.deallocate(p, s1);
   BOOST_TEST(e.alloc.stats().allocated_bytes == 0u);
   BOOST_TEST(e.tracker.current_total_bytes() == 0u);
+  // The peaks stay (max_memory_allocated / max_memory_reserved): the rounded sizes, the segment.
+  BOOST_TEST(e.alloc.stats().peak_allocated_bytes == 512u + 1024u + 512u + 512u);
+  BOOST_TEST(e.alloc.stats().peak_reserved_bytes == 2 * MiB);
 }
 
 BOOST_AUTO_TEST_CASE(small_and_large_pools) {

@@ -80,6 +80,23 @@ std::pair<std::string, std::string> done_peaks(const std::string& path) {
   return {object("mem_peak_bytes"), object("mem_plan_bytes")};
 }
 
+// An integer field of a flat JSON object's text ({"a": 1, "b": 2}); -1 when absent.
+int64_t json_field(const std::string& object, const std::string& key) {
+  const size_t at = object.find("\"" + key + "\": ");
+  return at == std::string::npos ? -1 : std::stoll(object.substr(at + key.size() + 4));
+}
+// The done line's device_memory_bytes object ("" when the run had no caching allocator).
+std::string done_device_memory(const std::string& path) {
+  std::ifstream f(path);
+  std::string line, done;
+  while (std::getline(f, line))
+    if (line.find("\"event\": \"done\"") != std::string::npos) done = line;
+  const size_t at = done.find("\"device_memory_bytes\": {");
+  if (at == std::string::npos) return "";
+  const size_t open = done.find('{', at);
+  return done.substr(open, done.find('}', open) - open + 1);
+}
+
 std::string file_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
@@ -93,6 +110,7 @@ struct RunResult {
   FakeDeviceCounts counts;  // device runs
   std::vector<std::string> device_errors;
   std::pair<std::string, std::string> peaks;  // measured, planned (rank 0)
+  std::string device_memory;                  // the done line's device_memory_bytes (rank 0)
 };
 
 // One training run in this process. device: the fake device (train.device cuda); otherwise the
@@ -147,6 +165,7 @@ RunResult train_once(const std::string& yaml, std::vector<std::string> overrides
     r.losses = metric_losses(metrics);
     r.weights = file_bytes(weights);
     r.peaks = done_peaks(metrics);
+    r.device_memory = done_device_memory(metrics);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) {
@@ -216,6 +235,16 @@ FakeDeviceCounts check_same(const std::string& name, const std::string& yaml, co
   }
   report(dev.device_errors.empty(),
          name + ": the fake device saw a misuse: " + (dev.device_errors.empty() ? "" : dev.device_errors.front()));
+  // The caching allocator's memory in the metrics: on device runs only; segments of 2 MiB, the
+  // reserved peak at least the allocated one. (The tracked peaks' total also holds the run's host
+  // memory, so it is not compared with the allocator's.)
+  if (world_rank() == 0) {
+    const std::string& m = dev.device_memory;
+    const int64_t alloc = json_field(m, "peak_allocated"), reserved = json_field(m, "peak_reserved");
+    report(host.device_memory.empty(), name + ": the host run reported device memory: " + host.device_memory);
+    report(alloc > 0 && reserved >= alloc && reserved % (int64_t{2} << 20) == 0,
+           name + ": device_memory_bytes " + m + " (reserved peak in 2 MiB segments, >= allocated peak > 0)");
+  }
   report(dev.counts.null_stream_ops == 0,
          name + ": " + std::to_string(dev.counts.null_stream_ops) + " operations on the null stream");
   report(dev.counts.kernels > 0 && dev.counts.h2d > 0, name + ": the device run launched no kernels or copies");

@@ -313,6 +313,7 @@ void* CachingAllocator::allocate(size_t bytes, MemCategory category, Stream stre
   b->category = category;
   m.in_use.emplace(b->ptr, b);
   m.stats.allocated_bytes += b->size;
+  m.stats.peak_allocated_bytes = std::max(m.stats.peak_allocated_bytes, m.stats.allocated_bytes);
   m.allocated_by_category[static_cast<size_t>(category)] += b->size;
   m.tracker.on_alloc(category, bytes, MemSpace::device);
   return b->ptr;

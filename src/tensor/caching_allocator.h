@@ -47,16 +47,7 @@ class RawDeviceMemory {
   virtual std::unique_ptr<Event> record(Stream stream) = 0;
 };
 
-struct AllocatorStats {
-  size_t allocated_bytes = 0;  // rounded sizes of blocks in use
-  size_t reserved_bytes = 0;   // segments obtained from the device
-  size_t peak_reserved_bytes = 0;
-  size_t cached_bytes = 0;      // reserved - allocated
-  uint64_t device_mallocs = 0;  // segments obtained (cudaMalloc calls that succeeded)
-  uint64_t device_frees = 0;
-  uint64_t cache_hits = 0;   // requests served without a device malloc
-  uint64_t oom_retries = 0;  // times the cache was emptied to retry a failed malloc
-};
+// AllocatorStats: tensor/device.h (DeviceRuntime::allocator_stats reports them).
 
 struct AllocatorOptions {
   // Longest an out-of-memory retry (or empty_cache) waits for freed blocks that other streams

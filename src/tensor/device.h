@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "tensor/memory.h"
@@ -42,6 +43,21 @@ class Event {
 
 enum class CopyKind : uint8_t { host_to_device, device_to_host, device_to_device, host_to_host };
 
+// A caching allocator's counters (tensor/caching_allocator.h), PyTorch's memory_allocated and
+// memory_reserved with their max_ forms: reserved - allocated is what the cache holds (freed
+// blocks kept for reuse, and the fragments of segments).
+struct AllocatorStats {
+  size_t allocated_bytes = 0;  // rounded sizes of blocks in use
+  size_t peak_allocated_bytes = 0;
+  size_t reserved_bytes = 0;  // segments obtained from the device
+  size_t peak_reserved_bytes = 0;
+  size_t cached_bytes = 0;      // reserved - allocated
+  uint64_t device_mallocs = 0;  // segments obtained (cudaMalloc calls that succeeded)
+  uint64_t device_frees = 0;
+  uint64_t cache_hits = 0;   // requests served without a device malloc
+  uint64_t oom_retries = 0;  // times the cache was emptied to retry a failed malloc
+};
+
 class DeviceRuntime {
  public:
   virtual ~DeviceRuntime() = default;
@@ -61,6 +77,9 @@ class DeviceRuntime {
     std::string name;  // "cuda:0"
   };
   virtual DeviceMemory device_memory() { return {}; }
+  // The caching allocator's counters, for runtimes that have one (cuda, the tests' fake device):
+  // the metrics report reserved against allocated memory from them.
+  virtual std::optional<AllocatorStats> allocator_stats() const { return std::nullopt; }
 
   // Memory in this runtime's space, charged to `category` while allocated. `stream`: the stream
   // whose work uses the block (see the stream rules above). Throws OutOfMemory (caching_allocator.h)

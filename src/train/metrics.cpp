@@ -103,6 +103,14 @@ JsonLine mem_peaks_json(const MemoryTracker& mem) {
   return j;
 }
 
+JsonLine allocator_json(const AllocatorStats& stats) {
+  return JsonLine()
+      .integer("allocated", static_cast<int64_t>(stats.allocated_bytes))
+      .integer("peak_allocated", static_cast<int64_t>(stats.peak_allocated_bytes))
+      .integer("reserved", static_cast<int64_t>(stats.reserved_bytes))
+      .integer("peak_reserved", static_cast<int64_t>(stats.peak_reserved_bytes));
+}
+
 MetricsFile::MetricsFile(const std::string& path, bool append) : path_(path) {
   if (path.empty()) return;
   std::error_code ec;  // a missing parent folder is created; failure shows up in fopen below

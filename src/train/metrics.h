@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tensor/device.h"  // AllocatorStats
 #include "tensor/memory.h"
 
 namespace fsdp {
@@ -33,6 +34,9 @@ class JsonLine {
 };
 
 JsonLine mem_peaks_json(const MemoryTracker& mem);  // {"params": N, ..., "total": N}
+// The caching allocator's memory (device runs): {"allocated": N, "peak_allocated": N,
+// "reserved": N, "peak_reserved": N}, PyTorch's memory_allocated/reserved and their max_ forms.
+JsonLine allocator_json(const AllocatorStats& stats);
 
 class MetricsFile {
  public:

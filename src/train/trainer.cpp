@@ -417,6 +417,7 @@ void Trainer::report_step(int64_t step, const StepResult& r, double step_s, cons
   if (r.grad_norm >= 0.0) j.num("grad_norm", r.grad_norm);  // before clipping, as PyTorch returns it
   if (s.scaler.enabled) j.num("loss_scale", r.loss_scale).integer("step_skipped", r.applied ? 0 : 1);
   j.object("mem_peak_bytes", mem_peaks_json(s.mem)).object("mem_plan_bytes", s.plan.peaks_json());
+  if (const auto st = s.runtime->allocator_stats()) j.object("device_memory_bytes", allocator_json(*st));
   if (s.tracer->tracing()) {  // rank 0's breakdown (fsdp/trace.h defines the fields)
     j.num("compute_s", b.compute_s).num("exposed_comm_s", b.exposed_comm_s).num("optimizer_s", b.optimizer_s);
     j.num("comm_s", b.comm_s).num("overlap", b.overlap());
@@ -518,15 +519,25 @@ void Trainer::finish() {
   p.bar.reset();
   summary.samples_per_s = p.timed_s > 0 ? static_cast<double>(p.timed_samples) / p.timed_s : 0.0;
   if (s.env.rank != 0) return;
-  std::printf("done: %lld steps, %.1f samples/s, peak memory %.1f MiB (planned %.1f MiB)\n",
+  const std::optional<AllocatorStats> st = s.runtime->allocator_stats();
+  // The allocator's reserved peak (rank 0's) beside the tracked peak: what the cache and the
+  // segments' fragments add on a device (PyTorch's max_memory_reserved).
+  char reserved[96] = "";
+  if (st)
+    std::snprintf(reserved, sizeof reserved, "; device reserved peak %.1f MiB (allocated peak %.1f MiB)",
+                  static_cast<double>(st->peak_reserved_bytes) / 1048576.0,
+                  static_cast<double>(st->peak_allocated_bytes) / 1048576.0);
+  std::printf("done: %lld steps, %.1f samples/s, peak memory %.1f MiB (planned %.1f MiB)%s\n",
               static_cast<long long>(summary.steps), summary.samples_per_s, s.mem.peak_total_bytes() / 1048576.0,
-              static_cast<double>(s.plan.total_peak_bytes) / 1048576.0);
-  p.metrics->write(JsonLine()
-                       .str("event", "done")
-                       .integer("steps", summary.steps)
-                       .num("samples_per_s", summary.samples_per_s)
-                       .object("mem_peak_bytes", mem_peaks_json(s.mem))
-                       .object("mem_plan_bytes", s.plan.peaks_json()));
+              static_cast<double>(s.plan.total_peak_bytes) / 1048576.0, reserved);
+  JsonLine done;
+  done.str("event", "done")
+      .integer("steps", summary.steps)
+      .num("samples_per_s", summary.samples_per_s)
+      .object("mem_peak_bytes", mem_peaks_json(s.mem))
+      .object("mem_plan_bytes", s.plan.peaks_json());
+  if (st) done.object("device_memory_bytes", allocator_json(*st));
+  p.metrics->write(done);
 }
 
 TrainSummary train(const Config& config, const RunEnv& env) { return Trainer::create(config, env)->run(); }

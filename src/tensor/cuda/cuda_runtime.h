@@ -104,6 +104,7 @@ class CudaRuntime final : public DeviceRuntime {
   MemoryTracker& tracker() override { return tracker_; }
   int device_index() const { return device_; }
   CachingAllocator& allocator() { return *allocator_; }
+  std::optional<AllocatorStats> allocator_stats() const override { return allocator_->stats(); }
   DeviceMemory device_memory() override;
 
   void* allocate(size_t bytes, MemCategory category, Stream stream) override;
