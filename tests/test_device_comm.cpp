@@ -501,12 +501,17 @@ BOOST_AUTO_TEST_CASE(registry_device_buffers_exact) {
   }
 }
 
+// Every collective on device buffers, on the call's default stream and on another one.
+void on_both_streams(Communicator& c, FakeRuntime& rt, Mode mode) {
+  every_collective(c, rt, mode, true, true, Stream{});
+  every_collective(c, rt, mode, true, true, rt.user_stream());
+}
+
 BOOST_AUTO_TEST_CASE(device_aware_passes_pointers_after_synchronising) {
   for (const std::string& b : host_backends()) {
     FakeRuntime rt;
     auto c = wrapped_comm(b, rt, Mode::aware);
-    every_collective(*c, rt, Mode::aware, true, true, Stream{});
-    every_collective(*c, rt, Mode::aware, true, true, rt.user_stream());
+    on_both_streams(*c, rt, Mode::aware);
     report(rt.counts.pinned_allocs == 0, b + ": the device-pointer path staged");
     // avg divides on the host: staged even here, and still right.
     Buf x(rt, true, DType::f32, 5);
@@ -522,8 +527,7 @@ BOOST_AUTO_TEST_CASE(movers_direct_reductions_staged) {
   for (const std::string& b : host_backends()) {
     FakeRuntime rt;
     auto c = wrapped_comm(b, rt, Mode::movers);
-    every_collective(*c, rt, Mode::movers, true, true, Stream{});
-    every_collective(*c, rt, Mode::movers, true, true, rt.user_stream());
+    on_both_streams(*c, rt, Mode::movers);
     report(rt.counts.pinned_allocs > 0, b + ": the movers-only path staged no reduction");
   }
 }
