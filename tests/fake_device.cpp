@@ -312,6 +312,7 @@ class DeferredKernels final : public Kernels {
   void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n) override {
     defer(&Kernels::cast, dst, dst_dtype, src, src_dtype, n);
   }
+  void round_to(float* x, DType dtype, int64_t n) override { defer(&Kernels::round_to, x, dtype, n); }
   double sum_squares(const float* x, int64_t n) override {
     double s = 0;
     now([&] { s = host_->sum_squares(x, n); });

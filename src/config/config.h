@@ -104,6 +104,7 @@ struct MixedPrecisionConfig {
   DType param_dtype = DType::f32;  // f32 | bf16 | f16
   DType reduce_dtype = DType::f32;
   DType buffer_dtype = DType::f32;
+  ComputePrecision compute = ComputePrecision::param_dtype;  // fsdp/strategy.h
   double init_loss_scale = 65536.0;  // f16 dynamic loss scaling starts here (GradScaler's 2^16)
 };
 

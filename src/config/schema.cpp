@@ -247,8 +247,13 @@ std::vector<Field> schema(Config& c) {
        "manual: the paths of the modules to wrap, at any depth (e.g. `[encoder.block.0, decoder.block.3]`); "
        "required by manual"},
       {"fsdp.mixed_precision.param_dtype", choice(&mp.param_dtype, precisions, dtype_name), unbounded(),
-       "MixedPrecision's param_dtype: parameters are gathered in it and computed with at its values (activations "
-       "and arithmetic stay f32)"},
+       "MixedPrecision's param_dtype: parameters are gathered in it, and (fsdp.mixed_precision.compute: "
+       "param_dtype) each unit's forward and backward compute in it"},
+      {"fsdp.mixed_precision.compute", choice(&mp.compute, kComputePrecisions), unbounded(),
+       "What param_dtype bf16/f16 means for the arithmetic: `param_dtype` PyTorch's meaning (FSDP, FSDP2): every "
+       "op's output (activations, input and parameter gradients) rounded to param_dtype, each op's own math "
+       "(GEMM accumulation, norm and softmax statistics, GELU) and the loss in f32; `f32` activations and "
+       "arithmetic stay f32 on the parameters' rounded values (more accurate, more memory)"},
       {"fsdp.mixed_precision.reduce_dtype", choice(&mp.reduce_dtype, precisions, dtype_name), unbounded(),
        "MixedPrecision's reduce_dtype: the precision gradients are reduced in"},
       {"fsdp.mixed_precision.buffer_dtype", choice(&mp.buffer_dtype, precisions, dtype_name), unbounded(),

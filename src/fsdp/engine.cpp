@@ -275,7 +275,8 @@ void FsdpEngine::unshard(Unit& u, const char* phase) {
   if (u.state != UnitState::sharded) return;
   const auto span = trace_->scope(Track::host, "unshard", &u.spec.name);
   u.gather_phase = phase;
-  if (node_params_) {  // the peers' slices read in place (share_params_on_node)
+  const DType dtype = full_precision_gather_ ? DType::f32 : options_.param_dtype;
+  if (node_params_ && dtype == options_.param_dtype) {  // the peers' slices read in place (share_params_on_node)
     if (node_params_->needs_publish()) publish_shards();
     node_params_->wait_for_peers("of unit " + u.spec.name + " (" + u.gather_phase + ")");
     bind_data(u.layout, u.shared);
@@ -284,7 +285,7 @@ void FsdpEngine::unshard(Unit& u, const char* phase) {
   }
   const int64_t n = mesh_.shard->size(), r = mesh_.shard->rank();
   const float* mine = shards_.f32() + u.shard_offset;
-  if (n == 1 && options_.param_dtype == DType::f32 && !offloaded()) {
+  if (n == 1 && dtype == DType::f32 && !offloaded()) {
     bind_data(u.layout, shards_.f32() + u.shard_offset);  // NO_SHARD: the shard is the whole unit
     u.state = UnitState::gathered;
     return;
@@ -294,10 +295,10 @@ void FsdpEngine::unshard(Unit& u, const char* phase) {
   // comm stream first waits for compute's work so far. Compute waits for the all_gather in
   // wait_for_unshard. A prefetch issued here still overlaps the kernels enqueued after it.
   const Stream comm = rt_->comm_stream();
-  const DType dtype = options_.param_dtype;
   ensure(u.gathered, {u.padded_numel}, DType::f32, MemCategory::gathered, *rt_);
   // Gathering in bf16/f16 moves half the bytes; the f32 compute copy holds the rounded values.
   if (dtype != DType::f32) ensure(u.gathered_lowp, {u.padded_numel}, dtype, MemCategory::gathered, *rt_);
+  if (dtype == DType::f32) u.gathered_lowp = Tensor();  // a full-precision gather (for_each_gathered_unit)
   char* base = static_cast<char*>((dtype == DType::f32 ? u.gathered : u.gathered_lowp).raw());
   char* slot = base + r * u.shard_numel * dtype_bytes(dtype);
   const size_t count = static_cast<size_t>(u.shard_numel);
@@ -332,8 +333,9 @@ void FsdpEngine::wait_for_unshard(Unit& u, const char* phase) {
     }
     u.pending_gather.reset();
     u.staged_shard = Tensor();
-    if (options_.param_dtype != DType::f32) {
-      rt_->kernels().cast(u.gathered.f32(), DType::f32, u.gathered_lowp.raw(), options_.param_dtype, u.padded_numel);
+    if (u.gathered_lowp.defined()) {  // gathered in param_dtype
+      rt_->kernels().cast(u.gathered.f32(), DType::f32, u.gathered_lowp.raw(), u.gathered_lowp.dtype(),
+                          u.padded_numel);
       u.gathered_lowp = Tensor();
     }
     bind_data(u.layout, u.gathered.f32());
@@ -442,12 +444,21 @@ void FsdpEngine::post_backward(Module& module) {
 }
 
 bool FsdpEngine::direct_grads() const {
-  return mesh_.shard->size() == 1 && options_.reduce_dtype == DType::f32 && !offloaded();
+  // Computing in bf16/f16 rounds each backward's parameter gradients (post_backward), so they
+  // need a buffer of their own before they join the f32 shard.
+  return mesh_.shard->size() == 1 && options_.reduce_dtype == DType::f32 && compute_dtype() == DType::f32 &&
+         !offloaded();
 }
 
 void FsdpEngine::post_backward(Unit& u) {
   const auto span = trace_->scope(Track::host, "post_backward", &u.spec.name);
   bind_grad(u.layout, nullptr);
+  // Computing in param_dtype, the unit's parameter gradients are param_dtype values, as PyTorch's
+  // autograd leaves them in the low-precision parameters' .grad before FSDP casts them to
+  // reduce_dtype. Under no_sync the rounding applies to the sum so far (gradients accumulating in
+  // param_dtype).
+  if (u.full_grad.defined() && compute_dtype() != DType::f32)
+    rt_->kernels().round_to(u.full_grad.f32(), compute_dtype(), u.padded_numel);
   if (sync_grads_ && !direct_grads()) {
     // At most one reduction in flight besides this one: bounds the full gradients kept alive.
     while (pending_reductions_.size() > 1) {
@@ -555,10 +566,20 @@ void FsdpEngine::finish_backward() {
 }
 
 void FsdpEngine::for_each_gathered_unit(const std::function<void(const Unit&)>& fn) {
+  // The f32 values of the shards, whatever param_dtype (as PyTorch's full state dict under
+  // MixedPrecision): a unit still gathered in param_dtype is freed and gathered again in f32.
   for (auto& u : units_) {
-    wait_for_unshard(*u, "full weights");
-    fn(*u);
-    reshard(*u);
+    if (u->state != UnitState::sharded) reshard(*u);
+    full_precision_gather_ = true;
+    try {
+      wait_for_unshard(*u, "full weights");
+      fn(*u);
+      reshard(*u);
+    } catch (...) {
+      full_precision_gather_ = false;
+      throw;
+    }
+    full_precision_gather_ = false;
   }
 }
 

@@ -35,6 +35,7 @@ struct FsdpOptions {
   std::vector<std::string> wrap_modules;  // manual
   DType param_dtype = DType::f32;         // all_gather and compute precision of parameters
   DType reduce_dtype = DType::f32;        // reduce_scatter precision of gradients
+  ComputePrecision compute = ComputePrecision::param_dtype;  // strategy.h
   BackwardPrefetch backward_prefetch = BackwardPrefetch::pre;
   bool forward_prefetch = false;
   bool limit_all_gathers = true;  // at most two units' gathered buffers alive
@@ -191,6 +192,11 @@ class FsdpEngine : public ModuleHooks {
   const ProcessMesh& mesh() const { return mesh_; }
   Communicator& world() { return world_; }
   const FsdpOptions& options() const { return options_; }
+  // What the model's forward and backward compute in (RunCtx::compute_dtype): param_dtype under
+  // fsdp.mixed_precision.compute: param_dtype, else f32.
+  DType compute_dtype() const {
+    return options_.compute == ComputePrecision::param_dtype ? options_.param_dtype : DType::f32;
+  }
   // The current (or last) step's collectives; the scalar all_reduces (loss, norm) not counted.
   const StepTraffic& step_traffic() const { return traffic_; }
   // Where the verbs' spans and collectives go (fsdp/trace.h); null: the engine's own, off. The
@@ -232,7 +238,8 @@ class FsdpEngine : public ModuleHooks {
   // compute stream's order).
   void comm_waits_for_compute();
   bool offloaded() const;     // shards in host memory, compute on the device
-  bool direct_grads() const;  // one rank, f32, no offload: gradients accumulate in the grad shard
+  // One rank, f32 reductions and compute, no offload: gradients accumulate in the grad shard.
+  bool direct_grads() const;
   // Host values into the shard buffer at `offset` (init, init_from), synchronously.
   void write_shard(int64_t offset, const float* host, int64_t count);
   // fsdp.node_shared_params (node_shared.h: the protocol). The node's one copy of every unit's
@@ -240,6 +247,8 @@ class FsdpEngine : public ModuleHooks {
   // shards (publish_shards: the first unshard after they changed) and reads the peers' slices in
   // place: no all_gather, no copy, and one wait per step for the peers instead of one a unit.
   std::unique_ptr<NodeSharedParams> node_params_;
+  // for_each_gathered_unit: gathers in f32 (the shards' values) instead of param_dtype.
+  bool full_precision_gather_ = false;
   std::string node_params_note_;
   size_t node_params_charged_bytes_ = 0;  // this rank's share, charged as gathered memory
   void share_params_on_node();

@@ -23,6 +23,16 @@ inline constexpr NameTable<BackwardPrefetch, 3> kBackwardPrefetches{{{BackwardPr
                                                                      {BackwardPrefetch::post, "BACKWARD_POST"},
                                                                      {BackwardPrefetch::none, "none"}}};
 
+// fsdp.mixed_precision.compute: what param_dtype (bf16/f16) means for a unit's forward and backward.
+//   param_dtype  PyTorch's meaning (FSDP, FSDP2): the unit computes in param_dtype. Every op's
+//                output is rounded to it (activations, input gradients, parameter gradients), the
+//                op's own math (GEMM accumulation, norm and softmax statistics, GELU) is f32; the
+//                loss is computed in f32 from the rounded logits, as torchtitan's .float() does.
+//   f32          parameters rounded to param_dtype, activations and arithmetic f32 throughout.
+enum class ComputePrecision { param_dtype, f32 };
+inline constexpr NameTable<ComputePrecision, 2> kComputePrecisions{
+    {{ComputePrecision::param_dtype, "param_dtype"}, {ComputePrecision::f32, "f32"}}};
+
 // HYBRID_SHARD and HYBRID_SHARD_ZERO2: shard groups within a node (or fsdp.hybrid.shard_group_size
 // ranks), replicas across them.
 constexpr bool is_hybrid(Strategy s) { return s == Strategy::hybrid_shard || s == Strategy::hybrid_shard_zero2; }
@@ -35,5 +45,6 @@ constexpr bool reshards_after_forward(Strategy s) {
 constexpr const auto& name_table(Strategy) { return kStrategies; }
 constexpr const auto& name_table(WrapPolicy) { return kWrapPolicies; }
 constexpr const auto& name_table(BackwardPrefetch) { return kBackwardPrefetches; }
+constexpr const auto& name_table(ComputePrecision) { return kComputePrecisions; }
 
 }  // namespace fsdp

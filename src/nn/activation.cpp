@@ -4,6 +4,16 @@
 
 namespace fsdp {
 
+namespace {
+// dx rounded to the pass's compute dtype, then (residual defined) dx += residual, rounded again.
+void round_then_add(RunCtx& ctx, const Tensor& dx, const Tensor& residual) {
+  ctx.round(dx);
+  if (!residual.defined()) return;
+  ctx.kernels().add_inplace(dx.f32(), residual.f32(), dx.numel());
+  ctx.round(dx);
+}
+}  // namespace
+
 const Tensor& ReLU::do_forward(RunCtx& ctx, const Tensor& x) {
   ctx.ensure(y_, x.shape(), DType::f32);
   ctx.kernels().relu_forward(y_.f32(), x.f32(), x.numel());
@@ -23,6 +33,7 @@ const Tensor& GELU::do_forward(RunCtx& ctx, const Tensor& x) {
     ctx.kernels().gelu_tanh_forward(y_.f32(), x.f32(), x.numel());
   else
     ctx.kernels().gelu_forward(y_.f32(), x.f32(), x.numel());
+  ctx.round(y_);
   return y_;
 }
 
@@ -32,6 +43,7 @@ const Tensor& GELU::do_backward(RunCtx& ctx, const Tensor& dy) {
     ctx.kernels().gelu_tanh_backward(dx_.f32(), dy.f32(), x_.f32(), dy.numel());
   else
     ctx.kernels().gelu_backward(dx_.f32(), dy.f32(), x_.f32(), dy.numel());
+  ctx.round(dx_);
   return dx_;
 }
 
@@ -39,12 +51,14 @@ const Tensor& SiLU::do_forward(RunCtx& ctx, const Tensor& x) {
   x_ = x;
   ctx.ensure(y_, x.shape(), DType::f32);
   ctx.kernels().silu_forward(y_.f32(), x.f32(), x.numel());
+  ctx.round(y_);
   return y_;
 }
 
 const Tensor& SiLU::do_backward(RunCtx& ctx, const Tensor& dy) {
   ctx.ensure(dx_, x_.shape(), DType::f32);
   ctx.kernels().silu_backward(dx_.f32(), dy.f32(), x_.f32(), dy.numel());
+  ctx.round(dx_);
   return dx_;
 }
 
@@ -57,6 +71,7 @@ const Tensor& RMSNorm::do_forward(RunCtx& ctx, const Tensor& x) {
   ctx.ensure(y_, x.shape(), DType::f32);
   ctx.ensure(rstd_, {rows}, DType::f32);
   ctx.kernels().rmsnorm_forward(y_.f32(), rstd_.f32(), x.f32(), weight.data, rows, C_, eps_);
+  ctx.round(y_);
   return y_;
 }
 
@@ -65,8 +80,11 @@ const Tensor& RMSNorm::do_backward(RunCtx& ctx, const Tensor& dy) {
   if (residual_.defined() && residual_.shape() != x_.shape())
     throw Error(name() + ": residual gradient " + shape_str(residual_.shape()) + " is not the input's " +
                 shape_str(x_.shape()));
-  ctx.kernels().rmsnorm_backward(dx_.f32(), residual_.defined() ? residual_.f32() : nullptr, weight.grad, dy.f32(),
-                                 x_.f32(), weight.data, rstd_.f32(), x_.numel() / C_, C_);
+  const bool add_after = residual_.defined() && ctx.compute_dtype != DType::f32;  // as LayerNorm's
+  const float* residual = residual_.defined() && !add_after ? residual_.f32() : nullptr;
+  ctx.kernels().rmsnorm_backward(dx_.f32(), residual, weight.grad, dy.f32(), x_.f32(), weight.data, rstd_.f32(),
+                                 x_.numel() / C_, C_);
+  round_then_add(ctx, dx_, add_after ? residual_ : Tensor());
   return dx_;
 }
 
@@ -91,6 +109,7 @@ const Tensor& Dropout::do_forward(RunCtx& ctx, const Tensor& x) {
   int64_t B = x.dim(0), per_sample = shape_numel(Shape(x.shape().begin() + 1, x.shape().end()));
   ctx.kernels().dropout_forward(y_.f32(), mask_.f32(), x.f32(), B, per_sample, p_, key, hash_name(name()),
                                 ctx.sample_offset);
+  ctx.round(y_);
   return y_;
 }
 
@@ -98,6 +117,7 @@ const Tensor& Dropout::do_backward(RunCtx& ctx, const Tensor& dy) {
   if (!active_) return dy;
   ctx.ensure(dx_, dy.shape(), DType::f32);
   ctx.kernels().mul(dx_.f32(), dy.f32(), mask_.f32(), dy.numel());
+  ctx.round(dx_);
   return dx_;
 }
 
@@ -133,6 +153,7 @@ const Tensor& LogSoftmax::do_forward(RunCtx& ctx, const Tensor& x) {
   ctx.ensure(y_, x.shape(), DType::f32);
   int64_t C = x.shape().back();
   ctx.kernels().log_softmax_forward(y_.f32(), x.f32(), x.numel() / C, C);
+  ctx.round(y_);
   return y_;
 }
 
@@ -140,6 +161,7 @@ const Tensor& LogSoftmax::do_backward(RunCtx& ctx, const Tensor& dy) {
   ctx.ensure(dx_, y_.shape(), DType::f32);
   int64_t C = y_.shape().back();
   ctx.kernels().log_softmax_backward(dx_.f32(), dy.f32(), y_.f32(), y_.numel() / C, C);
+  ctx.round(dx_);
   return dx_;
 }
 
@@ -159,6 +181,7 @@ const Tensor& LayerNorm::do_forward(RunCtx& ctx, const Tensor& x) {
   ctx.ensure(mean_, {rows}, DType::f32);
   ctx.ensure(rstd_, {rows}, DType::f32);
   ctx.kernels().layernorm_forward(y_.f32(), mean_.f32(), rstd_.f32(), x.f32(), weight.data, bias.data, rows, C_, eps_);
+  ctx.round(y_);
   return y_;
 }
 
@@ -167,8 +190,13 @@ const Tensor& LayerNorm::do_backward(RunCtx& ctx, const Tensor& dy) {
   if (residual_.defined() && residual_.shape() != x_.shape())
     throw Error(name() + ": residual gradient " + shape_str(residual_.shape()) + " is not the input's " +
                 shape_str(x_.shape()));
-  ctx.kernels().layernorm_backward(dx_.f32(), residual_.defined() ? residual_.f32() : nullptr, weight.grad, bias.grad,
-                                   dy.f32(), x_.f32(), weight.data, mean_.f32(), rstd_.f32(), x_.numel() / C_, C_);
+  // In param_dtype the residual is added after the norm's dx is rounded (autograd's sum of two
+  // rounded gradients), not inside the pass: two roundings, as PyTorch's.
+  const bool add_after = residual_.defined() && ctx.compute_dtype != DType::f32;
+  const float* residual = residual_.defined() && !add_after ? residual_.f32() : nullptr;
+  ctx.kernels().layernorm_backward(dx_.f32(), residual, weight.grad, bias.grad, dy.f32(), x_.f32(), weight.data,
+                                   mean_.f32(), rstd_.f32(), x_.numel() / C_, C_);
+  round_then_add(ctx, dx_, add_after ? residual_ : Tensor());
   return dx_;
 }
 
@@ -218,6 +246,7 @@ const Tensor& Embeddings::do_forward(RunCtx& ctx, const Tensor& tokens) {
   ctx.kernels().embedding_forward(y_.f32(), tokens.i32(), tok.weight.data, pos.weight.data, B, T, C_);
   ctx.post_forward(pos);
   ctx.post_forward(tok);
+  ctx.round(y_);
   return y_;
 }
 

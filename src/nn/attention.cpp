@@ -37,11 +37,13 @@ const Tensor& MultiheadAttention::do_forward(RunCtx& ctx, const Tensor& x) {
   ctx.ensure(y_, {B, T, C}, DType::f32);
   Kernels& kernels = ctx.kernels();
   kernels.linear_forward(qkv_.f32(), x.f32(), in_proj_weight.data, in_proj_bias.data, B * T, C, 3 * C);
+  ctx.round(qkv_);
   if (mode_ != AttentionMode::materialized) {
     if (mode_ == AttentionMode::recompute)
       forward_recompute(ctx);
     else
       forward_fused(ctx);
+    ctx.round(y_);  // fused: o is bf16 already
     out_ = out_proj.forward(ctx, y_);
     return out_;
   }
@@ -67,8 +69,12 @@ const Tensor& MultiheadAttention::do_forward(RunCtx& ctx, const Tensor& x) {
                                      0.0f, att + b * H_ * T * T + r0 * T, T, T * T, H_);
       });
     }
+    // In param_dtype the scores and the probabilities are each an op's output, rounded. The part
+    // above the diagonal is not computed; its rounding is harmless (the softmax neither reads nor keeps it).
+    ctx.round(att + b0 * H_ * T * T, (b1 - b0) * H_ * T * T);
     // Reads j <= i only and writes P = 0 above the diagonal, over what the blocks left unwritten too.
     kernels.causal_softmax_forward(att + b0 * H_ * T * T, CausalRows::whole((b1 - b0) * H_, T), nullptr, nullptr);
+    ctx.round(att + b0 * H_ * T * T, (b1 - b0) * H_ * T * T);
     for (int64_t b = b0; b < b1; ++b) {
       const float* v = qkv + b * T * 3 * C + 2 * C;
       // y_h[r0:r1] (rows, hd) = P[r0:r1, :r1] @ v[:r1], written into y's head columns.
@@ -78,6 +84,7 @@ const Tensor& MultiheadAttention::do_forward(RunCtx& ctx, const Tensor& x) {
       });
     }
   }
+  ctx.round(y_);
   out_ = out_proj.forward(ctx, y_);
   return out_;
 }
@@ -91,9 +98,11 @@ const Tensor& MultiheadAttention::do_backward(RunCtx& ctx, const Tensor& dy) {
       backward_recompute(ctx, dyh.f32());
     else
       backward_fused(ctx, dyh);
+    ctx.round(dqkv_);  // each element written by one GEMM (or summed over row blocks in f32)
     if (need_input_grad) ctx.ensure(dx_, x_.shape(), DType::f32);
     ctx.kernels().linear_backward(need_input_grad ? dx_.f32() : nullptr, in_proj_weight.grad, in_proj_bias.grad,
                                   dqkv_.f32(), x_.f32(), in_proj_weight.data, B * T, C, 3 * C);
+    if (need_input_grad) ctx.round(dx_);
     return dx_;
   }
   // dP (H, T, T): one sample's score gradients, all heads at once.
@@ -126,9 +135,13 @@ const Tensor& MultiheadAttention::do_backward(RunCtx& ctx, const Tensor& dy) {
       kernels.gemm_strided_batched(false, true, r1 - r0, r1, hd, 1.0f, gy + r0 * C, C, hd, v, 3 * C, hd, 0.0f,
                                    dP + r0 * T, T, TT, H_);
     });
+    ctx.round(dP, H_ * TT);
     // Softmax backward, folded with the scale: dS = scale * P * (dP - sum_j P dP). It reads j <= i
-    // only and writes dS = 0 above the diagonal.
+    // only and writes dS = 0 above the diagonal. In param_dtype, rounding scale * dS equals
+    // PyTorch's rounding of dS and then of the product with its q / sqrt(hd) when the scale is a
+    // power of two (head dims 4, 16, 64, 256); other head dims differ in a last bit there.
     kernels.causal_softmax_backward(dP, P, CausalRows::whole(H_, T), scale);
+    ctx.round(dP, H_ * TT);
     // dq[r0:r1] = dS[r0:r1, :r1] @ k[:r1] ; dk[c0:c1] = dS[c0:, c0:c1]^T @ q[c0:]
     for_causal_blocks(T, block, [&](int64_t r0, int64_t r1) {
       kernels.gemm_strided_batched(false, false, r1 - r0, hd, r1, 1.0f, dP + r0 * T, T, TT, k, 3 * C, hd, 0.0f,
@@ -139,9 +152,11 @@ const Tensor& MultiheadAttention::do_backward(RunCtx& ctx, const Tensor& dy) {
                                    3 * C, hd, 0.0f, dk + c0 * 3 * C, 3 * C, hd, H_);
     });
   }
+  ctx.round(dqkv_);  // dq, dk, dv: each element one GEMM's output
   if (need_input_grad) ctx.ensure(dx_, x_.shape(), DType::f32);
   kernels.linear_backward(need_input_grad ? dx_.f32() : nullptr, in_proj_weight.grad, in_proj_bias.grad, dqkv, x_.f32(),
                           in_proj_weight.data, B * T, C, 3 * C);
+  if (need_input_grad) ctx.round(dx_);
   return dx_;
 }
 
@@ -165,7 +180,9 @@ void MultiheadAttention::forward_recompute(RunCtx& ctx) {
       const int64_t rows = r1 - r0;
       kernels.gemm_strided_batched(false, true, rows, r1, hd, scale, q + r0 * 3 * C, 3 * C, hd, q + C, 3 * C, hd, 0.0f,
                                    S, T, rows * T, H_);
+      ctx.round(S, H_ * rows * T);
       kernels.causal_softmax_forward(S, {H_, rows, r0, T}, row_max_.f32() + b * H_ * T, row_inv_.f32() + b * H_ * T);
+      ctx.round(S, H_ * rows * T);
       kernels.gemm_strided_batched(false, false, rows, hd, r1, 1.0f, S, T, rows * T, v, 3 * C, hd, 0.0f,
                                    y_.f32() + b * T * C + r0 * C, C, hd, H_);
     });
@@ -204,10 +221,14 @@ void MultiheadAttention::backward_recompute(RunCtx& ctx, const float* gy_all) {
       const CausalRows g{H_, rows, r0, T};
       kernels.gemm_strided_batched(false, true, rows, r1, hd, scale, q + r0 * 3 * C, 3 * C, hd, k, 3 * C, hd, 0.0f, P,
                                    T, rows * T, H_);
+      ctx.round(P, H_ * rows * T);  // the forward's rounded scores again, so its P
       kernels.causal_softmax_recompute(P, g, mx, inv);
+      ctx.round(P, H_ * rows * T);
       kernels.gemm_strided_batched(false, true, rows, r1, hd, 1.0f, gy + r0 * C, C, hd, v, 3 * C, hd, 0.0f, dP, T,
                                    rows * T, H_);
+      ctx.round(dP, H_ * rows * T);
       kernels.causal_softmax_backward(dP, P, g, scale);
+      ctx.round(dP, H_ * rows * T);
       kernels.gemm_strided_batched(false, false, rows, hd, r1, 1.0f, dP, T, rows * T, k, 3 * C, hd, 0.0f,
                                    dq + r0 * 3 * C, 3 * C, hd, H_);
       kernels.gemm_strided_batched(true, false, r1, hd, rows, 1.0f, dP, T, rows * T, q + r0 * 3 * C, 3 * C, hd,
@@ -283,8 +304,10 @@ const Tensor& TransformerBlock::do_forward(RunCtx& ctx, const Tensor& x) {
   ctx.ensure(y_, x.shape(), DType::f32);
   int64_t n = x.numel();
   ctx.kernels().add(a_.f32(), x.f32(), attn.forward(ctx, ln1.forward(ctx, x)).f32(), n);
+  ctx.round(a_);
   ctx.kernels().add(y_.f32(), a_.f32(),
                     fc2.forward(ctx, act.forward(ctx, fc1.forward(ctx, ln2.forward(ctx, a_)))).f32(), n);
+  ctx.round(y_);
   return y_;
 }
 

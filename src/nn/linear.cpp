@@ -26,6 +26,7 @@ const Tensor& Linear::do_forward(RunCtx& ctx, const Tensor& x) {
   ys.back() = out_;
   ctx.ensure(y_, ys, DType::f32);
   ctx.kernels().linear_forward(y_.f32(), x.f32(), weight.data, bias ? bias->data : nullptr, x.numel() / in_, in_, out_);
+  ctx.round(y_);
   return y_;
 }
 
@@ -33,6 +34,7 @@ const Tensor& Linear::do_backward(RunCtx& ctx, const Tensor& dy) {
   if (need_input_grad) ctx.ensure(dx_, x_.shape(), DType::f32);
   ctx.kernels().linear_backward(need_input_grad ? dx_.f32() : nullptr, weight.grad, bias ? bias->grad : nullptr,
                                 dy.f32(), x_.f32(), weight.data, x_.numel() / in_, in_, out_);
+  if (need_input_grad) ctx.round(dx_);
   return dx_;
 }
 
@@ -57,12 +59,14 @@ const Tensor& LmHead::do_forward(RunCtx& ctx, const Tensor& x) {
     ctx.ensure(scaled_, x.shape(), DType::f32);
     kernels.cast(scaled_.raw(), DType::f32, x.raw(), DType::f32, x.numel());
     kernels.scale(scaled_.f32(), scale_, x.numel());
+    ctx.round(scaled_);
     xs_ = scaled_;
   }
   Shape ys = x.shape();
   ys.back() = V_;
   ctx.ensure(y_, ys, DType::f32);
   kernels.linear_forward(y_.f32(), xs_.f32(), weight_->data, nullptr, x.numel() / C_, C_, V_);
+  ctx.round(y_);
   return y_;
 }
 
@@ -70,7 +74,11 @@ const Tensor& LmHead::do_backward(RunCtx& ctx, const Tensor& dy) {
   ctx.ensure(dx_, xs_.shape(), DType::f32);
   ctx.kernels().linear_backward(dx_.f32(), weight_->grad, nullptr, dy.f32(), xs_.f32(), weight_->data, xs_.numel() / C_,
                                 C_, V_);
-  if (scale_ != 1.0f) ctx.kernels().scale(dx_.f32(), scale_, dx_.numel());
+  ctx.round(dx_);
+  if (scale_ != 1.0f) {
+    ctx.kernels().scale(dx_.f32(), scale_, dx_.numel());
+    ctx.round(dx_);  // the backward of x * scale: its own op
+  }
   return dx_;
 }
 
@@ -98,6 +106,7 @@ const Tensor& Conv2d::do_forward(RunCtx& ctx, const Tensor& x) {
   // ybuf (out, B*P) = W (out, K) @ col (K, B*P): the whole batch in one GEMM.
   kernels.gemm(false, false, out_, B * P, K, 1.0f, weight.data, K, col_.f32(), B * P, 0.0f, ybuf_.f32(), B * P);
   kernels.conv_bias_permute(y_.f32(), ybuf_.f32(), bias.data, B, out_, P);
+  ctx.round(y_);  // torch's conv2d adds its bias inside: one rounding
   return y_;
 }
 
@@ -116,6 +125,7 @@ const Tensor& Conv2d::do_backward(RunCtx& ctx, const Tensor& dy) {
   kernels.gemm(true, false, K, B * P, out_, 1.0f, weight.data, K, dyt_.f32(), B * P, 0.0f, dcol_.f32(), B * P);
   ctx.ensure(dx_, x_.shape(), DType::f32);
   kernels.col2im(dcol_.f32(), dx_.f32(), B, in_, H, W, k_, pad_, OH, OW);  // zeroes dx first
+  ctx.round(dx_);
   return dx_;
 }
 

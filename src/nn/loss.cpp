@@ -34,6 +34,7 @@ const Tensor& NLLLoss::backward(RunCtx& ctx) {
   int64_t C = shape_.back(), rows = grad_.numel() / C;
   float g = static_cast<float>(-ctx.loss_scale / ctx.loss_normalizer);
   ctx.kernels().nll_backward(grad_.f32(), targets_.i32(), rows, C, g);  // zeros but the targets
+  ctx.round(grad_);  // the model's output gradient, in the dtype the model computes in
   return grad_;
 }
 
@@ -53,6 +54,9 @@ const Tensor& CrossEntropyLoss::backward(RunCtx& ctx) {
   int64_t C = logp_.shape().back(), rows = logp_.numel() / C;
   float inv_n = static_cast<float>(ctx.loss_scale / ctx.loss_normalizer);
   ctx.kernels().cross_entropy_backward(grad_.f32(), logp_.f32(), targets_.i32(), rows, C, inv_n);
+  // The loss is f32 (log-softmax of the rounded logits, as torchtitan's logits.float()); the
+  // gradient entering the model is rounded to its compute dtype, as .float()'s backward does.
+  ctx.round(grad_);
   return grad_;
 }
 

@@ -69,6 +69,9 @@ struct RunCtx {
   // Where activations live and kernels run. Null: host memory charged to `mem`, host kernels
   // (the tests' and tools' default); the trainer always sets it.
   DeviceRuntime* runtime = nullptr;
+  // The dtype this pass computes in (fsdp.mixed_precision.compute: param_dtype): bf16/f16 rounds
+  // every layer's output and input gradient to it (round below), f32 rounds nothing.
+  DType compute_dtype = DType::f32;
 
   Kernels& kernels() const { return runtime ? runtime->kernels() : cpu_kernels(); }
   // ensure() in this pass's memory: layers allocate activations through this.
@@ -77,6 +80,14 @@ struct RunCtx {
       fsdp::ensure(t, shape, dtype, category, *runtime);
     else
       fsdp::ensure(t, shape, dtype, category, mem);
+  }
+  // An op's output rounded to compute_dtype in place (nothing in f32): where PyTorch's op in that
+  // dtype would store its result. Layers call it after every kernel whose output leaves the op.
+  void round(const Tensor& t) const {
+    if (compute_dtype != DType::f32 && t.defined()) kernels().round_to(t.f32(), compute_dtype, t.numel());
+  }
+  void round(float* x, int64_t n) const {
+    if (compute_dtype != DType::f32) kernels().round_to(x, compute_dtype, n);
   }
   // A tensor made on the host where this pass's kernels read it: a copy on a device runtime
   // (charged to activations), the tensor itself on the host (masks, ids, tables).

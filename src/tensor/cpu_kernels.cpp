@@ -584,6 +584,16 @@ class CpuKernels final : public Kernels {
     convert(src, src_dtype, dst, dst_dtype, static_cast<size_t>(n));
   }
 
+  void round_to(float* x, DType dtype, int64_t n) override {
+    if (dtype == DType::f32) return;
+    if (dtype == DType::bf16)
+      elementwise(x, x, nullptr, n, [](float v, float) { return kmath::bf16_to_f32(kmath::f32_to_bf16(v)); });
+    else if (dtype == DType::f16)
+      elementwise(x, x, nullptr, n, [](float v, float) { return kmath::f16_to_f32(kmath::f32_to_f16(v)); });
+    else
+      throw Error("round_to: " + std::string(dtype_name(dtype)) + " is not bf16 or f16");
+  }
+
   // Serial, in index order: the partial sum is the same whatever the thread count.
   double sum_squares(const float* x, int64_t n) override {
     double s = 0.0;

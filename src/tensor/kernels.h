@@ -242,6 +242,10 @@ class Kernels {
 
   // --- FSDP: precision casts (round to nearest even, as torch's .to()) and reductions.
   virtual void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n) = 0;
+  // x[i] = x[i] rounded to nearest even in `dtype` (bf16 or f16; f32: nothing) and kept in f32:
+  // fsdp.mixed_precision.compute: param_dtype rounds every op's output so (RunCtx::round), the
+  // values a tensor of that dtype would hold.
+  virtual void round_to(float* x, DType dtype, int64_t n) = 0;
   // Sum of squares in f64 (clip_grad_norm's partial sum). Host value: waits.
   virtual double sum_squares(const float* x, int64_t n) = 0;
   // True when every element is finite. Host value: waits.

@@ -147,6 +147,9 @@ class MetaKernels final : public Kernels {
   void adamw_step(float*, const float*, float*, float*, int64_t n, const AdamWArgs&) override { floats(7 * n); }
   void sgd_step(float*, const float*, float*, int64_t n, const SgdArgs&) override { floats(5 * n); }
   void adadelta_step(float*, const float*, float*, float*, int64_t n, const AdadeltaArgs&) override { floats(7 * n); }
+  void round_to(float*, DType dtype, int64_t n) override {
+    if (dtype != DType::f32) floats(2 * n);
+  }
   void cast(void*, DType dst, const void*, DType src, int64_t n) override {
     bytes(static_cast<double>(n) * static_cast<double>(dtype_bytes(dst) + dtype_bytes(src)));
   }

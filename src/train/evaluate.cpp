@@ -19,6 +19,7 @@ Trainer::EvalResult Trainer::evaluate() {
   ctx.training = false;
   ctx.hooks = &engine;
   ctx.runtime = &engine.runtime();
+  ctx.compute_dtype = engine.compute_dtype();
   BatchBuffers b, dev;
   double sums[2] = {0.0, 0.0};  // loss, correct
   ProgressBar bar(s.progress.tty, "eval", sampler.steps_per_epoch());

@@ -38,6 +38,7 @@ std::vector<std::vector<int32_t>> decode_slice(Model& model, FsdpEngine& engine,
   ctx.training = false;
   ctx.hooks = nullptr;  // the parameters stay gathered for the whole loop
   ctx.runtime = &engine.runtime();
+  ctx.compute_dtype = engine.compute_dtype();
   BatchBuffers host, dev;
   ProgressBar bar(o.progress, "generate", mine);
   for (int64_t start = 0; start < mine;) {

@@ -20,6 +20,7 @@ FsdpOptions fsdp_options(const FsdpConfig& c) {
   o.wrap_modules = c.wrap_modules;
   o.param_dtype = c.mixed_precision.param_dtype;
   o.reduce_dtype = c.mixed_precision.reduce_dtype;
+  o.compute = c.mixed_precision.compute;
   o.backward_prefetch = c.backward_prefetch;
   o.forward_prefetch = c.forward_prefetch;
   o.limit_all_gathers = c.limit_all_gathers;

@@ -210,6 +210,7 @@ Trainer::StepResult Trainer::train_step(int64_t step, double lr) {
   ctx.dropout = c.train.dropout;
   ctx.hooks = &engine;
   ctx.runtime = &engine.runtime();
+  ctx.compute_dtype = engine.compute_dtype();
   ctx.training = true;
   ctx.step = step;
   ctx.loss_scale = s.scaler.enabled ? s.scaler.scale : 1.0;

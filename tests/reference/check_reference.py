@@ -57,6 +57,12 @@ STEP_UPDATE_RTOL = 1e-4
 TENSOR_UPDATE_RTOL = 1e-2
 TRAJECTORY_RTOL = 1e-5
 CHAOTIC_RTOL = 1e-2
+TOLERANCES = {
+    "f32": dict(step_loss=STEP_LOSS_RTOL, step_update=STEP_UPDATE_RTOL, tensor_update=TENSOR_UPDATE_RTOL,
+                trajectory=TRAJECTORY_RTOL, chaotic=CHAOTIC_RTOL),
+    # param_dtype bf16: measured below; derived in the docstring.
+    "bf16": dict(step_loss=1e-3, step_update=1.0, tensor_update=10.0, trajectory=1.0, chaotic=1.0),
+}
 
 
 R = Report()
@@ -95,14 +101,17 @@ def put_torch_state(template, torch_state, out):
             dst[name].attrs["crc32"] = np.uint32(zlib.crc32(v.tobytes()))
 
 
-def check_model(app, kind, steps, tmp):
+def check_model(app, kind, steps, tmp, param_dtype="f32"):
     """app: the fsdp_app command line up to the input file."""
-    d = os.path.join(tmp, kind)
+    d = os.path.join(tmp, kind + ("" if param_dtype == "f32" else "_" + param_dtype))
     os.makedirs(d)
-    print(f"== {kind}: PyTorch reference ({steps} steps, state after each)", flush=True)
+    print(f"== {kind}: PyTorch reference ({steps} steps, state after each, param_dtype {param_dtype})", flush=True)
     cmd = [PYTHON, os.path.join(HERE, "torch_reference.py"), "--model", kind, "--out", d, "--steps", str(steps),
-           "--states"]
-    if kind == "mnist_cnn":
+           "--states", "--param-dtype", param_dtype]
+    if param_dtype != "f32":
+        app = app + ["--set", f"fsdp.mixed_precision.param_dtype={param_dtype}"]
+    tol = TOLERANCES[param_dtype]
+    if kind == "mnist_cnn" and param_dtype == "f32":
         cmd.append("--mkldnn-too")
     run_logged(cmd, os.path.join(d, "torch.log"), TIMEOUT)
     ref = json.load(open(os.path.join(d, "torch_losses.json")))
@@ -167,7 +176,7 @@ def check_model(app, kind, steps, tmp):
         head += f" {'torch vs itself':>15}"
     print(head)
     bad = []
-    bound = CHAOTIC_RTOL if kind == "mnist_cnn" else TRAJECTORY_RTOL
+    bound = tol["chaotic"] if kind == "mnist_cnn" else tol["trajectory"]
     for s in range(1, steps + 1):
         t = torch_losses[s - 1]
         sl = step_loss[s]
@@ -180,11 +189,11 @@ def check_model(app, kind, steps, tmp):
         if spread:
             row += f" {rel(spread[s - 1], t):>15.2e}"
         marks = []
-        if not r_step <= STEP_LOSS_RTOL:
+        if not r_step <= tol["step_loss"]:
             marks.append("loss")
-        if not u_all <= STEP_UPDATE_RTOL:
+        if not u_all <= tol["step_update"]:
             marks.append("update")
-        if not u <= TENSOR_UPDATE_RTOL:
+        if not u <= tol["tensor_update"]:
             marks.append("tensor update")
         if not r_free <= bound:
             marks.append("trajectory")
@@ -195,10 +204,11 @@ def check_model(app, kind, steps, tmp):
     worst_loss = max(rel(step_loss[s], torch_losses[s - 1]) for s in step_loss if step_loss[s] is not None)
     worst_update = max(step_update_all.values())
     worst_tensor = max(u for u, _ in step_update.values())
-    return R.check(kind, not bad, (f"at steps {bad}: " if bad else "") +
-                   f"stepwise loss max {worst_loss:.2e} (tol {STEP_LOSS_RTOL:g}), stepwise update max "
-                   f"{worst_update:.2e} (tol {STEP_UPDATE_RTOL:g}), one tensor's update max {worst_tensor:.2e} "
-                   f"(tol {TENSOR_UPDATE_RTOL:g}), free run max "
+    name = kind if param_dtype == "f32" else f"{kind} param_dtype {param_dtype}"
+    return R.check(name, not bad, (f"at steps {bad}: " if bad else "") +
+                   f"stepwise loss max {worst_loss:.2e} (tol {tol['step_loss']:g}), stepwise update max "
+                   f"{worst_update:.2e} (tol {tol['step_update']:g}), one tensor's update max {worst_tensor:.2e} "
+                   f"(tol {tol['tensor_update']:g}), free run max "
                    f"{max(rel(ours_free[s], torch_losses[s - 1]) for s in ours_free):.2e} (tol {bound:g})")
 
 
@@ -207,6 +217,8 @@ def main():
     ap.add_argument("app")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--model", action="append", choices=["mnist_cnn", "transformer"])
+    ap.add_argument("--param-dtype", action="append", choices=["f32", "bf16"],
+                    help="f32 (the default), bf16 (FSDP's MixedPrecision, computing in bf16), or both")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="passed to every fsdp_app run (to see the check fail on a changed formula)")
     args = ap.parse_args()
@@ -220,11 +232,13 @@ def main():
     if os.environ.get("OPENBLAS_CORETYPE"):
         print(f"OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']}")
     with tempfile.TemporaryDirectory(prefix="check_reference.") as tmp:
-        for kind in args.model or ["mnist_cnn", "transformer"]:
-            try:
-                check_model([app] + [a for kv in args.set for a in ("--set", kv)], kind, args.steps, tmp)
-            except Fail as e:
-                R.check(kind, False, str(e))
+        for param_dtype in args.param_dtype or ["f32"]:
+            for kind in args.model or ["mnist_cnn", "transformer"]:
+                try:
+                    check_model([app] + [a for kv in args.set for a in ("--set", kv)], kind, args.steps, tmp,
+                                param_dtype)
+                except Fail as e:
+                    R.check(kind, False, str(e))
     R.print_counts()
     print("torch_reference: " + ("PASS" if not R.failed else "FAIL"))
     sys.exit(R.exit_code())

@@ -24,6 +24,17 @@ The settings mirror tests/reference/<kind>.yaml (keep the two in step):
                one), train samples first; batch 8; AdamW(lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                weight_decay=0.01); F.cross_entropy over every position (mean).
 
+`--param-dtype bf16`: FSDP's MixedPrecision(param_dtype=torch.bfloat16) at world size 1, the
+semantics fsdp-hpc's fsdp.mixed_precision.compute: param_dtype implements. Each step the f32
+weights are copied (rounded to nearest even) into a bf16 copy of the model, which runs forward
+and backward in bf16; the loss is taken in f32 from the bf16 output (`.float()`, as torchtitan's
+loss does); the bf16 gradients, widened, are the f32 weights' gradients, and the optimizer steps
+the f32 weights. Two torch 1.13 CPU bf16 kernels round inside where PyTorch's CUDA kernels (and
+its later CPU ones) compute in f32 and round once, so the bf16 copy runs those two ops that way:
+LayerNorm (1.13's CPU kernel rounds its statistics' steps to bf16: 520 of 1024 outputs differ
+from the f32-computed value rounded) and the embedding lookups' backward (an f32 sum per row,
+rounded: CUDA's embedding_dense_backward accumulates in f32).
+
 Run with Debian's interpreter: /usr/bin/python3 tests/reference/torch_reference.py --model
 mnist_cnn --out /tmp/x. `--debug-grads` also prints every parameter's gradient norm after the
 first backward and writes the first step's gradients to OUT/grads_step1.h5 (/grad/<name>).
@@ -39,6 +50,7 @@ import sys
 import h5py
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_models import LM, Net  # noqa: E402
@@ -109,6 +121,8 @@ def main():
     ap.add_argument("--debug-grads", action="store_true")
     ap.add_argument("--states", action="store_true",
                     help="write the weights and optimizer state after every step (state_NNN.h5)")
+    ap.add_argument("--param-dtype", choices=["f32", "bf16"], default="f32",
+                    help="bf16: compute in bf16 on bf16 copies of the f32 weights (FSDP's MixedPrecision)")
     ap.add_argument("--mkldnn-too", action="store_true",
                     help="also record the trajectory with torch's mkldnn convolutions")
     args = ap.parse_args()
@@ -129,7 +143,7 @@ def main():
     result = {"model": args.model}
     with torch.backends.mkldnn.flags(enabled=False):
         result["losses"] = train(model, args.model, batches, args.out if args.debug_grads else None,
-                                 args.out if args.states else None)
+                                 args.out if args.states else None, args.param_dtype)
     if args.mkldnn_too:
         model.load_state_dict(init)
         with torch.backends.mkldnn.flags(enabled=True):
@@ -157,7 +171,45 @@ def write_state(model, opt, path):
         f.attrs["optimizer_step"] = steps.pop()
 
 
-def train(model, kind, batches, grads_dir, states_dir=None):
+# The ops the models call, each computing in f32 on the widened inputs and rounding its output once
+# to the inputs' dtype: PyTorch's CUDA kernels' arithmetic for bf16 (cuBLAS accumulates in f32,
+# the norm, softmax, GELU and embedding-backward kernels compute in f32). torch 1.13's CPU kernels
+# differ in three places: its bf16 GEMM without oneDNN (no AVX-512: CI's CPUs) rounds its running
+# sums to bf16 (step 1's loss 2.8e-5 away), its LayerNorm rounds the statistics' steps (520 of
+# 1024 outputs of a (16, 64) test differ), and its embedding backward adds in bf16. Autograd still
+# decides where the backward rounds: each wrapped op's backward is the f32 op's, with the
+# gradients of its bf16 inputs rounded once.
+F32_INTERNAL = {F: ["linear", "layer_norm", "embedding", "softmax", "log_softmax", "gelu", "conv2d"],
+                torch: ["bmm", "baddbmm"]}
+
+
+def f32_internal(fn):
+    def op(*args, **kwargs):
+        low = next((a.dtype for a in args if torch.is_tensor(a) and a.dtype in (torch.bfloat16, torch.float16)),
+                   None)
+        if low is None:
+            return fn(*args, **kwargs)
+        wide = lambda a: a.float() if torch.is_tensor(a) and a.is_floating_point() else a  # noqa: E731
+        out = fn(*[wide(a) for a in args], **{k: wide(v) for k, v in kwargs.items()})
+        return out.to(low)
+    return op
+
+
+class F32InternalOps:
+    """Within: F32_INTERNAL's functions wrapped by f32_internal (nn.Linear, nn.LayerNorm,
+    nn.MultiheadAttention's projections, bmm and softmax all call them by these names)."""
+
+    def __enter__(self):
+        self.saved = [(mod, name, getattr(mod, name)) for mod, names in F32_INTERNAL.items() for name in names]
+        for mod, name, fn in self.saved:
+            setattr(mod, name, f32_internal(fn))
+
+    def __exit__(self, *exc):
+        for mod, name, fn in self.saved:
+            setattr(mod, name, fn)
+
+
+def train(model, kind, batches, grads_dir, states_dir=None, param_dtype="f32"):
     """Trains from the model's current weights with a fresh optimizer; returns the losses."""
     if kind == "mnist_cnn":
         opt = torch.optim.Adadelta(model.parameters(), lr=1.0, rho=0.9, eps=1e-6, foreach=False)
@@ -168,11 +220,24 @@ def train(model, kind, batches, grads_dir, states_dir=None):
     # otherwise (no batch norm; MultiheadAttention's dropout is 0; its eval fast path is not
     # taken while gradients are needed).
     model.eval()
+    low = copy.deepcopy(model).to(torch.bfloat16) if param_dtype == "bf16" else None
     losses = []
     for step, (x, y) in enumerate(batches):
         opt.zero_grad(set_to_none=True)
-        loss = model.loss(model(x), y)
-        loss.backward()
+        if low is None:
+            loss = model.loss(model(x), y)
+            loss.backward()
+        else:
+            with torch.no_grad():
+                for pl, p in zip(low.parameters(), model.parameters()):
+                    pl.copy_(p)  # rounded to nearest even
+            low.zero_grad(set_to_none=True)
+            xl = x.to(torch.bfloat16) if x.is_floating_point() else x
+            with F32InternalOps():
+                loss = model.loss(low(xl).float(), y)
+                loss.backward()
+            for pl, p in zip(low.parameters(), model.parameters()):
+                p.grad = pl.grad.float()
         if step == 0 and grads_dir:
             with h5py.File(os.path.join(grads_dir, "grads_step1.h5"), "w") as f:
                 for name, p in model.named_parameters():

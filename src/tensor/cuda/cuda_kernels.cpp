@@ -383,6 +383,7 @@ void CudaKernels::adadelta_step(float* p, const float* g, float* square_avg, flo
   launch::adadelta_step(p, g, square_avg, acc_delta, n, a, stream_);
 }
 
+void CudaKernels::round_to(float* x, DType dtype, int64_t n) { launch::round_in_place(x, dtype, n, stream_); }
 void CudaKernels::cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n) {
   launch::cast(dst, dst_dtype, src, src_dtype, n, stream_);
 }

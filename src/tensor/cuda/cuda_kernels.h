@@ -112,6 +112,7 @@ class CudaKernels final : public Kernels {
   void adadelta_step(float* p, const float* g, float* square_avg, float* acc_delta, int64_t n,
                      const AdadeltaArgs& a) override;
   void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n) override;
+  void round_to(float* x, DType dtype, int64_t n) override;
   double sum_squares(const float* x, int64_t n) override;
   bool all_finite(const float* x, int64_t n) override;
   // linear_forward calls whose bias went through cuBLASLt's epilogue (lt_bias_gemm.h; test_gpu).

@@ -132,6 +132,13 @@ void launch_round(Out* dst, const float* src, int64_t batch, int64_t rows, int64
   round_rows_k<<<grid, kThreads, 0, s>>>(dst, src, matrix_rows, rows, cols, ld, stride);
 }
 
+// x[i] = widen(narrow(x[i])): compute: param_dtype's rounding of an op's output, in place.
+template <bool kBf16>
+__global__ void round_in_place_k(float* x, int64_t n) {
+  for (int64_t i = gtid(); i < n; i += gstride())
+    x[i] = kBf16 ? kmath::bf16_to_f32(kmath::f32_to_bf16(x[i])) : kmath::f16_to_f32(kmath::f32_to_f16(x[i]));
+}
+
 }  // namespace
 
 void adamw_step(float* p, const float* g, float* exp_avg, float* exp_avg_sq, int64_t n, const AdamWArgs& a,
@@ -161,6 +168,16 @@ void round_packed(void* dst, MatmulPrecision p, const float* src, int64_t batch,
   else
     throw Error("cuda: round_packed: matmul precision highest keeps its operands");
   check_launch("round_packed");
+}
+void round_in_place(float* x, DType dtype, int64_t n, cudaStream_t s) {
+  if (n == 0 || dtype == DType::f32) return;
+  if (dtype == DType::bf16)
+    round_in_place_k<true><<<blocks_for(n), kThreads, 0, s>>>(x, n);
+  else if (dtype == DType::f16)
+    round_in_place_k<false><<<blocks_for(n), kThreads, 0, s>>>(x, n);
+  else
+    throw Error("cuda: round_to: " + std::string(dtype_name(dtype)) + " is not bf16 or f16");
+  check_launch("round_to");
 }
 void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n, cudaStream_t s) {
   if (n == 0) return;

@@ -87,6 +87,8 @@ void adadelta_step(float* p, const float* g, float* square_avg, float* acc_delta
                    cudaStream_t s);
 // f32 <-> bf16 <-> f16 (any pair of the three; same type: a copy).
 void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n, cudaStream_t s);
+// x[i] rounded to bf16/f16 in place, kept in f32 (Kernels::round_to).
+void round_in_place(float* x, DType dtype, int64_t n, cudaStream_t s);
 // A GEMM operand at train.matmul_precision high or medium: batch matrices of (rows, cols) f32 at
 // row stride ld and batch stride `stride`, rounded as the CPU rounds them (nearest, ties to even:
 // to TF32 kept in f32 at high, to bf16 at medium) and packed into dst as (batch, rows, cols).
