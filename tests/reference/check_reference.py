@@ -28,6 +28,20 @@ state). Then two checks, each of which fails on a wrong formula, layout or initi
    and we are 5e-5 away). No per-step bound that tight holds on every CPU, so mnist_cnn's free run
    is held to CHAOTIC_RTOL (the size of torch's own spread, x10), which still catches any error
    that is not rounding; check 1 is the tight one. torch's spread is printed beside it.
+3. `--param-dtype bf16` (the test runs both): the same two checks with FSDP's MixedPrecision
+   (param_dtype bf16) on both sides, ours with fsdp.mixed_precision.compute: param_dtype (the
+   default), torch's as torch_reference.py --param-dtype bf16 describes (every op's output rounded
+   once, f32 inside, autograd's backward). What decides it is the stepwise loss: from the same
+   weights the forward rounds at the same places, and only last-bit flips of differently ordered
+   f32 sums remain. Measured (transformer, 2-core Xeon, AVX-512): max 7.9e-6, median 1.5e-7 over
+   20 steps; with compute: f32 (no activation rounding) max 1.0e-4, median 4e-5: the bounds below
+   (max 2e-5, median 2e-6) pass the first and fail the second. mnist_cnn ends in a log_softmax
+   whose bf16 outputs are averaged over 64 samples: one last-bit flip of one log-probability
+   moves the loss by ~1.2e-4 relative, so its stepwise bound is a few such flips (measured max
+   6.8e-4, step 1 2.7e-10). The updates (AdamW's first steps are ~lr*sign(g): a bf16 gradient
+   element near zero that rounds differently flips) and the free runs (bf16's flips compound)
+   get loose bounds that still catch a wrong value: rounding the saved f32 weights to bf16 gave
+   update errors of 1 to 5.
 
 usage: check_reference.py BUILD_DIR|PATH/TO/fsdp_app [--steps N] [--model mnist_cnn|transformer]
                           [--set KEY=VALUE]   (passed to every fsdp_app run)
@@ -57,11 +71,16 @@ STEP_UPDATE_RTOL = 1e-4
 TENSOR_UPDATE_RTOL = 1e-2
 TRAJECTORY_RTOL = 1e-5
 CHAOTIC_RTOL = 1e-2
+F32_TOL = dict(step_loss=STEP_LOSS_RTOL, step_loss_median=None, step_update=STEP_UPDATE_RTOL,
+               tensor_update=TENSOR_UPDATE_RTOL)
+# param_dtype bf16 (see the docstring's part 3 for what was measured and why these).
 TOLERANCES = {
-    "f32": dict(step_loss=STEP_LOSS_RTOL, step_update=STEP_UPDATE_RTOL, tensor_update=TENSOR_UPDATE_RTOL,
-                trajectory=TRAJECTORY_RTOL, chaotic=CHAOTIC_RTOL),
-    # param_dtype bf16: measured below; derived in the docstring.
-    "bf16": dict(step_loss=1e-3, step_update=1.0, tensor_update=10.0, trajectory=1.0, chaotic=1.0),
+    ("f32", "transformer"): dict(F32_TOL, trajectory=TRAJECTORY_RTOL),
+    ("f32", "mnist_cnn"): dict(F32_TOL, trajectory=CHAOTIC_RTOL),
+    ("bf16", "transformer"): dict(step_loss=2e-5, step_loss_median=2e-6, step_update=0.1, tensor_update=0.5,
+                                  trajectory=1e-3),
+    ("bf16", "mnist_cnn"): dict(step_loss=3e-3, step_loss_median=1e-3, step_update=0.1, tensor_update=0.5,
+                                trajectory=0.3),
 }
 
 
@@ -110,7 +129,7 @@ def check_model(app, kind, steps, tmp, param_dtype="f32"):
            "--states", "--param-dtype", param_dtype]
     if param_dtype != "f32":
         app = app + ["--set", f"fsdp.mixed_precision.param_dtype={param_dtype}"]
-    tol = TOLERANCES[param_dtype]
+    tol = TOLERANCES[(param_dtype, kind)]
     if kind == "mnist_cnn" and param_dtype == "f32":
         cmd.append("--mkldnn-too")
     run_logged(cmd, os.path.join(d, "torch.log"), TIMEOUT)
@@ -176,7 +195,7 @@ def check_model(app, kind, steps, tmp, param_dtype="f32"):
         head += f" {'torch vs itself':>15}"
     print(head)
     bad = []
-    bound = tol["chaotic"] if kind == "mnist_cnn" else tol["trajectory"]
+    bound = tol["trajectory"]
     for s in range(1, steps + 1):
         t = torch_losses[s - 1]
         sl = step_loss[s]
@@ -201,12 +220,19 @@ def check_model(app, kind, steps, tmp, param_dtype="f32"):
             row += "  FAIL " + ",".join(marks)
             bad.append(s)
         print(row)
-    worst_loss = max(rel(step_loss[s], torch_losses[s - 1]) for s in step_loss if step_loss[s] is not None)
+    errors = [rel(step_loss[s], torch_losses[s - 1]) for s in step_loss if step_loss[s] is not None]
+    worst_loss = max(errors)
+    median_loss = float(np.median(errors))
+    median_ok = tol["step_loss_median"] is None or median_loss <= tol["step_loss_median"]
+    if not median_ok:
+        bad.append("median")
     worst_update = max(step_update_all.values())
     worst_tensor = max(u for u, _ in step_update.values())
     name = kind if param_dtype == "f32" else f"{kind} param_dtype {param_dtype}"
     return R.check(name, not bad, (f"at steps {bad}: " if bad else "") +
-                   f"stepwise loss max {worst_loss:.2e} (tol {tol['step_loss']:g}), stepwise update max "
+                   f"stepwise loss max {worst_loss:.2e} (tol {tol['step_loss']:g}), median {median_loss:.2e}" +
+                   (f" (tol {tol['step_loss_median']:g})" if tol["step_loss_median"] is not None else "") +
+                   f", stepwise update max "
                    f"{worst_update:.2e} (tol {tol['step_update']:g}), one tensor's update max {worst_tensor:.2e} "
                    f"(tol {tol['tensor_update']:g}), free run max "
                    f"{max(rel(ours_free[s], torch_losses[s - 1]) for s in ours_free):.2e} (tol {bound:g})")

@@ -96,6 +96,10 @@ class LlamaAttention : public Layer {
     V_ = v_proj.forward(ctx, x);
     kernels.rope(Q_.f32(), state_.cos.f32(), state_.sin.f32(), B * Tq, Tq, H_, D_, H_ * D_, pos0, false);
     kernels.rope(K_.f32(), state_.cos.f32(), state_.sin.f32(), B * Tq, Tq, G_, D_, G_ * D_, pos0, false);
+    // One rounding of each rotated value, where HF's bf16 q * cos + rotate_half(q) * sin rounds
+    // three times (cos and sin in bf16 too): the last bits may differ there.
+    ctx.round(Q_);
+    ctx.round(K_);
     const Keys keys = state_.cache ? cached_keys(ctx, B, Tq) : Keys{K_.f32(), V_.f32(), Tq, Tq * G_ * D_};
     const int64_t Tk = keys.count;  // pos0 + Tq
     ctx.ensure(probs_, {B, H_, Tq, Tk}, DType::f32);
@@ -111,7 +115,9 @@ class LlamaAttention : public Layer {
                                      h.p_stride, G_);
       });
     });
+    ctx.round(probs_);  // the scaled scores
     kernels.causal_softmax_forward(probs_.f32(), CausalRows{B * H_, Tq, pos0, Tk}, nullptr, nullptr);
+    ctx.round(probs_);
     dropped_ = dropout.forward(ctx, probs_);
     ctx.ensure(y_, {B, Tq, H_ * D_}, DType::f32);
     each_group(B, Tq, Tk, keys.sample_stride, [&](const Heads& h) {  // y_h (Tq, D) = P_h @ v_g, heads side by side
@@ -121,6 +127,7 @@ class LlamaAttention : public Layer {
                                      H_ * D_, h.q_stride, G_);
       });
     });
+    ctx.round(y_);
     out_ = o_proj.forward(ctx, y_);
     return out_;
   }
@@ -149,11 +156,14 @@ class LlamaAttention : public Layer {
                                      V_.f32() + h.kv, GD, D_, 0.0f, dP_.f32() + h.p + r0 * T, T, h.p_stride, G_);
       });
     });
+    ctx.round(dV_);
+    ctx.round(dP_);
     // dS = scale * P * (dP - rowsum(P dP)), the 1/sqrt(D) of the scores folded in. It reads j <= i
     // only and writes dS = 0 above the diagonal, over what the blocks left unwritten.
     Tensor dS = dropout.backward(ctx, dP_);  // writable: dP_ itself, or the dropout's own dx
     const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D_)));
     kernels.causal_softmax_backward(dS.f32(), probs_.f32(), CausalRows::whole(B * H_, T), scale);
+    ctx.round(dS);
     ctx.ensure(dQ_, Q_.shape(), DType::f32);
     ctx.ensure(dK_, K_.shape(), DType::f32);
     each_group(B, T, T, T * GD, [&](const Heads& h) {
@@ -170,10 +180,14 @@ class LlamaAttention : public Layer {
     // The gradients of the rotated q and k become those of the projections' outputs.
     kernels.rope(dQ_.f32(), state_.cos.f32(), state_.sin.f32(), B * T, T, H_, D_, HD, 0, true);
     kernels.rope(dK_.f32(), state_.cos.f32(), state_.sin.f32(), B * T, T, G_, D_, GD, 0, true);
+    ctx.round(dQ_);  // the GEMMs' and the rotation's outputs, rounded once
+    ctx.round(dK_);
     const Tensor dq = q_proj.backward(ctx, dQ_), dk = k_proj.backward(ctx, dK_), dv = v_proj.backward(ctx, dV_);
     ctx.ensure(dx_, dq.shape(), DType::f32);
     kernels.add(dx_.f32(), dq.f32(), dk.f32(), dq.numel());
+    ctx.round(dx_);
     kernels.add_inplace(dx_.f32(), dv.f32(), dv.numel());
+    ctx.round(dx_);
     return dx_;
   }
 
@@ -260,6 +274,7 @@ class LlamaMLP : public Layer {
     up_ = up_proj.forward(ctx, x);
     ctx.ensure(h_, act_.shape(), DType::f32);
     ctx.kernels().mul(h_.f32(), act_.f32(), up_.f32(), h_.numel());
+    ctx.round(h_);
     out_ = down_proj.forward(ctx, h_);
     return out_;
   }
@@ -270,10 +285,13 @@ class LlamaMLP : public Layer {
     ctx.ensure(dup_, dh.shape(), DType::f32);
     kernels.mul(dact_.f32(), dh.f32(), up_.f32(), dh.numel());
     kernels.mul(dup_.f32(), dh.f32(), act_.f32(), dh.numel());
+    ctx.round(dact_);
+    ctx.round(dup_);
     const Tensor dg = gate_proj.backward(ctx, act_fn.backward(ctx, dact_));
     const Tensor du = up_proj.backward(ctx, dup_);
     ctx.ensure(dx_, dg.shape(), DType::f32);
     kernels.add(dx_.f32(), dg.f32(), du.f32(), dg.numel());
+    ctx.round(dx_);
     return dx_;
   }
   void release_activations() override {
@@ -307,9 +325,11 @@ class LlamaDecoderLayer : public Layer {
     const Tensor a = self_attn.forward(ctx, input_layernorm.forward(ctx, x));
     ctx.ensure(h_, x.shape(), DType::f32);
     kernels.add(h_.f32(), x.f32(), a.f32(), x.numel());
+    ctx.round(h_);
     const Tensor m = mlp.forward(ctx, post_attention_layernorm.forward(ctx, h_));
     ctx.ensure(y_, x.shape(), DType::f32);
     kernels.add(y_.f32(), h_.f32(), m.f32(), x.numel());
+    ctx.round(y_);
     return y_;
   }
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {

@@ -96,17 +96,20 @@ class T5Attention : public Layer {
       kernels.gemm_strided_batched(false, true, Tq, Tk, dkv_, 1.0f, Q_.f32() + b * Tq * I, I, dkv_,
                                    keys.k + b * keys.sample_stride, keys.ld, dkv_, 0.0f, probs_.f32() + b * H_ * P, Tk,
                                    P, H_);
+    ctx.round(probs_);  // the scores, an op's output (the bias is added in f32 inside the softmax)
     // A decoding step's query is the last position: every cached key is at or before it.
     const bool causal = state_.decoder && !cross_ && !state_.cache;
     const float* bias = cross_ ? nullptr : state_.position_bias.f32();
     const int32_t* key_valid = cross_ || !state_.decoder ? state_.key_valid.i32() : nullptr;  // the source's pads
     kernels.attention_softmax_forward(probs_.f32(), bias, key_valid, causal, B, H_, Tq, Tk);
+    ctx.round(probs_);
     dropped_ = dropout.forward(ctx, probs_);
     ctx.ensure(y_, {B, Tq, I}, DType::f32);
     for (int64_t b = 0; b < B; ++b)  // y_h (Tq, dkv) = P (Tq, Tk) @ v_h (Tk, dkv), heads side by side
       kernels.gemm_strided_batched(false, false, Tq, dkv_, Tk, 1.0f, dropped_.f32() + b * H_ * P, Tk, P,
                                    keys.v + b * keys.sample_stride, keys.ld, dkv_, 0.0f, y_.f32() + b * Tq * I, I, dkv_,
                                    H_);
+    ctx.round(y_);
     out_ = o.forward(ctx, y_);
     return out_;
   }
@@ -126,8 +129,11 @@ class T5Attention : public Layer {
       kernels.gemm_strided_batched(false, true, Tq, Tk, dkv_, 1.0f, gy, I, dkv_, V_.f32() + b * Tk * I, I, dkv_, 0.0f,
                                    dP_.f32() + b * H_ * P, Tk, P, H_);
     }
+    ctx.round(dV_);
+    ctx.round(dP_);
     Tensor dS = dropout.backward(ctx, dP_);  // writable: dP_ itself, or the dropout's own dx
     kernels.softmax_backward(dS.f32(), probs_.f32(), B * H_ * Tq, Tk);
+    ctx.round(dS);
     if (!cross_ && B > 0) {  // the bias is shared by the samples and the blocks: its gradient sums both
       // A sum over the batch written as a GEMM with ones: not a matmul of the model, so never
       // rounded by train.matmul_precision (torch sums it in f32).
@@ -147,6 +153,8 @@ class T5Attention : public Layer {
       kernels.gemm_strided_batched(true, false, Tk, dkv_, Tq, 1.0f, s, Tk, P, Q_.f32() + b * Tq * I, I, dkv_, 0.0f,
                                    dK_.f32() + b * Tk * I, I, dkv_, H_);
     }
+    ctx.round(dQ_);
+    ctx.round(dK_);
     // Block 0 runs backward last in its stack: every block's share is in d_position_bias now.
     if (relative_attention_bias) {
       ctx.pre_backward(*relative_attention_bias);
@@ -156,13 +164,18 @@ class T5Attention : public Layer {
     }
     const Tensor dq = q.backward(ctx, dQ_), dk = k.backward(ctx, dK_), dv = v.backward(ctx, dV_);
     if (cross_) {  // keys and values came from the encoder: their gradient goes back there
+      // Autograd's sums of the encoder output's gradients, each rounded in a low compute dtype.
       kernels.add_inplace(state_.d_encoder_out.f32(), dk.f32(), dk.numel());
+      ctx.round(state_.d_encoder_out);
       kernels.add_inplace(state_.d_encoder_out.f32(), dv.f32(), dv.numel());
+      ctx.round(state_.d_encoder_out);
       return dq_ = dq;
     }
     ctx.ensure(dx_, dq.shape(), DType::f32);
     kernels.add(dx_.f32(), dq.f32(), dk.f32(), dq.numel());
+    ctx.round(dx_);
     kernels.add_inplace(dx_.f32(), dv.f32(), dv.numel());
+    ctx.round(dx_);
     return dx_;
   }
 
@@ -251,6 +264,7 @@ class Residual : public Layer {
     const Tensor f = dropout_->forward(ctx, sub_->forward(ctx, norm_->forward(ctx, x)));
     ctx.ensure(y_, x.shape(), DType::f32);
     ctx.kernels().add(y_.f32(), x.f32(), f.f32(), x.numel());
+    ctx.round(y_);
     return y_;
   }
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override {
@@ -303,6 +317,7 @@ class DenseActDense : public Layer {
       gelu_ = h;
       ctx.ensure(gated_out_, h.shape(), DType::f32);
       ctx.kernels().mul(gated_out_.f32(), gelu_.f32(), linear_.f32(), h.numel());
+      ctx.round(gated_out_);
       h = gated_out_;
     }
     out_ = wo->forward(ctx, dropout->forward(ctx, h));
@@ -319,10 +334,13 @@ class DenseActDense : public Layer {
     ctx.ensure(dlinear_, dh.shape(), DType::f32);
     kernels.mul(dgelu_.f32(), dh.f32(), linear_.f32(), dh.numel());
     kernels.mul(dlinear_.f32(), dh.f32(), gelu_.f32(), dh.numel());
+    ctx.round(dgelu_);
+    ctx.round(dlinear_);
     const Tensor d0 = wi->backward(ctx, act->backward(ctx, dgelu_));
     const Tensor d1 = wi_1->backward(ctx, dlinear_);
     ctx.ensure(dx_, d0.shape(), DType::f32);
     kernels.add(dx_.f32(), d0.f32(), d1.f32(), d0.numel());
+    ctx.round(dx_);
     return dx_;
   }
   void release_activations() override {
