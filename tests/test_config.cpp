@@ -114,7 +114,7 @@ train:
 fsdp:
   sharding_strategy: HYBRID_SHARD
   auto_wrap: {policy: manual, min_num_params: 0, modules: [layers.0, layers.1]}
-  mixed_precision: {param_dtype: bf16, reduce_dtype: f16, buffer_dtype: bf16}
+  mixed_precision: {param_dtype: bf16, reduce_dtype: f16, buffer_dtype: bf16, compute: f32}
   backward_prefetch: BACKWARD_POST
   forward_prefetch: true
   limit_all_gathers: false
@@ -190,6 +190,7 @@ BOOST_AUTO_TEST_CASE(full_file_sets_every_field) {
   BOOST_TEST(fsdp::dtype_name(f.mixed_precision.param_dtype) == "bf16");
   BOOST_TEST(fsdp::dtype_name(f.mixed_precision.reduce_dtype) == "f16");
   BOOST_TEST(fsdp::dtype_name(f.mixed_precision.buffer_dtype) == "bf16");
+  BOOST_TEST(fsdp::enum_name(f.mixed_precision.compute) == "f32");
   BOOST_TEST(fsdp::enum_name(f.backward_prefetch) == "BACKWARD_POST");
   BOOST_TEST(f.forward_prefetch);
   BOOST_TEST(!f.limit_all_gathers);
@@ -616,6 +617,8 @@ BOOST_AUTO_TEST_CASE(enumerations_list_the_allowed_values) {
       {"fsdp: {mixed_precision: {reduce_dtype: f64}}",
        "in.yaml:1: fsdp.mixed_precision.reduce_dtype: expected one of [f32, bf16, f16], got 'f64' "
        "(did you mean 'f16'?)"},
+      {"fsdp: {mixed_precision: {compute: bf16}}",
+       "in.yaml:1: fsdp.mixed_precision.compute: expected one of [param_dtype, f32], got 'bf16'"},
       {"fsdp: {backward_prefetch: BACKWARD}",
        "in.yaml:1: fsdp.backward_prefetch: expected one of [BACKWARD_PRE, BACKWARD_POST, none], "
        "got 'BACKWARD'"},

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -23,6 +24,7 @@
 #include "nn/module.h"
 #include "tensor/error.h"
 #include "tensor/memory.h"
+#include "tensor/ops.h"
 #include "tensor/tensor.h"
 
 using namespace fsdp;
@@ -1113,3 +1115,93 @@ BOOST_AUTO_TEST_CASE(hooks_see_the_hooked_modules_in_order) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// fsdp.mixed_precision.compute: param_dtype: a layer's outputs and input gradients hold values
+// rounded once to the compute dtype, and exactly the f32 pass's values so rounded where the op is
+// one op in PyTorch; a norm's residual is added after its own dx is rounded (autograd's sum).
+namespace {
+bool all_bf16_values(const Tensor& t) {
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (ops::round_to_bf16(t.f32()[i]) != t.f32()[i]) return false;
+  return true;
+}
+std::vector<float> rounded(const Tensor& t) {
+  std::vector<float> v(t.f32(), t.f32() + t.numel());
+  for (float& x : v) x = ops::round_to_bf16(x);
+  return v;
+}
+std::vector<float> values(const Tensor& t) { return {t.f32(), t.f32() + t.numel()}; }
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(compute_dtype_rounds_each_output_once) {
+  RunCtx f32_ctx, bf16_ctx;
+  bf16_ctx.compute_dtype = DType::bf16;
+  const Tensor x = random_tensor({6, 8}, 11), dy = random_tensor({6, 8}, 12), res = random_tensor({6, 8}, 13);
+  {
+    Linear lin("l", 8, 8);
+    BoundParams b(lin, 3);
+    const Tensor y32 = lin.forward(f32_ctx, x).clone();
+    const Tensor dx32 = lin.backward(f32_ctx, dy).clone();
+    BOOST_TEST(!all_bf16_values(y32));  // so the checks below can fail
+    BOOST_TEST(!all_bf16_values(dx32));
+    BOOST_TEST(values(lin.forward(bf16_ctx, x)) == rounded(y32));
+    BOOST_TEST(values(lin.backward(bf16_ctx, dy)) == rounded(dx32));
+  }
+  {
+    GELU act("a");
+    const Tensor y32 = act.forward(f32_ctx, x).clone();
+    const Tensor dx32 = act.backward(f32_ctx, dy).clone();
+    BOOST_TEST(values(act.forward(bf16_ctx, x)) == rounded(y32));
+    BOOST_TEST(values(act.backward(bf16_ctx, dy)) == rounded(dx32));
+  }
+  {
+    LayerNorm ln("n", 8);
+    BoundParams b(ln, 5);
+    b.perturb_constants(6);
+    const Tensor y32 = ln.forward(f32_ctx, x).clone();
+    const Tensor d32 = ln.backward(f32_ctx, dy).clone();  // no residual
+    BOOST_TEST(values(ln.forward(bf16_ctx, x)) == rounded(y32));
+    const Tensor dx = ln.backward_adding(bf16_ctx, dy, res);
+    // round(round(d) + residual): the norm's rounded gradient, then autograd's rounded sum.
+    std::vector<float> expect = rounded(d32);
+    for (size_t i = 0; i < expect.size(); ++i) expect[i] = ops::round_to_bf16(expect[i] + res.f32()[i]);
+    BOOST_TEST(values(dx) == expect);
+  }
+  {
+    TransformerBlock blk("b", 8, 2, 16);
+    BoundParams b(blk, 7);
+    const Tensor x3 = random_tensor({2, 3, 8}, 14), dy3 = random_tensor({2, 3, 8}, 15);
+    BOOST_TEST(!all_bf16_values(blk.forward(f32_ctx, x3)));
+    BOOST_TEST(!all_bf16_values(blk.backward(f32_ctx, dy3)));
+    BOOST_TEST(all_bf16_values(blk.forward(bf16_ctx, x3)));
+    BOOST_TEST(all_bf16_values(blk.backward(bf16_ctx, dy3)));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(round_to_kernel) {
+  Kernels& k = cpu_kernels();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> v = {1.0f + std::ldexp(1.0f, -8), 1.0f + 3 * std::ldexp(1.0f, -8), -2.5f, inf, -inf,
+                          3.4e38f, 1e-40f, 0.0f};
+  std::vector<float> b = v;
+  k.round_to(b.data(), DType::bf16, static_cast<int64_t>(b.size()));
+  for (size_t i = 0; i < v.size(); ++i) BOOST_TEST(b[i] == ops::round_to_bf16(v[i]));
+  BOOST_TEST(b[0] == 1.0f);                                // a tie, to even
+  BOOST_TEST(b[1] == 1.0f + std::ldexp(1.0f, -6));         // a tie, to even (up)
+  std::vector<float> h = {65519.0f, 65520.0f, 1.0f + std::ldexp(1.0f, -11), std::ldexp(1.0f, -24), -0.1f};
+  k.round_to(h.data(), DType::f16, static_cast<int64_t>(h.size()));
+  BOOST_TEST(h[0] == 65504.0f);
+  BOOST_TEST(h[1] == inf);  // overflow, as torch's .to(torch.float16)
+  BOOST_TEST(h[2] == 1.0f);
+  BOOST_TEST(h[3] == std::ldexp(1.0f, -24));  // the smallest subnormal
+  BOOST_TEST(h[4] == -0.0999755859375f);
+  std::vector<float> nan = {std::nanf("")};
+  k.round_to(nan.data(), DType::bf16, 1);
+  BOOST_TEST(std::isnan(nan[0]));
+  std::vector<float> same = v;
+  k.round_to(same.data(), DType::f32, static_cast<int64_t>(same.size()));
+  BOOST_TEST(same == v);
+  BOOST_CHECK_EXCEPTION(k.round_to(same.data(), DType::i32, 1), Error, [](const Error& e) {
+    return std::string(e.what()) == "round_to: i32 is not bf16 or f16";
+  });
+}
