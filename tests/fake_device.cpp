@@ -299,6 +299,14 @@ class DeferredKernels final : public Kernels {
                               float inv_n) override {
     defer(&Kernels::cross_entropy_backward, d, logp, targets, rows, C, inv_n);
   }
+  void cross_entropy_sum(const float* logits, const int32_t* targets, int64_t rows, int64_t C, float* lse,
+                         double* sum, int64_t* correct) override {
+    now([&] { host_->cross_entropy_sum(logits, targets, rows, C, lse, sum, correct); });
+  }
+  void cross_entropy_backward_logits(float* d, const float* logits, const float* lse, const int32_t* targets,
+                                     int64_t rows, int64_t C, float inv_n) override {
+    defer(&Kernels::cross_entropy_backward_logits, d, logits, lse, targets, rows, C, inv_n);
+  }
   void adamw_step(float* p, const float* g, float* exp_avg, float* exp_avg_sq, int64_t n, const AdamWArgs& a) override {
     defer(&Kernels::adamw_step, p, g, exp_avg, exp_avg_sq, n, a);
   }

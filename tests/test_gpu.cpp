@@ -293,6 +293,19 @@ BOOST_AUTO_TEST_CASE(rows_and_losses) {
   cpu_kernels().cross_entropy_backward(dx.data(), y.data(), t.data(), rows, C, 0.1f);
   g.k().cross_entropy_backward(gdx, gy, gt, rows, C, 0.1f);
   close(dx, g.download(gdx, rows * C), 1e-5f, 1e-7f, "cross_entropy_backward");
+  {
+    // From the logits (no log-probabilities): the device's lse, sum and hits against its own
+    // log_softmax path above; the in-place gradient against its cross_entropy_backward.
+    float* glse = g.upload(std::vector<float>(rows, 0.0f));
+    double s_fused = 0;
+    int64_t c_fused = 0;
+    g.k().cross_entropy_sum(gx, gt, rows, C, glse, &s_fused, &c_fused);
+    BOOST_TEST(s_fused == s_gpu);  // logits - lse are log_softmax_forward's bits
+    BOOST_TEST(c_fused == c_gpu);
+    float* gin_place = g.upload(x);
+    g.k().cross_entropy_backward_logits(gin_place, gin_place, glse, gt, rows, C, 0.1f);
+    same_bits(g.download(gdx, rows * C), g.download(gin_place, rows * C), "cross_entropy_backward_logits");
+  }
   double ss = 0;
   for (float v : x) ss += double(v) * v;
   BOOST_TEST(std::fabs(g.k().sum_squares(gx, rows * C) - ss) <= 1e-9 * ss);

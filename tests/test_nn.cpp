@@ -575,9 +575,12 @@ BOOST_AUTO_TEST_CASE(cross_entropy_loss) {
   }
   BOOST_TEST(std::fabs(L - want / N) < 1e-5);
   BOOST_TEST(std::fabs(ce.last_sum() - want) < 1e-5);
+  const std::vector<float> logits_before = to_vec(x);
   const Tensor& g = ce.backward(ctx);
   BOOST_TEST(g.shape() == x.shape());
+  BOOST_TEST(g.raw() == x.raw());  // the gradient is written over the logits
   std::vector<float> an = to_vec(g);
+  std::copy(logits_before.begin(), logits_before.end(), x.f32());
   // Each row of the gradient sums to zero.
   for (int64_t r = 0; r < N; ++r) {
     double s = 0.0;
@@ -1204,4 +1207,31 @@ BOOST_AUTO_TEST_CASE(round_to_kernel) {
   BOOST_CHECK_EXCEPTION(k.round_to(same.data(), DType::i32, 1), Error, [](const Error& e) {
     return std::string(e.what()) == "round_to: i32 is not bf16 or f16";
   });
+}
+
+// The loss from the logits (Kernels::cross_entropy_sum / cross_entropy_backward_logits): the bits
+// of log_softmax_forward + nll_sum + cross_entropy_backward, ignored rows included, the gradient
+// written over the logits.
+BOOST_AUTO_TEST_CASE(cross_entropy_from_logits_same_bits) {
+  Kernels& k = cpu_kernels();
+  const int64_t rows = 37, C = 301;
+  Tensor x = random_tensor({rows, C}, 21, -8.0f, 8.0f);
+  std::vector<int32_t> t(rows);
+  for (int64_t r = 0; r < rows; ++r) t[r] = r % 5 == 3 ? -100 : static_cast<int32_t>((r * 53) % C);
+  // Some rows' targets at their maximum, so the hit count is tested too.
+  for (int64_t r = 0; r < rows; r += 4)
+    if (t[r] >= 0) x.f32()[r * C + t[r]] = 9.0f;
+  std::vector<float> logp(rows * C), d(rows * C), lse(rows);
+  k.log_softmax_forward(logp.data(), x.f32(), rows, C);
+  double s_ref = 0, s = 0;
+  int64_t c_ref = 0, c = 0;
+  k.nll_sum(logp.data(), t.data(), rows, C, &s_ref, &c_ref);
+  k.cross_entropy_backward(d.data(), logp.data(), t.data(), rows, C, 0.25f);
+  k.cross_entropy_sum(x.f32(), t.data(), rows, C, lse.data(), &s, &c);
+  BOOST_TEST(s == s_ref);
+  BOOST_TEST(c == c_ref);
+  BOOST_TEST(c > 0);
+  k.cross_entropy_backward_logits(x.f32(), x.f32(), lse.data(), t.data(), rows, C, 0.25f);
+  BOOST_TEST(std::memcmp(x.f32(), d.data(), d.size() * sizeof(float)) == 0);
+  for (int64_t j = 0; j < C; ++j) BOOST_TEST(x.f32()[3 * C + j] == 0.0f);  // an ignored row
 }

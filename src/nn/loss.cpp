@@ -42,22 +42,23 @@ double CrossEntropyLoss::forward(RunCtx& ctx, const Tensor& logits, const Tensor
   int64_t C = logits.shape().back(), rows = logits.numel() / C;
   check_targets(targets, rows, C, ignore_index_);
   targets_ = targets;
-  ctx.ensure(logp_, logits.shape(), DType::f32);
-  Kernels& kernels = ctx.kernels();
-  kernels.log_softmax_forward(logp_.f32(), logits.f32(), rows, C);
-  kernels.nll_sum(logp_.f32(), targets.i32(), rows, C, &last_sum_, &last_correct_);  // waits
+  logits_ = logits;
+  ctx.ensure(lse_, {rows}, DType::f32);
+  ctx.kernels().cross_entropy_sum(logits.f32(), targets.i32(), rows, C, lse_.f32(), &last_sum_,
+                                  &last_correct_);  // waits
   return last_sum_ / ctx.loss_normalizer;
 }
 
 const Tensor& CrossEntropyLoss::backward(RunCtx& ctx) {
-  ctx.ensure(grad_, logp_.shape(), DType::f32);
-  int64_t C = logp_.shape().back(), rows = logp_.numel() / C;
+  int64_t C = logits_.shape().back(), rows = logits_.numel() / C;
   float inv_n = static_cast<float>(ctx.loss_scale / ctx.loss_normalizer);
-  ctx.kernels().cross_entropy_backward(grad_.f32(), logp_.f32(), targets_.i32(), rows, C, inv_n);
+  float* d = logits_.f32();  // in place: the logits are read for the last time here
+  ctx.kernels().cross_entropy_backward_logits(d, d, lse_.f32(), targets_.i32(), rows, C, inv_n);
   // The loss is f32 (log-softmax of the rounded logits, as torchtitan's logits.float()); the
   // gradient entering the model is rounded to its compute dtype, as .float()'s backward does.
-  ctx.round(grad_);
-  return grad_;
+  ctx.round(logits_);
+  lse_ = Tensor();
+  return logits_;
 }
 
 }  // namespace fsdp

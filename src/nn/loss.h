@@ -37,6 +37,9 @@ class NLLLoss : public Loss {
 // F.cross_entropy on logits (..., V) with i32 targets (...): log-softmax fused in. With an
 // ignore_index (HF's -100 on padded labels) those targets add nothing to the sum, the count
 // of correct ones or the gradient; ctx.loss_normalizer then counts only the others.
+// No (..., V) buffer of its own: the forward keeps each row's log-sum-exp, and the backward
+// writes the gradient over the logits (the model's output, which nothing reads after the loss):
+// two (rows, V) f32 buffers fewer than log-probabilities plus a gradient, the same bits.
 class CrossEntropyLoss : public Loss {
  public:
   explicit CrossEntropyLoss(std::optional<int32_t> ignore_index = std::nullopt) : ignore_index_(ignore_index) {}
@@ -45,7 +48,7 @@ class CrossEntropyLoss : public Loss {
 
  private:
   std::optional<int32_t> ignore_index_;
-  Tensor targets_, logp_, grad_;
+  Tensor targets_, logits_, lse_;  // lse_ (rows)
 };
 
 }  // namespace fsdp

@@ -489,6 +489,46 @@ class CpuKernels final : public Kernels {
       if (targets[r] >= 0) d[r * C + targets[r]] = g;  // ignored rows stay zero
   }
 
+  void cross_entropy_sum(const float* logits, const int32_t* targets, int64_t rows, int64_t C, float* lse,
+                         double* sum, int64_t* correct) override {
+#pragma omp parallel for if (rows * C > kParallelMin)
+    for (int64_t r = 0; r < rows; ++r) {  // ops::log_softmax_forward's lse, step for step
+      const float* xr = logits + r * C;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t c = 0; c < C; ++c) mx = std::max(mx, xr[c]);
+      float s = 0.0f;
+      for (int64_t c = 0; c < C; ++c) s += std::exp(xr[c] - mx);
+      // cppcheck-suppress invalidFunctionArg ; s >= 1: the largest element adds exp(0)
+      lse[r] = mx + std::log(s);
+    }
+    double total = 0.0;  // in row order, in double: nll_sum's sum
+    int64_t hits = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (targets[r] < 0) continue;
+      const float* xr = logits + r * C;
+      total -= xr[targets[r]] - lse[r];
+      hits += std::max_element(xr, xr + C) - xr == targets[r];
+    }
+    *sum = total;
+    *correct = hits;
+  }
+
+  void cross_entropy_backward_logits(float* d, const float* logits, const float* lse, const int32_t* targets,
+                                     int64_t rows, int64_t C, float inv_n) override {
+#pragma omp parallel for if (rows * C > kParallelMin)
+    for (int64_t r = 0; r < rows; ++r) {
+      if (targets[r] < 0) {
+        std::fill_n(d + r * C, C, 0.0f);
+        continue;
+      }
+      const float* xr = logits + r * C;
+      float* dr = d + r * C;
+      const float l = lse[r];
+      for (int64_t c = 0; c < C; ++c) dr[c] = std::exp(xr[c] - l) * inv_n;
+      dr[targets[r]] -= inv_n;
+    }
+  }
+
   void cross_entropy_backward(float* d, const float* logp, const int32_t* targets, int64_t rows, int64_t C,
                               float inv_n) override {
 #pragma omp parallel for

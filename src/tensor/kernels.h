@@ -218,6 +218,16 @@ class Kernels {
   // d = (exp(logp) - onehot(t)) * inv_n.
   virtual void cross_entropy_backward(float* d, const float* logp, const int32_t* targets, int64_t rows, int64_t C,
                                       float inv_n) = 0;
+  // Cross-entropy from the logits themselves, no (rows, C) log-probabilities in memory: lse (rows)
+  // each row's log-sum-exp (log_softmax_forward's arithmetic, so logits - lse are its bits), the
+  // sum over rows of -(logits[r, t] - lse[r]) and the count of rows whose logits' argmax (first
+  // max) is t. Host values: waits.
+  virtual void cross_entropy_sum(const float* logits, const int32_t* targets, int64_t rows, int64_t C, float* lse,
+                                 double* sum, int64_t* correct) = 0;
+  // d = (exp(logits - lse) - onehot(t)) * inv_n, cross_entropy_backward's bits; d may be the
+  // logits themselves (in place: the loss's gradient takes the logits' memory).
+  virtual void cross_entropy_backward_logits(float* d, const float* logits, const float* lse, const int32_t* targets,
+                                             int64_t rows, int64_t C, float inv_n) = 0;
 
   // --- Optimizers on flat shards (n elements), kernel_math.h's update per element.
   virtual void adamw_step(float* p, const float* g, float* exp_avg, float* exp_avg_sq, int64_t n,

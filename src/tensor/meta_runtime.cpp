@@ -144,6 +144,16 @@ class MetaKernels final : public Kernels {
   void cross_entropy_backward(float*, const float*, const int32_t*, int64_t rows, int64_t C, float) override {
     floats(2 * rows * C);
   }
+  void cross_entropy_sum(const float*, const int32_t*, int64_t rows, int64_t C, float*, double* sum,
+                         int64_t* correct) override {
+    floats(3 * rows * C);  // the row's max, its sum of exponentials, the argmax
+    *sum = 0.0;
+    *correct = 0;
+  }
+  void cross_entropy_backward_logits(float*, const float*, const float*, const int32_t*, int64_t rows, int64_t C,
+                                     float) override {
+    floats(2 * rows * C);
+  }
   void adamw_step(float*, const float*, float*, float*, int64_t n, const AdamWArgs&) override { floats(7 * n); }
   void sgd_step(float*, const float*, float*, int64_t n, const SgdArgs&) override { floats(5 * n); }
   void adadelta_step(float*, const float*, float*, float*, int64_t n, const AdadeltaArgs&) override { floats(7 * n); }

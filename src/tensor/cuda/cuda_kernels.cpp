@@ -363,6 +363,21 @@ void CudaKernels::nll_sum(const float* logp, const int32_t* targets, int64_t row
   *correct = r.hits;
 }
 
+void CudaKernels::cross_entropy_sum(const float* logits, const int32_t* targets, int64_t rows, int64_t C, float* lse,
+                                    double* sum, int64_t* correct) {
+  launch::row_logsumexp(lse, logits, rows, C, stream_);
+  Scratch s = layout(scratch_.get());
+  launch::nll_sum(logits, targets, rows, C, s.partials, s.partial_hits, s.result, s.hits, stream_, lse);
+  fetch_results();
+  HostResult r = read(host_.get());
+  *sum = r.sum;
+  *correct = r.hits;
+}
+void CudaKernels::cross_entropy_backward_logits(float* d, const float* logits, const float* lse,
+                                                const int32_t* targets, int64_t rows, int64_t C, float inv_n) {
+  launch::cross_entropy_backward(d, logits, targets, rows, C, inv_n, stream_, lse);
+}
+
 void CudaKernels::nll_backward(float* d, const int32_t* targets, int64_t rows, int64_t C, float g) {
   launch::nll_backward(d, targets, rows, C, g, stream_);
 }

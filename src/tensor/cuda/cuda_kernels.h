@@ -105,6 +105,10 @@ class CudaKernels final : public Kernels {
   void nll_sum(const float* logp, const int32_t* targets, int64_t rows, int64_t C, double* sum,
                int64_t* correct) override;
   void nll_backward(float* d, const int32_t* targets, int64_t rows, int64_t C, float g) override;
+  void cross_entropy_sum(const float* logits, const int32_t* targets, int64_t rows, int64_t C, float* lse,
+                         double* sum, int64_t* correct) override;
+  void cross_entropy_backward_logits(float* d, const float* logits, const float* lse, const int32_t* targets,
+                                     int64_t rows, int64_t C, float inv_n) override;
   void cross_entropy_backward(float* d, const float* logp, const int32_t* targets, int64_t rows, int64_t C,
                               float inv_n) override;
   void adamw_step(float* p, const float* g, float* exp_avg, float* exp_avg_sq, int64_t n, const AdamWArgs& a) override;

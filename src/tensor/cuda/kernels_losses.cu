@@ -19,8 +19,10 @@ __device__ inline void better_of(float& bv, int64_t& bi, float ov, int64_t oi) {
     bi = oi;
   }
 }
+// lse not null: logp holds logits and the log-probability of the target is logits - lse (the
+// argmax is the logits', as the CPU's cross_entropy_sum).
 __global__ void nll_partial_k(const float* logp, const int32_t* targets, int64_t rows, int64_t C, double* partials,
-                              long long* partial_hits) {
+                              long long* partial_hits, const float* lse) {
   const int lane = static_cast<int>(threadIdx.x & 31);
   const int64_t warp = gtid() / 32, warps = gstride() / 32;
   double s = 0.0;
@@ -44,7 +46,7 @@ __global__ void nll_partial_k(const float* logp, const int32_t* targets, int64_t
     }
     if (lane == 0) {
       const int64_t best = isnan(row[0]) ? 0 : (bi == kNoColumn ? 0 : bi);
-      s -= static_cast<double>(row[targets[r]]);
+      s -= static_cast<double>(lse ? __fsub_rn(row[targets[r]], lse[r]) : row[targets[r]]);
       hits += best == targets[r];
     }
   }
@@ -87,15 +89,17 @@ __global__ void nll_backward_k(float* d, const int32_t* targets, int64_t rows, i
   for (int64_t i = gtid(); i < rows * C; i += gstride()) d[i] = (i % C) == targets[i / C] ? g : 0.0f;
 }
 // As the CPU: d = exp(logp) * inv_n, then d[t] -= inv_n (two roundings: __fmul_rn/__fsub_rn).
+// lse not null: logp holds the logits (d may be them: each element is read before it is written).
 __global__ void cross_entropy_backward_k(float* d, const float* logp, const int32_t* targets, int64_t rows, int64_t C,
-                                         float inv_n) {
+                                         float inv_n, const float* lse) {
   for (int64_t i = gtid(); i < rows * C; i += gstride()) {
     const int32_t t = targets[i / C];
     if (t < 0) {  // ignored row: zero gradient
       d[i] = 0.0f;
       continue;
     }
-    float v = __fmul_rn(expf(logp[i]), inv_n);
+    const float lp = lse ? __fsub_rn(logp[i], lse[i / C]) : logp[i];
+    float v = __fmul_rn(expf(lp), inv_n);
     if ((i % C) == t) v = __fsub_rn(v, inv_n);
     d[i] = v;
   }
@@ -104,8 +108,8 @@ __global__ void cross_entropy_backward_k(float* d, const float* logp, const int3
 }  // namespace
 
 void nll_sum(const float* logp, const int32_t* targets, int64_t rows, int64_t C, double* partials,
-             long long* partial_hits, double* result, long long* hits, cudaStream_t s) {
-  nll_partial_k<<<kReduceBlocks, kThreads, 0, s>>>(logp, targets, rows, C, partials, partial_hits);
+             long long* partial_hits, double* result, long long* hits, cudaStream_t s, const float* lse) {
+  nll_partial_k<<<kReduceBlocks, kThreads, 0, s>>>(logp, targets, rows, C, partials, partial_hits, lse);
   check_launch("nll_sum");
   finish_k<<<1, kThreads, 0, s>>>(partials, result, partial_hits, hits);
   check_launch("nll_sum (finish)");
@@ -128,9 +132,9 @@ void nll_backward(float* d, const int32_t* targets, int64_t rows, int64_t C, flo
   check_launch("nll_backward");
 }
 void cross_entropy_backward(float* d, const float* logp, const int32_t* targets, int64_t rows, int64_t C, float inv_n,
-                            cudaStream_t s) {
+                            cudaStream_t s, const float* lse) {
   if (rows * C == 0) return;
-  cross_entropy_backward_k<<<blocks_for(rows * C), kThreads, 0, s>>>(d, logp, targets, rows, C, inv_n);
+  cross_entropy_backward_k<<<blocks_for(rows * C), kThreads, 0, s>>>(d, logp, targets, rows, C, inv_n, lse);
   check_launch("cross_entropy_backward");
 }
 

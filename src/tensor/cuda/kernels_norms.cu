@@ -78,6 +78,17 @@ __global__ void log_softmax_forward_k(float* y, const float* x, int64_t C) {
   const float lse = mx + logf(block_reduce(s, Sum{}));
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) yr[c] = xr[c] - lse;
 }
+// log_softmax_forward_k's lse alone (Kernels::cross_entropy_sum).
+__global__ void row_logsumexp_k(float* lse, const float* x, int64_t C) {
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * C;
+  float mx = -INFINITY;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) mx = fmaxf(mx, xr[c]);
+  mx = block_max(mx);
+  float s = 0.0f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += expf(xr[c] - mx);
+  const float l = mx + logf(block_reduce(s, Sum{}));
+  if (threadIdx.x == 0) lse[blockIdx.x] = l;
+}
 __global__ void log_softmax_backward_k(float* dx, const float* dy, const float* y, int64_t C) {
   const int64_t off = static_cast<int64_t>(blockIdx.x) * C;
   float s = 0.0f;
@@ -258,6 +269,11 @@ void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C, cuda
   if (rows == 0) return;
   log_softmax_forward_k<<<rows_grid(rows, "log_softmax_forward"), kThreads, 0, s>>>(y, x, C);
   check_launch("log_softmax_forward");
+}
+void row_logsumexp(float* lse, const float* x, int64_t rows, int64_t C, cudaStream_t s) {
+  if (rows == 0) return;
+  row_logsumexp_k<<<rows_grid(rows, "row_logsumexp"), kThreads, 0, s>>>(lse, x, C);
+  check_launch("row_logsumexp");
 }
 void log_softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t C, cudaStream_t s) {
   if (rows == 0) return;

@@ -72,13 +72,16 @@ void embedding_backward(float* dwte, float* dwpe, const float* dy, const int32_t
 // Reductions into device scratch: `partials` holds kReduceBlocks doubles (+ as many int64 for
 // nll's hit counts); the final value lands in result[0] (and hits[0]).
 constexpr int kReduceBlocks = 256;
+// lse not null: logp is the logits, and each row's log-probabilities are logits - lse (in f32).
 void nll_sum(const float* logp, const int32_t* targets, int64_t rows, int64_t C, double* partials,
-             long long* partial_hits, double* result, long long* hits, cudaStream_t s);
+             long long* partial_hits, double* result, long long* hits, cudaStream_t s, const float* lse = nullptr);
 void sum_squares(const float* x, int64_t n, double* partials, double* result, cudaStream_t s);
 void count_nonfinite(const float* x, int64_t n, long long* partial_hits, long long* hits, cudaStream_t s);
 void nll_backward(float* d, const int32_t* targets, int64_t rows, int64_t C, float g, cudaStream_t s);
+// lse (rows): each row's log-sum-exp, log_softmax_forward's arithmetic (Kernels::cross_entropy_sum).
+void row_logsumexp(float* lse, const float* x, int64_t rows, int64_t C, cudaStream_t s);
 void cross_entropy_backward(float* d, const float* logp, const int32_t* targets, int64_t rows, int64_t C, float inv_n,
-                            cudaStream_t s);
+                            cudaStream_t s, const float* lse = nullptr);
 
 void adamw_step(float* p, const float* g, float* exp_avg, float* exp_avg_sq, int64_t n, const AdamWArgs& a,
                 cudaStream_t s);
