@@ -250,6 +250,14 @@ class DeferredKernels final : public Kernels {
   void causal_softmax_backward(float* dP, const float* P, CausalRows g, float scale) override {
     defer(&Kernels::causal_softmax_backward, dP, P, g, scale);
   }
+  void add_layernorm_forward(float* sum, float* y, float* mean, float* rstd, const float* x, const float* residual,
+                             const float* w, const float* b, int64_t rows, int64_t C, float eps, DType dtype) override {
+    defer(&Kernels::add_layernorm_forward, sum, y, mean, rstd, x, residual, w, b, rows, C, eps, dtype);
+  }
+  void add_rmsnorm_forward(float* sum, float* y, float* rstd, const float* x, const float* residual, const float* w,
+                           int64_t rows, int64_t C, float eps, DType dtype) override {
+    defer(&Kernels::add_rmsnorm_forward, sum, y, rstd, x, residual, w, rows, C, eps, dtype);
+  }
   void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C,
                        float eps) override {
     defer(&Kernels::rmsnorm_forward, y, rstd, x, w, rows, C, eps);

@@ -253,6 +253,31 @@ BOOST_AUTO_TEST_CASE(rows_and_losses) {
   cpu_kernels().layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), rows, C, 1e-5f);
   g.k().layernorm_forward(gy, gm, gr, gx, gw, gb, rows, C, 1e-5f);
   close(y, g.download(gy, rows * C), 1e-4f, 1e-4f, "layernorm y");
+  {
+    // The residual add fused in (add_layernorm_forward, add_rmsnorm_forward): the device's own
+    // add, round_to, norm and round_to, bit for bit, in f32 and bf16.
+    const auto res = randn(rows * C, 16);
+    float* gres = g.upload(res);
+    for (DType dt : {DType::f32, DType::bf16}) {
+      float* gsum_ref = g.upload(std::vector<float>(rows * C));
+      float* gy_ref = g.upload(std::vector<float>(rows * C));
+      float* gsum = g.upload(std::vector<float>(rows * C));
+      float* gy2 = g.upload(std::vector<float>(rows * C));
+      g.k().add(gsum_ref, gx, gres, rows * C);
+      g.k().round_to(gsum_ref, dt, rows * C);
+      g.k().layernorm_forward(gy_ref, gm, gr, gsum_ref, gw, gb, rows, C, 1e-5f);
+      g.k().round_to(gy_ref, dt, rows * C);
+      g.k().add_layernorm_forward(gsum, gy2, gm, gr, gx, gres, gw, gb, rows, C, 1e-5f, dt);
+      same_bits(g.download(gsum_ref, rows * C), g.download(gsum, rows * C), "add_layernorm_forward sum");
+      same_bits(g.download(gy_ref, rows * C), g.download(gy2, rows * C), "add_layernorm_forward y");
+      g.k().rmsnorm_forward(gy_ref, gr, gsum_ref, gw, rows, C, 1e-6f);
+      g.k().round_to(gy_ref, dt, rows * C);
+      g.k().add_rmsnorm_forward(gsum, gy2, gr, gx, gres, gw, rows, C, 1e-6f, dt);
+      same_bits(g.download(gy_ref, rows * C), g.download(gy2, rows * C), "add_rmsnorm_forward y");
+    }
+    // The mean and rstd slots were reused: the host's again for the backward below.
+    g.k().layernorm_forward(gy, gm, gr, gx, gw, gb, rows, C, 1e-5f);
+  }
   std::vector<float> dx(rows * C), dw(C, 0.0f), db(C, 0.0f);
   float* gdy = g.upload(dy);
   float* gdx = g.upload(dx);

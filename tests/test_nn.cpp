@@ -1235,3 +1235,51 @@ BOOST_AUTO_TEST_CASE(cross_entropy_from_logits_same_bits) {
   BOOST_TEST(std::memcmp(x.f32(), d.data(), d.size() * sizeof(float)) == 0);
   for (int64_t j = 0; j < C; ++j) BOOST_TEST(x.f32()[3 * C + j] == 0.0f);  // an ignored row
 }
+
+// A block's residual add fused into its next norm (add_layernorm_forward, add_rmsnorm_forward):
+// the bits of add, round, norm, round, in f32 and in bf16 compute; through a block, the same
+// output, input gradient and parameter gradients as with the norm made a unit (unfused).
+BOOST_AUTO_TEST_CASE(residual_add_fused_into_norm_same_bits) {
+  Kernels& k = cpu_kernels();
+  const int64_t rows = 9, C = 40;
+  const Tensor x = random_tensor({rows, C}, 31, -3.0f, 3.0f), r = random_tensor({rows, C}, 32, -3.0f, 3.0f);
+  const Tensor w = random_tensor({C}, 33), b = random_tensor({C}, 34);
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    std::vector<float> sum_ref(rows * C), y_ref(rows * C), m_ref(rows), s_ref(rows);
+    k.add(sum_ref.data(), x.f32(), r.f32(), rows * C);
+    k.round_to(sum_ref.data(), dt, rows * C);
+    k.layernorm_forward(y_ref.data(), m_ref.data(), s_ref.data(), sum_ref.data(), w.f32(), b.f32(), rows, C, 1e-5f);
+    k.round_to(y_ref.data(), dt, rows * C);
+    std::vector<float> sum(rows * C), y(rows * C), m(rows), s(rows);
+    k.add_layernorm_forward(sum.data(), y.data(), m.data(), s.data(), x.f32(), r.f32(), w.f32(), b.f32(), rows, C, 1e-5f,
+                            dt);
+    BOOST_TEST(sum == sum_ref);
+    BOOST_TEST(y == y_ref);
+    BOOST_TEST(m == m_ref);
+    BOOST_TEST(s == s_ref);
+    k.rmsnorm_forward(y_ref.data(), s_ref.data(), sum_ref.data(), w.f32(), rows, C, 1e-6f);
+    k.round_to(y_ref.data(), dt, rows * C);
+    k.add_rmsnorm_forward(sum.data(), y.data(), s.data(), x.f32(), r.f32(), w.f32(), rows, C, 1e-6f, dt);
+    BOOST_TEST(sum == sum_ref);
+    BOOST_TEST(y == y_ref);
+    BOOST_TEST(s == s_ref);
+  }
+  for (DType dt : {DType::f32, DType::bf16}) {
+    RunCtx ctx;
+    ctx.compute_dtype = dt;
+    const Tensor x3 = random_tensor({2, 5, 8}, 35), dy3 = random_tensor({2, 5, 8}, 36);
+    std::vector<std::vector<float>> runs[2];
+    for (int unfused = 0; unfused < 2; ++unfused) {
+      TransformerBlock blk("b", 8, 2, 16);
+      BoundParams p(blk, 7);
+      p.perturb_constants(8);
+      blk.ln2.set_hooked(unfused == 1);  // a unit of its own (no hooks in ctx): the plain add and forward
+      runs[unfused].push_back(values(blk.forward(ctx, x3)));
+      runs[unfused].push_back(values(blk.backward(ctx, dy3)));
+      runs[unfused].push_back(p.grad);
+    }
+    BOOST_TEST(runs[0][0] == runs[1][0]);
+    BOOST_TEST(runs[0][1] == runs[1][1]);
+    BOOST_TEST(runs[0][2] == runs[1][2]);
+  }
+}

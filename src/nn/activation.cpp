@@ -66,13 +66,59 @@ RMSNorm::RMSNorm(const std::string& name, const std::string& type, int64_t C, fl
     : Layer(name, type), weight(add_param("weight", {C}, {ParamInit::Kind::constant, init, 0.0f})), C_(C), eps_(eps) {}
 
 const Tensor& RMSNorm::do_forward(RunCtx& ctx, const Tensor& x) {
-  x_ = x;
   const int64_t rows = x.numel() / C_;
   ctx.ensure(y_, x.shape(), DType::f32);
   ctx.ensure(rstd_, {rows}, DType::f32);
+  if (fwd_sum_) {  // forward_adding: the sum is the normalised input
+    ctx.kernels().add_rmsnorm_forward(fwd_sum_->f32(), y_.f32(), rstd_.f32(), x.f32(), fwd_residual_.f32(), weight.data,
+                                      rows, C_, eps_, ctx.compute_dtype);
+    x_ = *fwd_sum_;
+    return y_;
+  }
+  x_ = x;
   ctx.kernels().rmsnorm_forward(y_.f32(), rstd_.f32(), x.f32(), weight.data, rows, C_, eps_);
   ctx.round(y_);
   return y_;
+}
+
+namespace {
+// sum = x + residual, rounded, then norm.forward(sum); fused into one kernel by the norm when it
+// may be (no unit of its own, not checkpointed: `fused`), through set/unset of its pending residual.
+template <class Norm, class Arm>
+Tensor forward_adding_impl(Norm& norm, RunCtx& ctx, const Tensor& x, const Tensor& residual, Tensor& sum, Arm arm) {
+  if (residual.shape() != x.shape())
+    throw Error(norm.name() + ": residual " + shape_str(residual.shape()) + " is not the input's " +
+                shape_str(x.shape()));
+  ctx.ensure(sum, x.shape(), DType::f32);
+  if (norm.hooked() || norm.checkpointed()) {
+    ctx.kernels().add(sum.f32(), x.f32(), residual.f32(), x.numel());
+    ctx.round(sum);
+    return norm.forward(ctx, sum);
+  }
+  arm(&residual, &sum);
+  try {
+    Tensor y = norm.forward(ctx, x);
+    arm(nullptr, nullptr);
+    return y;
+  } catch (...) {
+    arm(nullptr, nullptr);
+    throw;
+  }
+}
+}  // namespace
+
+Tensor RMSNorm::forward_adding(RunCtx& ctx, const Tensor& x, const Tensor& residual, Tensor& sum) {
+  return forward_adding_impl(*this, ctx, x, residual, sum, [this](const Tensor* r, Tensor* s) {
+    fwd_residual_ = r ? *r : Tensor();
+    fwd_sum_ = s;
+  });
+}
+
+Tensor LayerNorm::forward_adding(RunCtx& ctx, const Tensor& x, const Tensor& residual, Tensor& sum) {
+  return forward_adding_impl(*this, ctx, x, residual, sum, [this](const Tensor* r, Tensor* s) {
+    fwd_residual_ = r ? *r : Tensor();
+    fwd_sum_ = s;
+  });
 }
 
 const Tensor& RMSNorm::do_backward(RunCtx& ctx, const Tensor& dy) {
@@ -175,11 +221,18 @@ LayerNorm::LayerNorm(const std::string& name, int64_t C, float eps)
 const Tensor& LayerNorm::do_forward(RunCtx& ctx, const Tensor& x) {
   if (x.ndim() == 0 || x.shape().back() != C_)
     throw Error(name() + ": input " + shape_str(x.shape()) + " does not end in " + std::to_string(C_));
-  x_ = x;
   int64_t rows = x.numel() / C_;
   ctx.ensure(y_, x.shape(), DType::f32);
   ctx.ensure(mean_, {rows}, DType::f32);
   ctx.ensure(rstd_, {rows}, DType::f32);
+  if (fwd_sum_) {  // forward_adding: the sum is the normalised input
+    ctx.kernels().add_layernorm_forward(fwd_sum_->f32(), y_.f32(), mean_.f32(), rstd_.f32(), x.f32(),
+                                        fwd_residual_.f32(), weight.data, bias.data, rows, C_, eps_,
+                                        ctx.compute_dtype);
+    x_ = *fwd_sum_;
+    return y_;
+  }
+  x_ = x;
   ctx.kernels().layernorm_forward(y_.f32(), mean_.f32(), rstd_.f32(), x.f32(), weight.data, bias.data, rows, C_, eps_);
   ctx.round(y_);
   return y_;

@@ -300,13 +300,11 @@ TransformerBlock::TransformerBlock(const std::string& name, int64_t C, int64_t h
       fc2(add_child<Linear>(child_name("fc2"), d_ff, C)) {}
 
 const Tensor& TransformerBlock::do_forward(RunCtx& ctx, const Tensor& x) {
-  ctx.ensure(a_, x.shape(), DType::f32);
   ctx.ensure(y_, x.shape(), DType::f32);
   int64_t n = x.numel();
-  ctx.kernels().add(a_.f32(), x.f32(), attn.forward(ctx, ln1.forward(ctx, x)).f32(), n);
-  ctx.round(a_);
-  ctx.kernels().add(y_.f32(), a_.f32(),
-                    fc2.forward(ctx, act.forward(ctx, fc1.forward(ctx, ln2.forward(ctx, a_)))).f32(), n);
+  // a = x + attn(ln1(x)) and ln2(a) in one pass (LayerNorm::forward_adding).
+  const Tensor h = ln2.forward_adding(ctx, x, attn.forward(ctx, ln1.forward(ctx, x)), a_);
+  ctx.kernels().add(y_.f32(), a_.f32(), fc2.forward(ctx, act.forward(ctx, fc1.forward(ctx, h))).f32(), n);
   ctx.round(y_);
   return y_;
 }

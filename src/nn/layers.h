@@ -147,6 +147,11 @@ class LayerNorm : public Layer {
   // backward, returning residual + dx: a pre-norm block's residual stream gradient added in the
   // pass that writes dx (the bits of a separate add; one pass over (rows, C) less).
   Tensor backward_adding(RunCtx& ctx, const Tensor& dy, const Tensor& residual);
+  // forward of sum = x + residual, sum (the caller's: a pre-norm block keeps its residual stream)
+  // written in the same pass over the rows (add_layernorm_forward: the bits of add, round and
+  // forward). Fused only when this norm is no FSDP unit and not checkpointed on its own, whose
+  // hooks and recompute see a plain forward of the sum.
+  Tensor forward_adding(RunCtx& ctx, const Tensor& x, const Tensor& residual, Tensor& sum);
   Param& weight;
   Param& bias;
 
@@ -154,7 +159,9 @@ class LayerNorm : public Layer {
   int64_t C_;
   float eps_;
   Tensor x_, y_, mean_, rstd_, dx_;
-  Tensor residual_;  // during backward_adding only
+  Tensor residual_;      // during backward_adding only
+  Tensor fwd_residual_;  // during forward_adding only
+  Tensor* fwd_sum_ = nullptr;
 };
 
 // RMS norm: y = w * x / sqrt(mean(x^2) + eps); no mean subtraction, no bias: T5's T5LayerNorm
@@ -168,6 +175,8 @@ class RMSNorm : public Layer {
   // backward, returning residual + dx (as LayerNorm::backward_adding): the residual stream's
   // gradient added in the pass that writes dx.
   Tensor backward_adding(RunCtx& ctx, const Tensor& dy, const Tensor& residual);
+  // forward of sum = x + residual, fused as LayerNorm::forward_adding.
+  Tensor forward_adding(RunCtx& ctx, const Tensor& x, const Tensor& residual, Tensor& sum);
   void release_activations() override { x_ = y_ = rstd_ = dx_ = residual_ = Tensor(); }
   Param& weight;
 
@@ -176,6 +185,8 @@ class RMSNorm : public Layer {
   float eps_;
   Tensor x_, y_, rstd_, dx_;
   Tensor residual_;  // during backward_adding only
+  Tensor fwd_residual_;  // during forward_adding only
+  Tensor* fwd_sum_ = nullptr;
 };
 
 // torch.nn.Embedding(n, C): weight (n, C) ~ N(0, 1). A parameter holder for Embeddings.

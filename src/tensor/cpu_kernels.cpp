@@ -214,6 +214,10 @@ class CpuKernels final : public Kernels {
                          int64_t rows, int64_t C, float eps) override {
     ops::layernorm_forward(y, mean, rstd, x, w, b, rows, C, eps);
   }
+  void add_layernorm_forward(float* sum, float* y, float* mean, float* rstd, const float* x, const float* residual,
+                             const float* w, const float* b, int64_t rows, int64_t C, float eps, DType dtype) override {
+    ops::layernorm_forward(y, mean, rstd, x, w, b, rows, C, eps, residual, sum, dtype);
+  }
   void layernorm_backward(float* dx, const float* residual, float* dw, float* db, const float* dy, const float* x,
                           const float* w, const float* mean, const float* rstd, int64_t rows, int64_t C) override {
     ops::layernorm_backward(dx, residual, dw, db, dy, x, w, mean, rstd, rows, C);
@@ -284,16 +288,29 @@ class CpuKernels final : public Kernels {
   // Rows are independent: parallel over rows. The sum of squares in f64 (kernels.h).
   void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C,
                        float eps) override {
+    add_rmsnorm_forward(nullptr, y, rstd, x, nullptr, w, rows, C, eps, DType::f32);
+  }
+  // residual null: rmsnorm_forward (sum unused, y as computed when dtype is f32).
+  void add_rmsnorm_forward(float* sum, float* y, float* rstd, const float* x, const float* residual, const float* w,
+                           int64_t rows, int64_t C, float eps, DType dtype) override {
 #pragma omp parallel for if (rows * C > kParallelMin)
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = x + r * C;
       float* yr = y + r * C;
+      if (residual) {
+        const float* rr = residual + r * C;
+        float* sr = sum + r * C;
+        for (int64_t c = 0; c < C; ++c) sr[c] = kmath::round_as(kmath::add_unfused(xr[c], rr[c]), dtype);
+        xr = sr;
+      }
       double ss = 0.0;
       for (int64_t c = 0; c < C; ++c) ss += static_cast<double>(xr[c]) * xr[c];
       const float var = static_cast<float>(ss / static_cast<double>(C));
       const float s = 1.0f / std::sqrt(var + eps);  // torch.rsqrt: sqrt, then a division
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) yr[c] = w[c] * (xr[c] * s);  // weight * (x * rsqrt): HF's order
+      if (dtype != DType::f32)
+        for (int64_t c = 0; c < C; ++c) yr[c] = kmath::round_as(yr[c], dtype);
       rstd[r] = s;
     }
   }
@@ -627,9 +644,9 @@ class CpuKernels final : public Kernels {
   void round_to(float* x, DType dtype, int64_t n) override {
     if (dtype == DType::f32) return;
     if (dtype == DType::bf16)
-      elementwise(x, x, nullptr, n, [](float v, float) { return kmath::bf16_to_f32(kmath::f32_to_bf16(v)); });
+      elementwise(x, x, nullptr, n, [](float v, float) { return kmath::round_as(v, DType::bf16); });
     else if (dtype == DType::f16)
-      elementwise(x, x, nullptr, n, [](float v, float) { return kmath::f16_to_f32(kmath::f32_to_f16(v)); });
+      elementwise(x, x, nullptr, n, [](float v, float) { return kmath::round_as(v, DType::f16); });
     else
       throw Error("round_to: " + std::string(dtype_name(dtype)) + " is not bf16 or f16");
   }

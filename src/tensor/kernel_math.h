@@ -45,6 +45,15 @@ FSDP_HD inline float add_unfused(float a, float b) {
 #endif
 }
 
+// v as a `dtype` tensor would hold it, widened back (bf16/f16 to nearest even, as torch's .to();
+// f32 and the rest: v): fsdp.mixed_precision.compute: param_dtype's rounding of an op's output,
+// in Kernels::round_to and folded into the kernels that store outputs (add_layernorm_forward).
+FSDP_HD inline float round_as(float v, DType dtype) {
+  if (dtype == DType::bf16) return bf16_to_f32(f32_to_bf16(v));
+  if (dtype == DType::f16) return f16_to_f32(f32_to_f16(v));
+  return v;
+}
+
 // --- Philox4x32-10 (CounterRng::block): counter in words 0-1, stream in words 2-3, key 0-1.
 struct Philox4 {
   uint32_t v[4];

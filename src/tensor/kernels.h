@@ -145,6 +145,12 @@ class Kernels {
   virtual void layernorm_backward(float* dx, const float* residual, float* dw, float* db, const float* dy,
                                   const float* x, const float* w, const float* mean, const float* rstd, int64_t rows,
                                   int64_t C) = 0;
+  // A pre-norm block's residual stream and its next norm in one pass: sum = x + residual (add's
+  // bits), y = layernorm(sum) (layernorm_forward's bits), both stored rounded to `dtype`
+  // (round_to's bits; f32: as computed). The same for rmsnorm below.
+  virtual void add_layernorm_forward(float* sum, float* y, float* mean, float* rstd, const float* x,
+                                     const float* residual, const float* w, const float* b, int64_t rows, int64_t C,
+                                     float eps, DType dtype) = 0;
   virtual void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C) = 0;
   virtual void log_softmax_backward(float* dx, const float* dy, const float* y, int64_t rows, int64_t C) = 0;
   // Causal softmax in place on the rows `g` of `planes` (T,T) score matrices (CausalRows): row i
@@ -162,6 +168,8 @@ class Kernels {
   // boundary.
   virtual void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C,
                                float eps) = 0;
+  virtual void add_rmsnorm_forward(float* sum, float* y, float* rstd, const float* x, const float* residual,
+                                   const float* w, int64_t rows, int64_t C, float eps, DType dtype) = 0;
   // dx overwritten (null: skipped; residual + d(rmsnorm) where residual is not null, as
   // layernorm_backward), dw (C) += sum over rows of dy * x * rstd.
   virtual void rmsnorm_backward(float* dx, const float* residual, float* dw, const float* dy, const float* x,

@@ -89,6 +89,14 @@ class MetaKernels final : public Kernels {
                          float) override {
     floats(2 * rows * C);
   }
+  void add_layernorm_forward(float*, float*, float*, float*, const float*, const float*, const float*, const float*,
+                             int64_t rows, int64_t C, float, DType) override {
+    floats(4 * rows * C);  // x and the residual read, the sum and y written
+  }
+  void add_rmsnorm_forward(float*, float*, float*, const float*, const float*, const float*, int64_t rows, int64_t C,
+                           float, DType) override {
+    floats(4 * rows * C);
+  }
   void layernorm_backward(float*, const float*, float*, float*, const float*, const float*, const float*, const float*,
                           const float*, int64_t rows, int64_t C) override {
     floats(3 * rows * C);

@@ -201,11 +201,17 @@ void add_inplace(float* y, const float* x, int64_t n) {
 }
 
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int64_t rows,
-                       int64_t C, float eps) {
+                       int64_t C, float eps, const float* residual, float* sum, DType round) {
 #pragma omp parallel for if (rows * C > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * C;
     float* yr = y + r * C;
+    if (residual) {  // the residual stream first: its row is then normalised from memory just written
+      const float* rr = residual + r * C;
+      float* sr = sum + r * C;
+      for (int64_t c = 0; c < C; ++c) sr[c] = kmath::round_as(kmath::add_unfused(xr[c], rr[c]), round);
+      xr = sr;
+    }
     // Vector-lane partial sums: a serial float sum waits on each add's latency (the row sums were
     // most of this kernel's time); any order is as close to torch's Welford moments as the other.
     float m = 0.0f;
@@ -219,6 +225,8 @@ void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const
     float s = 1.0f / std::sqrt(v + eps);
 #pragma omp simd
     for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * s * w[c] + b[c];
+    if (round != DType::f32)
+      for (int64_t c = 0; c < C; ++c) yr[c] = kmath::round_as(yr[c], round);
     mean[r] = m;
     rstd[r] = s;
   }

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "tensor/dtype.h"
 #include "tensor/matmul_precision.h"
 
 namespace fsdp::ops {
@@ -65,8 +66,11 @@ void add_inplace(float* y, const float* x, int64_t n);          // y += x
 
 // LayerNorm over the last dim C of (rows, C): y = (x - mean) * rstd * w + b, biased variance.
 // mean/rstd (rows) saved for backward.
+// residual not null: x + residual is normalised and stored in sum first; y and sum are rounded to
+// `round` (Kernels::add_layernorm_forward).
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int64_t rows,
-                       int64_t C, float eps);
+                       int64_t C, float eps, const float* residual = nullptr, float* sum = nullptr,
+                       DType round = DType::f32);
 // dx = (not accumulated; plus residual where that is not null), dw += , db += .
 void layernorm_backward(float* dx, const float* residual, float* dw, float* db, const float* dy, const float* x,
                         const float* w, const float* mean, const float* rstd, int64_t rows, int64_t C);

@@ -322,11 +322,10 @@ class LlamaDecoderLayer : public Layer {
                                                     c.hidden_size, c.rms_norm_eps)) {}
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
     Kernels& kernels = ctx.kernels();
-    const Tensor a = self_attn.forward(ctx, input_layernorm.forward(ctx, x));
-    ctx.ensure(h_, x.shape(), DType::f32);
-    kernels.add(h_.f32(), x.f32(), a.f32(), x.numel());
-    ctx.round(h_);
-    const Tensor m = mlp.forward(ctx, post_attention_layernorm.forward(ctx, h_));
+    // h = x + self_attn(...) and post_attention_layernorm(h) in one pass (RMSNorm::forward_adding).
+    const Tensor n = post_attention_layernorm.forward_adding(
+        ctx, x, self_attn.forward(ctx, input_layernorm.forward(ctx, x)), h_);
+    const Tensor m = mlp.forward(ctx, n);
     ctx.ensure(y_, x.shape(), DType::f32);
     kernels.add(y_.f32(), h_.f32(), m.f32(), x.numel());
     ctx.round(y_);

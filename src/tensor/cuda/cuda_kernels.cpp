@@ -278,6 +278,15 @@ void CudaKernels::causal_softmax_recompute(float* P, CausalRows g, const float* 
 void CudaKernels::causal_softmax_backward(float* dP, const float* P, CausalRows g, float scale) {
   launch::causal_softmax_backward(dP, P, g, scale, stream_);
 }
+void CudaKernels::add_layernorm_forward(float* sum, float* y, float* mean, float* rstd, const float* x,
+                                        const float* residual, const float* w, const float* b, int64_t rows, int64_t C,
+                                        float eps, DType dtype) {
+  launch::layernorm_forward(y, mean, rstd, x, w, b, rows, C, eps, stream_, residual, sum, dtype);
+}
+void CudaKernels::add_rmsnorm_forward(float* sum, float* y, float* rstd, const float* x, const float* residual,
+                                      const float* w, int64_t rows, int64_t C, float eps, DType dtype) {
+  launch::rmsnorm_forward(y, rstd, x, w, rows, C, eps, stream_, residual, sum, dtype);
+}
 void CudaKernels::rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C,
                                   float eps) {
   launch::rmsnorm_forward(y, rstd, x, w, rows, C, eps, stream_);

@@ -84,6 +84,10 @@ class CudaKernels final : public Kernels {
   void causal_softmax_forward(float* P, CausalRows g, float* row_max, float* row_inv) override;
   void causal_softmax_recompute(float* P, CausalRows g, const float* row_max, const float* row_inv) override;
   void causal_softmax_backward(float* dP, const float* P, CausalRows g, float scale) override;
+  void add_layernorm_forward(float* sum, float* y, float* mean, float* rstd, const float* x, const float* residual,
+                             const float* w, const float* b, int64_t rows, int64_t C, float eps, DType dtype) override;
+  void add_rmsnorm_forward(float* sum, float* y, float* rstd, const float* x, const float* residual, const float* w,
+                           int64_t rows, int64_t C, float eps, DType dtype) override;
   void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C,
                        float eps) override;
   void rmsnorm_backward(float* dx, const float* residual, float* dw, const float* dy, const float* x, const float* w,

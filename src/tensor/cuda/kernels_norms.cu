@@ -6,11 +6,19 @@ namespace fsdp::cuda::launch {
 namespace {
 
 // ---- Normalisation and softmax (one block per row).
+// residual not null: sum = x + residual first (each thread writes and then reads back only its
+// own columns), normalised; sum and y stored rounded to `dtype` (Kernels::add_layernorm_forward).
 __global__ void layernorm_forward_k(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
-                                    int64_t C, float eps) {
+                                    int64_t C, float eps, const float* residual, float* sum, DType dtype) {
   const int64_t r = blockIdx.x;
   const float* xr = x + r * C;
   float* yr = y + r * C;
+  if (residual) {
+    float* sr = sum + r * C;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+      sr[c] = kmath::round_as(kmath::add_unfused(xr[c], residual[r * C + c]), dtype);
+    xr = sr;
+  }
   float s = 0.0f;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += xr[c];
   const float m = block_reduce(s, Sum{}) / static_cast<float>(C);
@@ -18,7 +26,7 @@ __global__ void layernorm_forward_k(float* y, float* mean, float* rstd, const fl
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) v += (xr[c] - m) * (xr[c] - m);
   const float var = block_reduce(v, Sum{}) / static_cast<float>(C);
   const float rs = 1.0f / sqrtf(var + eps);
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) yr[c] = (xr[c] - m) * rs * w[c] + b[c];
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) yr[c] = kmath::round_as((xr[c] - m) * rs * w[c] + b[c], dtype);
   if (threadIdx.x == 0) {
     mean[r] = m;
     rstd[r] = rs;
@@ -138,15 +146,23 @@ __global__ void causal_softmax_backward_k(float* dP, const float* P, CausalRows 
 // RMS norm (T5LayerNorm), one block per row. The sum of squares in f64 as on the host: each
 // term x*x is exact in f64, so host and device differ only by f64 summation order, far below
 // the f32 rounding of the mean; the rest is the host's f32 expression, operation for operation.
-__global__ void rmsnorm_forward_k(float* y, float* rstd, const float* x, const float* w, int64_t C, float eps) {
+// residual: as layernorm_forward_k's.
+__global__ void rmsnorm_forward_k(float* y, float* rstd, const float* x, const float* w, int64_t C, float eps,
+                                  const float* residual, float* sum, DType dtype) {
   const int64_t r = blockIdx.x;
   const float* xr = x + r * C;
   float* yr = y + r * C;
+  if (residual) {
+    float* sr = sum + r * C;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+      sr[c] = kmath::round_as(kmath::add_unfused(xr[c], residual[r * C + c]), dtype);
+    xr = sr;
+  }
   double ss = 0.0;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) ss += static_cast<double>(xr[c]) * xr[c];
   const float var = static_cast<float>(block_reduce(ss, Sum{}) / static_cast<double>(C));
   const float rs = 1.0f / sqrtf(var + eps);
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) yr[c] = w[c] * (xr[c] * rs);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) yr[c] = kmath::round_as(w[c] * (xr[c] * rs), dtype);
   if (threadIdx.x == 0) rstd[r] = rs;
 }
 // dx = s * (g - x * (s^2 * dot / C)), g = dy * w, dot = sum g x in f64 (see the forward).
@@ -252,9 +268,10 @@ __global__ void relative_bias_backward_k(float* dtable, const float* dS, const i
 }  // namespace
 
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int64_t rows,
-                       int64_t C, float eps, cudaStream_t s) {
+                       int64_t C, float eps, cudaStream_t s, const float* residual, float* sum, DType dtype) {
   if (rows == 0) return;
-  layernorm_forward_k<<<rows_grid(rows, "layernorm_forward"), kThreads, 0, s>>>(y, mean, rstd, x, w, b, C, eps);
+  layernorm_forward_k<<<rows_grid(rows, "layernorm_forward"), kThreads, 0, s>>>(y, mean, rstd, x, w, b, C, eps,
+                                                                                residual, sum, dtype);
   check_launch("layernorm_forward");
 }
 void layernorm_backward(float* dx, const float* residual, float* dw, float* db, const float* dy, const float* x,
@@ -299,9 +316,10 @@ void causal_softmax_backward(float* dP, const float* P, CausalRows g, float scal
   check_launch("causal_softmax_backward");
 }
 void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C, float eps,
-                     cudaStream_t s) {
+                     cudaStream_t s, const float* residual, float* sum, DType dtype) {
   if (rows == 0) return;
-  rmsnorm_forward_k<<<rows_grid(rows, "rmsnorm_forward"), kThreads, 0, s>>>(y, rstd, x, w, C, eps);
+  rmsnorm_forward_k<<<rows_grid(rows, "rmsnorm_forward"), kThreads, 0, s>>>(y, rstd, x, w, C, eps, residual, sum,
+                                                                            dtype);
   check_launch("rmsnorm_forward");
 }
 void rmsnorm_backward(float* dx, const float* residual, float* dw, const float* dy, const float* x, const float* w,

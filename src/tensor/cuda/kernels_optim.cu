@@ -133,10 +133,8 @@ void launch_round(Out* dst, const float* src, int64_t batch, int64_t rows, int64
 }
 
 // x[i] = widen(narrow(x[i])): compute: param_dtype's rounding of an op's output, in place.
-template <bool kBf16>
-__global__ void round_in_place_k(float* x, int64_t n) {
-  for (int64_t i = gtid(); i < n; i += gstride())
-    x[i] = kBf16 ? kmath::bf16_to_f32(kmath::f32_to_bf16(x[i])) : kmath::f16_to_f32(kmath::f32_to_f16(x[i]));
+__global__ void round_in_place_k(float* x, DType dtype, int64_t n) {
+  for (int64_t i = gtid(); i < n; i += gstride()) x[i] = kmath::round_as(x[i], dtype);
 }
 
 }  // namespace
@@ -171,10 +169,8 @@ void round_packed(void* dst, MatmulPrecision p, const float* src, int64_t batch,
 }
 void round_in_place(float* x, DType dtype, int64_t n, cudaStream_t s) {
   if (n == 0 || dtype == DType::f32) return;
-  if (dtype == DType::bf16)
-    round_in_place_k<true><<<blocks_for(n), kThreads, 0, s>>>(x, n);
-  else if (dtype == DType::f16)
-    round_in_place_k<false><<<blocks_for(n), kThreads, 0, s>>>(x, n);
+  if (dtype == DType::bf16 || dtype == DType::f16)
+    round_in_place_k<<<blocks_for(n), kThreads, 0, s>>>(x, dtype, n);
   else
     throw Error("cuda: round_to: " + std::string(dtype_name(dtype)) + " is not bf16 or f16");
   check_launch("round_to");

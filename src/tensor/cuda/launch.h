@@ -39,8 +39,10 @@ void fill(float* x, float value, int64_t n, cudaStream_t s);
 void dropout_forward(float* y, float* mask, const float* x, int64_t B, int64_t per_sample, float p, uint64_t key,
                      uint64_t stream, int64_t sample_offset, cudaStream_t s);
 
+// residual not null: x + residual normalised, stored in sum; sum and y rounded to dtype.
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int64_t rows,
-                       int64_t C, float eps, cudaStream_t s);
+                       int64_t C, float eps, cudaStream_t s, const float* residual = nullptr, float* sum = nullptr,
+                       DType dtype = DType::f32);
 void layernorm_backward(float* dx, const float* residual, float* dw, float* db, const float* dy, const float* x,
                         const float* w, const float* mean, const float* rstd, int64_t rows, int64_t C, cudaStream_t s);
 void log_softmax_forward(float* y, const float* x, int64_t rows, int64_t C, cudaStream_t s);
@@ -49,7 +51,7 @@ void causal_softmax_forward(float* P, CausalRows g, float* row_max, float* row_i
 void causal_softmax_recompute(float* P, CausalRows g, const float* row_max, const float* row_inv, cudaStream_t s);
 void causal_softmax_backward(float* dP, const float* P, CausalRows g, float scale, cudaStream_t s);
 void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C, float eps,
-                     cudaStream_t s);
+                     cudaStream_t s, const float* residual = nullptr, float* sum = nullptr, DType dtype = DType::f32);
 void rmsnorm_backward(float* dx, const float* residual, float* dw, const float* dy, const float* x, const float* w,
                       const float* rstd, int64_t rows, int64_t C, cudaStream_t s);
 void attention_softmax_forward(float* P, const float* bias, const int32_t* key_valid, bool causal, int64_t B, int64_t H,
