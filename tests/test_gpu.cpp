@@ -1009,6 +1009,35 @@ BOOST_AUTO_TEST_CASE(causal_softmax_row_blocks) {
   g.k().causal_softmax_recompute(gP2, rb, gmx, ginv);
   same_bits(P, P2, "host recompute == host forward");
   same_bits(gpu_P, g.download(gP2, n), "device recompute == device forward");
+  {
+    // Flash attention's P (compute: param_dtype): the device's statistics are its forward's bit
+    // for bit, its rounded exponentials within one bf16 step of the host's (expf and the host's
+    // exp_f32 may differ in a last f32 bit, which can move a bf16 rounding), zeros above the
+    // diagonal; normalised, the device's forward P within the same step.
+    float* gU = g.upload(S);
+    float* gumx = g.upload(std::vector<float>(planes * T, -7.0f));
+    float* guinv = g.upload(std::vector<float>(planes * T, -7.0f));
+    g.k().causal_softmax_flash(gU, rb, gumx, guinv, DType::bf16);
+    same_bits(gpu_mx, g.download(gumx, planes * T), "flash row maxima");
+    same_bits(gpu_inv, g.download(guinv, planes * T), "flash row 1/sums");
+    std::vector<float> U = S, umx(planes * T, -7.0f), uinv(planes * T, -7.0f);
+    cpu.causal_softmax_flash(U.data(), rb, umx.data(), uinv.data(), DType::bf16);
+    std::vector<float> utol(n);
+    for (size_t k = 0; k < n; ++k) utol[k] = std::ldexp(std::fabs(U[k]), -7);
+    within(U, g.download(gU, n), utol, "causal_softmax_flash");
+    g.k().causal_softmax_normalize(gU, rb, guinv, DType::f32);
+    std::vector<float> ptol(n);
+    for (size_t k = 0; k < n; ++k) ptol[k] = std::ldexp(std::fabs(P[k]), -7);
+    within(P, g.download(gU, n), ptol, "causal_softmax_normalize");
+    // attention_rescale: the host's loop's bits (one product, one rounding).
+    const int64_t B = 2, Tq = 7, H = 3, hd = 5, stride = 9;
+    const auto y = randn(B * Tq * H * hd, 872), r = randn(B * H * stride, 873);
+    std::vector<float> y_host = y;
+    cpu.attention_rescale(y_host.data(), r.data(), B, Tq, H, hd, stride, DType::bf16);
+    float* gy = g.upload(y);
+    g.k().attention_rescale(gy, g.upload(r), B, Tq, H, hd, stride, DType::bf16);
+    same_bits(y_host, g.download(gy, y.size()), "attention_rescale");
+  }
 
   const float scale = 0.125f;
   auto dP = randn(n, 871);

@@ -1283,3 +1283,76 @@ BOOST_AUTO_TEST_CASE(residual_add_fused_into_norm_same_bits) {
     BOOST_TEST(runs[0][2] == runs[1][2]);
   }
 }
+
+// Flash attention's arithmetic under compute: param_dtype (causal_softmax_flash, attention_rescale,
+// causal_softmax_normalize): the row statistics are causal_softmax_forward's bit for bit, the
+// stored exponentials are bf16 values within a bf16 rounding of the normalised P times the sum,
+// and the recompute mode's forward equals the materialised one bitwise in bf16 too.
+BOOST_AUTO_TEST_CASE(multihead_attention_flash_in_bf16) {
+  Kernels& k = cpu_kernels();
+  const int64_t planes = 3, T = 37;
+  const CausalRows g = CausalRows::whole(planes, T);
+  Tensor S = random_tensor({planes, T, T}, 41, -4.0f, 4.0f);
+  std::vector<float> P(S.f32(), S.f32() + S.numel()), U = P;
+  std::vector<float> mx(planes * T), inv(planes * T), umx(planes * T), uinv(planes * T);
+  k.causal_softmax_forward(P.data(), g, mx.data(), inv.data());
+  k.causal_softmax_flash(U.data(), g, umx.data(), uinv.data(), DType::bf16);
+  BOOST_TEST(umx == mx);
+  BOOST_TEST(uinv == inv);
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j < T; ++j) {
+        const float u = U[(p * T + i) * T + j];
+        if (j > i) {
+          BOOST_TEST_REQUIRE(u == 0.0f);
+          continue;
+        }
+        BOOST_TEST_REQUIRE(ops::round_to_bf16(u) == u);
+        const float e = P[(p * T + i) * T + j] / inv[p * T + i];  // the unrounded exponential, nearly
+        BOOST_TEST_REQUIRE(std::fabs(u - e) <= std::ldexp(std::fabs(e), -8));
+      }
+  std::vector<float> N = U;
+  k.causal_softmax_normalize(N.data(), g, inv.data(), DType::f32);
+  for (size_t n = 0; n < N.size(); ++n) BOOST_TEST_REQUIRE(std::fabs(N[n] - P[n]) <= std::ldexp(P[n], -8));
+  k.causal_softmax_normalize(U.data(), g, inv.data(), DType::bf16);
+  for (size_t n = 0; n < N.size(); ++n) BOOST_TEST_REQUIRE(U[n] == ops::round_to_bf16(N[n]));
+  {
+    // attention_rescale: head h of row t times inv[(b * H + h) * stride + t], rounded.
+    const int64_t B = 2, Tq = 3, H = 2, hd = 4, stride = 5;
+    Tensor y = random_tensor({B, Tq, H * hd}, 42), r = random_tensor({B * H * stride}, 43, 0.5f, 2.0f);
+    std::vector<float> want(y.f32(), y.f32() + y.numel());
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < Tq; ++t)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t d = 0; d < hd; ++d) {
+            float& w = want[(b * Tq + t) * H * hd + h * hd + d];
+            w = ops::round_to_bf16(w * r.f32()[(b * H + h) * stride + t]);
+          }
+    k.attention_rescale(y.f32(), r.f32(), B, Tq, H, hd, stride, DType::bf16);
+    BOOST_TEST(values(y) == want);
+  }
+  // Through the layer: recompute's forward is the materialised one's bits; the backward within a
+  // bf16 rounding (the materialised dS uses P from the rounded exponentials, recompute's the exact).
+  RunCtx f32_ctx, ctx;
+  ctx.compute_dtype = DType::bf16;
+  MultiheadAttention mat("attn", 8, 2), rec("attn", 8, 2, AttentionMode::recompute);
+  BoundParams bm(mat, 6), br(rec, 6);
+  bm.perturb_constants(7);
+  br.perturb_constants(7);
+  for (const int64_t Tl : {int64_t{5}, int64_t{70}}) {
+    BOOST_TEST_CONTEXT("T " << Tl) {
+      Tensor x = random_tensor({2, Tl, 8}, 44), dy = random_tensor({2, Tl, 8}, 45);
+      const std::vector<float> y32 = to_vec(mat.forward(f32_ctx, x));
+      const std::vector<float> ym = to_vec(mat.forward(ctx, x)), yr = to_vec(rec.forward(ctx, x));
+      BOOST_TEST(ym == yr);
+      BOOST_TEST(ym != y32);
+      float scale = 0.0f;
+      for (float v : y32) scale = std::max(scale, std::fabs(v));
+      for (size_t i = 0; i < ym.size(); ++i) BOOST_TEST_REQUIRE(std::fabs(ym[i] - y32[i]) <= 0.03f * scale);
+      const std::vector<float> dxm = to_vec(mat.backward(ctx, dy)), dxr = to_vec(rec.backward(ctx, dy));
+      float dscale = 0.0f;
+      for (float v : dxm) dscale = std::max(dscale, std::fabs(v));
+      for (size_t i = 0; i < dxm.size(); ++i) BOOST_TEST_REQUIRE(std::fabs(dxm[i] - dxr[i]) <= 0.03f * dscale);
+    }
+  }
+}

@@ -42,12 +42,19 @@ const Tensor& MultiheadAttention::do_forward(RunCtx& ctx, const Tensor& x) {
     if (mode_ == AttentionMode::recompute)
       forward_recompute(ctx);
     else
-      forward_fused(ctx);
-    ctx.round(y_);  // fused: o is bf16 already
+      forward_fused(ctx);  // cuDNN's flash attention: o is bf16 already
     out_ = out_proj.forward(ctx, y_);
     return out_;
   }
   ctx.ensure(att_, {B, H_, T, T}, DType::f32);
+  // In param_dtype, flash attention's arithmetic (PyTorch 2's scaled_dot_product_attention, which
+  // nn.MultiheadAttention calls, on the CPU and on CUDA): f32 scores and statistics, exp(s - max)
+  // rounded as the operand of P @ v, the f32 sum then divided by the row's f32 sum and rounded.
+  const DType flash = ctx.compute_dtype;
+  if (flash != DType::f32) {
+    ctx.ensure(row_max_, {B, H_, T}, DType::f32);
+    ctx.ensure(row_inv_, {B, H_, T}, DType::f32);
+  }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   float* qkv = qkv_.f32();
   float* att = att_.f32();
@@ -69,12 +76,13 @@ const Tensor& MultiheadAttention::do_forward(RunCtx& ctx, const Tensor& x) {
                                      0.0f, att + b * H_ * T * T + r0 * T, T, T * T, H_);
       });
     }
-    // In param_dtype the scores and the probabilities are each an op's output, rounded. The part
-    // above the diagonal is not computed; its rounding is harmless (the softmax neither reads nor keeps it).
-    ctx.round(att + b0 * H_ * T * T, (b1 - b0) * H_ * T * T);
     // Reads j <= i only and writes P = 0 above the diagonal, over what the blocks left unwritten too.
-    kernels.causal_softmax_forward(att + b0 * H_ * T * T, CausalRows::whole((b1 - b0) * H_, T), nullptr, nullptr);
-    ctx.round(att + b0 * H_ * T * T, (b1 - b0) * H_ * T * T);
+    const CausalRows rows = CausalRows::whole((b1 - b0) * H_, T);
+    if (flash == DType::f32)
+      kernels.causal_softmax_forward(att + b0 * H_ * T * T, rows, nullptr, nullptr);
+    else
+      kernels.causal_softmax_flash(att + b0 * H_ * T * T, rows, row_max_.f32() + b0 * H_ * T,
+                                   row_inv_.f32() + b0 * H_ * T, flash);
     for (int64_t b = b0; b < b1; ++b) {
       const float* v = qkv + b * T * 3 * C + 2 * C;
       // y_h[r0:r1] (rows, hd) = P[r0:r1, :r1] @ v[:r1], written into y's head columns.
@@ -84,7 +92,7 @@ const Tensor& MultiheadAttention::do_forward(RunCtx& ctx, const Tensor& x) {
       });
     }
   }
-  ctx.round(y_);
+  if (flash != DType::f32) kernels.attention_rescale(y, row_inv_.f32(), B, T, H_, hd, T, flash);
   out_ = out_proj.forward(ctx, y_);
   return out_;
 }
@@ -110,12 +118,18 @@ const Tensor& MultiheadAttention::do_backward(RunCtx& ctx, const Tensor& dy) {
   Kernels& kernels = ctx.kernels();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float* qkv = qkv_.f32();
-  const float* att = att_.f32();
+  float* att = att_.f32();
   const float* g = dyh.f32();
   float* dqkv = dqkv_.f32();
   float* dP = dp_.f32();
   const int64_t TT = T * T;
   const int64_t block = kernels.causal_row_block(T);
+  // In param_dtype (flash attention's backward): P normalised in f32 for dS, dP f32, dS rounded as
+  // the operand of dq's and dk's GEMMs, P rounded as the operand of dv's, which then comes last.
+  // Flash attention's f32 P is exp(s - max) / sum; this path has only the forward's rounded
+  // exponentials, so its P is theirs times 1 / sum (recompute mode, which has the scores again,
+  // is exact there).
+  const DType flash = ctx.compute_dtype;
   for (int64_t b = 0; b < B; ++b) {
     const float* q = qkv + b * T * 3 * C;  // head h at column h*hd of each (3C) row
     const float* k = q + C;
@@ -123,23 +137,26 @@ const Tensor& MultiheadAttention::do_backward(RunCtx& ctx, const Tensor& dy) {
     float* dq = dqkv + b * T * 3 * C;
     float* dk = dq + C;
     float* dv = dq + 2 * C;
-    const float* P = att + b * H_ * TT;  // (H, T, T)
-    const float* gy = g + b * T * C;     // (T, C), head h at column h*hd
+    float* P = att + b * H_ * TT;     // (H, T, T)
+    const float* gy = g + b * T * C;  // (T, C), head h at column h*hd
     // dv[c0:c1] = P[c0:, c0:c1]^T @ gy[c0:] (rows above c0 of those columns are masked);
     // dP[r0:r1, :r1] = gy[r0:r1] @ v[:r1]^T.
-    for_causal_blocks(T, block, [&](int64_t c0, int64_t c1) {
-      kernels.gemm_strided_batched(true, false, c1 - c0, hd, T - c0, 1.0f, P + c0 * T + c0, T, TT, gy + c0 * C, C, hd,
-                                   0.0f, dv + c0 * 3 * C, 3 * C, hd, H_);
-    });
+    auto dv_gemms = [&] {
+      for_causal_blocks(T, block, [&](int64_t c0, int64_t c1) {
+        kernels.gemm_strided_batched(true, false, c1 - c0, hd, T - c0, 1.0f, P + c0 * T + c0, T, TT, gy + c0 * C, C,
+                                     hd, 0.0f, dv + c0 * 3 * C, 3 * C, hd, H_);
+      });
+    };
+    if (flash == DType::f32)
+      dv_gemms();
+    else
+      kernels.causal_softmax_normalize(P, CausalRows::whole(H_, T), row_inv_.f32() + b * H_ * T, DType::f32);
     for_causal_blocks(T, block, [&](int64_t r0, int64_t r1) {
       kernels.gemm_strided_batched(false, true, r1 - r0, r1, hd, 1.0f, gy + r0 * C, C, hd, v, 3 * C, hd, 0.0f,
                                    dP + r0 * T, T, TT, H_);
     });
-    ctx.round(dP, H_ * TT);
     // Softmax backward, folded with the scale: dS = scale * P * (dP - sum_j P dP). It reads j <= i
-    // only and writes dS = 0 above the diagonal. In param_dtype, rounding scale * dS equals
-    // PyTorch's rounding of dS and then of the product with its q / sqrt(hd) when the scale is a
-    // power of two (head dims 4, 16, 64, 256); other head dims differ in a last bit there.
+    // only and writes dS = 0 above the diagonal.
     kernels.causal_softmax_backward(dP, P, CausalRows::whole(H_, T), scale);
     ctx.round(dP, H_ * TT);
     // dq[r0:r1] = dS[r0:r1, :r1] @ k[:r1] ; dk[c0:c1] = dS[c0:, c0:c1]^T @ q[c0:]
@@ -151,6 +168,10 @@ const Tensor& MultiheadAttention::do_backward(RunCtx& ctx, const Tensor& dy) {
       kernels.gemm_strided_batched(true, false, c1 - c0, hd, T - c0, 1.0f, dP + c0 * T + c0, T, TT, q + c0 * 3 * C,
                                    3 * C, hd, 0.0f, dk + c0 * 3 * C, 3 * C, hd, H_);
     });
+    if (flash != DType::f32) {
+      ctx.round(P, H_ * TT);
+      dv_gemms();
+    }
   }
   ctx.round(dqkv_);  // dq, dk, dv: each element one GEMM's output
   if (need_input_grad) ctx.ensure(dx_, x_.shape(), DType::f32);
@@ -180,13 +201,17 @@ void MultiheadAttention::forward_recompute(RunCtx& ctx) {
       const int64_t rows = r1 - r0;
       kernels.gemm_strided_batched(false, true, rows, r1, hd, scale, q + r0 * 3 * C, 3 * C, hd, q + C, 3 * C, hd, 0.0f,
                                    S, T, rows * T, H_);
-      ctx.round(S, H_ * rows * T);
-      kernels.causal_softmax_forward(S, {H_, rows, r0, T}, row_max_.f32() + b * H_ * T, row_inv_.f32() + b * H_ * T);
-      ctx.round(S, H_ * rows * T);
+      if (ctx.compute_dtype == DType::f32)
+        kernels.causal_softmax_forward(S, {H_, rows, r0, T}, row_max_.f32() + b * H_ * T, row_inv_.f32() + b * H_ * T);
+      else  // flash attention's rounded exponentials (the materialised forward's comment)
+        kernels.causal_softmax_flash(S, {H_, rows, r0, T}, row_max_.f32() + b * H_ * T, row_inv_.f32() + b * H_ * T,
+                                     ctx.compute_dtype);
       kernels.gemm_strided_batched(false, false, rows, hd, r1, 1.0f, S, T, rows * T, v, 3 * C, hd, 0.0f,
                                    y_.f32() + b * T * C + r0 * C, C, hd, H_);
     });
   }
+  if (ctx.compute_dtype != DType::f32)
+    kernels.attention_rescale(y_.f32(), row_inv_.f32(), B, T, H_, hd, T, ctx.compute_dtype);
   scores_ = Tensor();  // the next layer may use the memory
 }
 
@@ -221,14 +246,14 @@ void MultiheadAttention::backward_recompute(RunCtx& ctx, const float* gy_all) {
       const CausalRows g{H_, rows, r0, T};
       kernels.gemm_strided_batched(false, true, rows, r1, hd, scale, q + r0 * 3 * C, 3 * C, hd, k, 3 * C, hd, 0.0f, P,
                                    T, rows * T, H_);
-      ctx.round(P, H_ * rows * T);  // the forward's rounded scores again, so its P
+      // P = exp(s - max) / sum in f32: flash attention's backward P too (its row statistics mean
+      // the same); dS and then P are rounded as GEMM operands in param_dtype.
       kernels.causal_softmax_recompute(P, g, mx, inv);
-      ctx.round(P, H_ * rows * T);
       kernels.gemm_strided_batched(false, true, rows, r1, hd, 1.0f, gy + r0 * C, C, hd, v, 3 * C, hd, 0.0f, dP, T,
                                    rows * T, H_);
-      ctx.round(dP, H_ * rows * T);
       kernels.causal_softmax_backward(dP, P, g, scale);
       ctx.round(dP, H_ * rows * T);
+      ctx.round(P, H_ * rows * T);
       kernels.gemm_strided_batched(false, false, rows, hd, r1, 1.0f, dP, T, rows * T, k, 3 * C, hd, 0.0f,
                                    dq + r0 * 3 * C, 3 * C, hd, H_);
       kernels.gemm_strided_batched(true, false, r1, hd, rows, 1.0f, dP, T, rows * T, q + r0 * 3 * C, 3 * C, hd,

@@ -256,6 +256,50 @@ class CpuKernels final : public Kernels {
     }
   }
 
+  void causal_softmax_flash(float* P, CausalRows g, float* row_max, float* row_inv, DType dtype) override {
+    const int64_t T = g.T;
+#pragma omp parallel for if (g.planes * g.rows * T > kSoftmaxParallelMin)
+    for (int64_t r = 0; r < g.planes * g.rows; ++r) {
+      const int64_t i = g.row0 + r % g.rows;
+      float* row = P + r * T;
+      const float mx = ops::row_max(row, i + 1);
+      for (int64_t j = 0; j <= i; ++j) row[j] = kmath::exp_f32(row[j] - mx);
+      float sum = 0.0f;  // of the unrounded exponentials, as causal_softmax_forward's
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j <= i; ++j) sum += row[j];
+      for (int64_t j = 0; j <= i; ++j) row[j] = kmath::round_as(row[j], dtype);
+      for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
+      const int64_t at = (r / g.rows) * T + i;
+      row_max[at] = mx;
+      row_inv[at] = 1.0f / sum;
+    }
+  }
+
+  void attention_rescale(float* y, const float* row_inv, int64_t B, int64_t T, int64_t H, int64_t hd,
+                         int64_t inv_stride, DType dtype) override {
+#pragma omp parallel for if (B * T * H * hd > kParallelMin)
+    for (int64_t bt = 0; bt < B * T; ++bt) {
+      const int64_t b = bt / T, t = bt % T;
+      float* yr = y + bt * H * hd;
+      for (int64_t h = 0; h < H; ++h) {
+        const float inv = row_inv[(b * H + h) * inv_stride + t];
+        for (int64_t d = 0; d < hd; ++d) yr[h * hd + d] = kmath::round_as(yr[h * hd + d] * inv, dtype);
+      }
+    }
+  }
+
+  void causal_softmax_normalize(float* P, CausalRows g, const float* row_inv, DType dtype) override {
+    const int64_t T = g.T;
+#pragma omp parallel for if (g.planes * g.rows * T > kSoftmaxParallelMin)
+    for (int64_t r = 0; r < g.planes * g.rows; ++r) {
+      const int64_t i = g.row0 + r % g.rows;
+      const float inv = row_inv[(r / g.rows) * T + i];
+      float* row = P + r * T;
+      for (int64_t j = 0; j <= i; ++j) row[j] = kmath::round_as(row[j] * inv, dtype);
+      for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
+    }
+  }
+
   void causal_softmax_recompute(float* P, CausalRows g, const float* row_max, const float* row_inv) override {
     const int64_t T = g.T;
 #pragma omp parallel for if (g.planes * g.rows * T > kSoftmaxParallelMin)

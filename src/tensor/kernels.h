@@ -162,6 +162,20 @@ class Kernels {
   virtual void causal_softmax_recompute(float* P, CausalRows g, const float* row_max, const float* row_inv) = 0;
   // dS = scale * P * (dP - rowsum(P * dP)) in place of dP, zeros above the diagonal.
   virtual void causal_softmax_backward(float* dP, const float* P, CausalRows g, float scale) = 0;
+  // Flash attention's probabilities (fsdp.mixed_precision.compute: param_dtype, as PyTorch 2's
+  // scaled_dot_product_attention computes in bf16 on the CPU and CUDA): in place on the rows g,
+  // P = exp(S - row_max) rounded to `dtype`, not yet divided by the row's sum; row_max and row_inv
+  // (1 / the sum of the unrounded exponentials, both required) saved as causal_softmax_forward
+  // saves them. The GEMM P @ v then sums the rounded values and attention_rescale divides.
+  virtual void causal_softmax_flash(float* P, CausalRows g, float* row_max, float* row_inv, DType dtype) = 0;
+  // y (B, T, H * hd), head h of row t scaled by row_inv[(b * H + h) * inv_stride + t] and rounded to
+  // dtype: flash attention's division of its accumulated output by the row's sum (inv_stride: T, or
+  // a decoding step's key count with row_inv at its first query's position).
+  virtual void attention_rescale(float* y, const float* row_inv, int64_t B, int64_t T, int64_t H, int64_t hd,
+                                 int64_t inv_stride, DType dtype) = 0;
+  // In place on the rows g: P = P * row_inv (causal_softmax_flash's P normalised), rounded to dtype
+  // (f32: not), zeros above the diagonal.
+  virtual void causal_softmax_normalize(float* P, CausalRows g, const float* row_inv, DType dtype) = 0;
   // T5LayerNorm (RMS norm): rstd[r] = 1 / sqrt(mean_c x^2 + eps), y = w * (x * rstd); no mean,
   // no bias. The sum of squares is accumulated in f64 (then rounded to f32) on host and device:
   // their different summation orders give the same rstd unless the sum lies at an f32 rounding

@@ -112,6 +112,13 @@ class MetaKernels final : public Kernels {
   void causal_softmax_backward(float*, const float*, CausalRows g, float) override {
     floats(2 * g.planes * g.rows * g.T);
   }
+  void causal_softmax_flash(float*, CausalRows g, float*, float*, DType) override { floats(g.planes * g.rows * g.T); }
+  void attention_rescale(float*, const float*, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t, DType) override {
+    floats(2 * B * T * H * hd);
+  }
+  void causal_softmax_normalize(float*, CausalRows g, const float*, DType) override {
+    floats(2 * g.planes * g.rows * g.T);
+  }
   void rmsnorm_forward(float*, float*, const float*, const float*, int64_t rows, int64_t C, float) override {
     floats(2 * rows * C);
   }

@@ -122,13 +122,15 @@ def put_torch_state(template, torch_state, out):
             dst[name].attrs["crc32"] = np.uint32(zlib.crc32(v.tobytes()))
 
 
-def check_model(app, kind, steps, tmp, param_dtype="f32"):
+def check_model(app, kind, steps, tmp, param_dtype="f32", torch_python=None):
     """app: the fsdp_app command line up to the input file."""
     d = os.path.join(tmp, kind + ("" if param_dtype == "f32" else "_" + param_dtype))
     os.makedirs(d)
     print(f"== {kind}: PyTorch reference ({steps} steps, state after each, param_dtype {param_dtype})", flush=True)
-    cmd = [PYTHON, os.path.join(HERE, "torch_reference.py"), "--model", kind, "--out", d, "--steps", str(steps),
-           "--states", "--param-dtype", param_dtype]
+    cmd = [torch_python or PYTHON, os.path.join(HERE, "torch_reference.py"), "--model", kind, "--out", d, "--steps",
+           str(steps), "--states", "--param-dtype", param_dtype]
+    if torch_python:
+        cmd.append("--torch-kernels")
     if param_dtype != "f32":
         app = app + ["--set", f"fsdp.mixed_precision.param_dtype={param_dtype}"]
     tol = TOLERANCES[(param_dtype, kind)]
@@ -247,6 +249,9 @@ def main():
     ap.add_argument("--model", action="append", choices=["mnist_cnn", "transformer"])
     ap.add_argument("--param-dtype", action="append", choices=["f32", "bf16"],
                     help="f32 (the default), bf16 (FSDP's MixedPrecision, computing in bf16), or both")
+    ap.add_argument("--torch-python", metavar="PYTHON",
+                    help="the reference under this interpreter with torch's own kernels (--torch-kernels): "
+                         "PyTorch 2.x from jobs/torch2_venv.sh, the peer itself (not in the tests: 5 GB)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="passed to every fsdp_app run (to see the check fail on a changed formula)")
     args = ap.parse_args()
@@ -264,7 +269,7 @@ def main():
             for kind in args.model or ["mnist_cnn", "transformer"]:
                 try:
                     check_model([app] + [a for kv in args.set for a in ("--set", kv)], kind, args.steps, tmp,
-                                param_dtype)
+                                param_dtype, args.torch_python)
                 except Fail as e:
                     R.check(kind, False, str(e))
     R.print_counts()

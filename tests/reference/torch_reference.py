@@ -29,17 +29,19 @@ semantics fsdp-hpc's fsdp.mixed_precision.compute: param_dtype implements. Each 
 weights are copied (rounded to nearest even) into a bf16 copy of the model, which runs forward
 and backward in bf16; the loss is taken in f32 from the bf16 output (`.float()`, as torchtitan's
 loss does); the bf16 gradients, widened, are the f32 weights' gradients, and the optimizer steps
-the f32 weights. Two torch 1.13 CPU bf16 kernels round inside where PyTorch's CUDA kernels (and
-its later CPU ones) compute in f32 and round once, so the bf16 copy runs those two ops that way:
-LayerNorm (1.13's CPU kernel rounds its statistics' steps to bf16: 520 of 1024 outputs differ
-from the f32-computed value rounded) and the embedding lookups' backward (an f32 sum per row,
-rounded: CUDA's embedding_dense_backward accumulates in f32).
+the f32 weights. Every op rounds its output once and computes inside in f32, as PyTorch 2's
+kernels do on CUDA and on the CPU (F32_INTERNAL below: where torch 1.13's CPU kernels round
+inside, they are wrapped), and nn.MultiheadAttention's core is PyTorch 2's
+scaled_dot_product_attention (FlashAttention). `--torch-kernels` leaves torch's own
+kernels alone: under PyTorch 2.x (jobs/torch2_venv.sh) that is the peer itself.
 
 Run with Debian's interpreter: /usr/bin/python3 tests/reference/torch_reference.py --model
 mnist_cnn --out /tmp/x. `--debug-grads` also prints every parameter's gradient norm after the
 first backward and writes the first step's gradients to OUT/grads_step1.h5 (/grad/<name>).
 """
 import argparse
+import contextlib
+import math
 import copy
 import gzip
 import json
@@ -123,6 +125,8 @@ def main():
                     help="write the weights and optimizer state after every step (state_NNN.h5)")
     ap.add_argument("--param-dtype", choices=["f32", "bf16"], default="f32",
                     help="bf16: compute in bf16 on bf16 copies of the f32 weights (FSDP's MixedPrecision)")
+    ap.add_argument("--torch-kernels", action="store_true",
+                    help="bf16: torch's own CPU kernels as they are, no F32InternalOps (PyTorch 2.x's compute in f32)")
     ap.add_argument("--mkldnn-too", action="store_true",
                     help="also record the trajectory with torch's mkldnn convolutions")
     args = ap.parse_args()
@@ -141,9 +145,11 @@ def main():
     init = copy.deepcopy(model.state_dict())
 
     result = {"model": args.model}
+    # mkldnn off: the convolutions' algorithm (below); torch 2.x's bf16 GEMMs without oneDNN
+    # accumulate in f32, as the wrapped ops do.
     with torch.backends.mkldnn.flags(enabled=False):
         result["losses"] = train(model, args.model, batches, args.out if args.debug_grads else None,
-                                 args.out if args.states else None, args.param_dtype)
+                                 args.out if args.states else None, args.param_dtype, not args.torch_kernels)
     if args.mkldnn_too:
         model.load_state_dict(init)
         with torch.backends.mkldnn.flags(enabled=True):
@@ -183,6 +189,44 @@ F32_INTERNAL = {F: ["linear", "layer_norm", "embedding", "softmax", "log_softmax
                 torch: ["bmm", "baddbmm"]}
 
 
+class FlashAttention(torch.autograd.Function):
+    """Attention on (N, T, hd) bf16 q, k, v as PyTorch 2's F.scaled_dot_product_attention computes it
+    in bf16 (flash attention, on the CPU and CUDA; FlashAttention-2's algorithm, one key block):
+    forward: scores s, their max m and sum l of exp(s - m) in f32, the exponentials rounded to bf16
+    as the operand of the GEMM with v, its f32 result times 1 / l rounded to bf16. Backward: P =
+    exp(s - m) / l in f32, dV = round(P)^T dO, dP = dO v^T, D = rowsum(dO * O), dS = P (dP - D),
+    dq = round(dS) k * scale, dk = round(dS)^T q * scale, each rounded to bf16. torch 2.15's own CPU
+    kernel, fed the same bf16 q, k, v (T 32, causal mask), gives outputs off in the last bit in
+    ~1-4% of elements (its exp and sum orders), against 25-50% when P is rounded after the division."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask):
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        s = torch.bmm(q.float(), k.float().transpose(-2, -1)) * scale
+        if mask is not None:
+            s = s + mask.float()
+        m = s.max(dim=-1, keepdim=True).values
+        e = torch.exp(s - m)
+        inv = 1.0 / e.sum(dim=-1, keepdim=True)
+        out = (torch.bmm(e.bfloat16().float(), v.float()) * inv).bfloat16()
+        ctx.save_for_backward(q, k, v, e * inv, out)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, k, v, p, out = ctx.saved_tensors
+        r = lambda t: t.bfloat16().float()  # noqa: E731
+        do = d_out.float()
+        dv = torch.bmm(r(p).transpose(-2, -1), do)
+        dp = torch.bmm(do, v.float().transpose(-2, -1))
+        d = (do * out.float()).sum(dim=-1, keepdim=True)
+        ds = r(p * (dp - d))
+        dq = torch.bmm(ds, k.float()) * ctx.scale
+        dk = torch.bmm(ds.transpose(-2, -1), q.float()) * ctx.scale
+        return dq.bfloat16(), dk.bfloat16(), dv.bfloat16(), None
+
+
 def f32_internal(fn):
     def op(*args, **kwargs):
         low = next((a.dtype for a in args if torch.is_tensor(a) and a.dtype in (torch.bfloat16, torch.float16)),
@@ -193,6 +237,24 @@ def f32_internal(fn):
         out = fn(*[wide(a) for a in args], **{k: wide(v) for k, v in kwargs.items()})
         return out.to(low)
     return op
+
+
+def mha_as_sdpa(module):
+    """module's nn.MultiheadAttentions (self-attention, batch_first, need_weights=False) as PyTorch
+    2's forward runs them: the packed in-projection, scaled_dot_product_attention, out_proj (torch
+    1.13's inlines a bmm/softmax/bmm core instead)."""
+    def forward(m, x, _k, _v, attn_mask=None, need_weights=False):
+        B, T, C = x.shape
+        H = m.num_heads
+        q, k, v = F.linear(x, m.in_proj_weight, m.in_proj_bias).chunk(3, dim=-1)
+        heads = lambda t: t.reshape(B, T, H, C // H).transpose(1, 2).reshape(B * H, T, C // H)  # noqa: E731
+        o = FlashAttention.apply(heads(q), heads(k), heads(v), attn_mask)
+        o = o.reshape(B, H, T, C // H).transpose(1, 2).reshape(B, T, C)
+        return F.linear(o, m.out_proj.weight, m.out_proj.bias), None
+    for m in module.modules():
+        if isinstance(m, torch.nn.MultiheadAttention):
+            m.forward = (lambda m: lambda *a, **kw: forward(m, *a, **kw))(m)
+    return module
 
 
 class F32InternalOps:
@@ -209,7 +271,7 @@ class F32InternalOps:
             setattr(mod, name, fn)
 
 
-def train(model, kind, batches, grads_dir, states_dir=None, param_dtype="f32"):
+def train(model, kind, batches, grads_dir, states_dir=None, param_dtype="f32", wrap_ops=True):
     """Trains from the model's current weights with a fresh optimizer; returns the losses."""
     if kind == "mnist_cnn":
         opt = torch.optim.Adadelta(model.parameters(), lr=1.0, rho=0.9, eps=1e-6, foreach=False)
@@ -221,6 +283,8 @@ def train(model, kind, batches, grads_dir, states_dir=None, param_dtype="f32"):
     # taken while gradients are needed).
     model.eval()
     low = copy.deepcopy(model).to(torch.bfloat16) if param_dtype == "bf16" else None
+    if low is not None and wrap_ops:
+        mha_as_sdpa(low)
     losses = []
     for step, (x, y) in enumerate(batches):
         opt.zero_grad(set_to_none=True)
@@ -233,7 +297,7 @@ def train(model, kind, batches, grads_dir, states_dir=None, param_dtype="f32"):
                     pl.copy_(p)  # rounded to nearest even
             low.zero_grad(set_to_none=True)
             xl = x.to(torch.bfloat16) if x.is_floating_point() else x
-            with F32InternalOps():
+            with F32InternalOps() if wrap_ops else contextlib.nullcontext():
                 loss = model.loss(low(xl).float(), y)
                 loss.backward()
             for pl, p in zip(low.parameters(), model.parameters()):

@@ -115,9 +115,18 @@ class LlamaAttention : public Layer {
                                      h.p_stride, G_);
       });
     });
-    ctx.round(probs_);  // the scaled scores
-    kernels.causal_softmax_forward(probs_.f32(), CausalRows{B * H_, Tq, pos0, Tk}, nullptr, nullptr);
-    ctx.round(probs_);
+    // In param_dtype, as the scaled_dot_product_attention HF's LlamaSdpaAttention calls (flash
+    // attention): f32 scores and statistics, exp(s - max) rounded as the operand of P @ v, the
+    // output divided by the row's f32 sum and rounded (nn/attention.cpp's materialised path).
+    const DType flash = ctx.compute_dtype;
+    if (flash == DType::f32) {
+      kernels.causal_softmax_forward(probs_.f32(), CausalRows{B * H_, Tq, pos0, Tk}, nullptr, nullptr);
+    } else {
+      ctx.ensure(row_max_, {B, H_, Tk}, DType::f32);
+      ctx.ensure(row_inv_, {B, H_, Tk}, DType::f32);
+      kernels.causal_softmax_flash(probs_.f32(), CausalRows{B * H_, Tq, pos0, Tk}, row_max_.f32(), row_inv_.f32(),
+                                   flash);
+    }
     dropped_ = dropout.forward(ctx, probs_);
     ctx.ensure(y_, {B, Tq, H_ * D_}, DType::f32);
     each_group(B, Tq, Tk, keys.sample_stride, [&](const Heads& h) {  // y_h (Tq, D) = P_h @ v_g, heads side by side
@@ -127,7 +136,8 @@ class LlamaAttention : public Layer {
                                      H_ * D_, h.q_stride, G_);
       });
     });
-    ctx.round(y_);
+    if (flash != DType::f32)  // row i's statistics at position pos0 + i of its plane's Tk
+      kernels.attention_rescale(y_.f32(), row_inv_.f32() + pos0, B, Tq, H_, D_, Tk, flash);
     out_ = o_proj.forward(ctx, y_);
     return out_;
   }
@@ -142,6 +152,14 @@ class LlamaAttention : public Layer {
     ctx.ensure(dV_, V_.shape(), DType::f32);
     ctx.ensure(dP_, probs_.shape(), DType::f32);
     const int64_t block = kernels.causal_row_block(T);
+    if (ctx.compute_dtype != DType::f32) {
+      // Flash attention's P, normalised and rounded as the operand of dv's GEMM; dS uses the same
+      // rounded P here (flash attention's uses its f32 P: the last bits of dS may differ).
+      const CausalRows all = CausalRows::whole(B * H_, T);
+      kernels.causal_softmax_normalize(probs_.f32(), all, row_inv_.f32(), ctx.compute_dtype);
+      if (dropped_.raw() != probs_.raw())
+        kernels.causal_softmax_normalize(dropped_.f32(), all, row_inv_.f32(), ctx.compute_dtype);
+    }
     // A key/value head's gradient sums its R query heads' (repeat_kv's backward): the first writes
     // (beta 0), the others add (beta 1).
     each_group(B, T, T, T * GD, [&](const Heads& h) {
@@ -156,8 +174,7 @@ class LlamaAttention : public Layer {
                                      V_.f32() + h.kv, GD, D_, 0.0f, dP_.f32() + h.p + r0 * T, T, h.p_stride, G_);
       });
     });
-    ctx.round(dV_);
-    ctx.round(dP_);
+    ctx.round(dV_);  // an output of SDPA's backward; dP stays f32 inside it, dS rounds as an operand
     // dS = scale * P * (dP - rowsum(P dP)), the 1/sqrt(D) of the scores folded in. It reads j <= i
     // only and writes dS = 0 above the diagonal, over what the blocks left unwritten.
     Tensor dS = dropout.backward(ctx, dP_);  // writable: dP_ itself, or the dropout's own dx
@@ -192,7 +209,7 @@ class LlamaAttention : public Layer {
   }
 
   void release_activations() override {
-    Q_ = K_ = V_ = probs_ = dropped_ = y_ = out_ = dV_ = dP_ = dQ_ = dK_ = dx_ = Tensor();
+    Q_ = K_ = V_ = probs_ = dropped_ = y_ = out_ = dV_ = dP_ = dQ_ = dK_ = dx_ = row_max_ = row_inv_ = Tensor();
     for (Layer* l : std::array<Layer*, 5>{&q_proj, &k_proj, &v_proj, &o_proj, &dropout}) l->release_activations();
   }
 
@@ -254,6 +271,7 @@ class LlamaAttention : public Layer {
   Tensor Q_, K_, V_;  // (B, T, H*D), (B, T, G*D) x2: rotated q and k, v
   Tensor probs_;      // (B, H, T, T) softmax probabilities
   Tensor dropped_;    // the same after dropout (probs_ itself when dropout is off)
+  Tensor row_max_, row_inv_;  // (B, H, Tk): flash attention's row statistics (compute: param_dtype)
   Tensor y_, out_;    // (B, T, H*D) heads side by side; (B, T, C) after o_proj
   Tensor dV_, dP_, dQ_, dK_, dx_;
 };

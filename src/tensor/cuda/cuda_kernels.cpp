@@ -278,6 +278,16 @@ void CudaKernels::causal_softmax_recompute(float* P, CausalRows g, const float* 
 void CudaKernels::causal_softmax_backward(float* dP, const float* P, CausalRows g, float scale) {
   launch::causal_softmax_backward(dP, P, g, scale, stream_);
 }
+void CudaKernels::causal_softmax_flash(float* P, CausalRows g, float* row_max, float* row_inv, DType dtype) {
+  launch::causal_softmax_flash(P, g, row_max, row_inv, dtype, stream_);
+}
+void CudaKernels::attention_rescale(float* y, const float* row_inv, int64_t B, int64_t T, int64_t H, int64_t hd,
+                                    int64_t inv_stride, DType dtype) {
+  launch::attention_rescale(y, row_inv, B, T, H, hd, inv_stride, dtype, stream_);
+}
+void CudaKernels::causal_softmax_normalize(float* P, CausalRows g, const float* row_inv, DType dtype) {
+  launch::causal_softmax_normalize(P, g, row_inv, dtype, stream_);
+}
 void CudaKernels::add_layernorm_forward(float* sum, float* y, float* mean, float* rstd, const float* x,
                                         const float* residual, const float* w, const float* b, int64_t rows, int64_t C,
                                         float eps, DType dtype) {

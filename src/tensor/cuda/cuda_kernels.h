@@ -84,6 +84,10 @@ class CudaKernels final : public Kernels {
   void causal_softmax_forward(float* P, CausalRows g, float* row_max, float* row_inv) override;
   void causal_softmax_recompute(float* P, CausalRows g, const float* row_max, const float* row_inv) override;
   void causal_softmax_backward(float* dP, const float* P, CausalRows g, float scale) override;
+  void causal_softmax_flash(float* P, CausalRows g, float* row_max, float* row_inv, DType dtype) override;
+  void attention_rescale(float* y, const float* row_inv, int64_t B, int64_t T, int64_t H, int64_t hd,
+                         int64_t inv_stride, DType dtype) override;
+  void causal_softmax_normalize(float* P, CausalRows g, const float* row_inv, DType dtype) override;
   void add_layernorm_forward(float* sum, float* y, float* mean, float* rstd, const float* x, const float* residual,
                              const float* w, const float* b, int64_t rows, int64_t C, float eps, DType dtype) override;
   void add_rmsnorm_forward(float* sum, float* y, float* rstd, const float* x, const float* residual, const float* w,

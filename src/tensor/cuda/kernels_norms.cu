@@ -133,6 +133,42 @@ __global__ void causal_softmax_recompute_k(float* P, CausalRows g, const float* 
   float* pr = P + row * T;
   for (int64_t j = threadIdx.x; j < T; j += blockDim.x) pr[j] = j <= i ? __fmul_rn(expf(pr[j] - mx), inv) : 0.0f;
 }
+// Flash attention's P (Kernels::causal_softmax_flash): exp(s - max) rounded, the sum of the
+// unrounded values kept as its inverse.
+__global__ void causal_softmax_flash_k(float* P, CausalRows g, float* row_max, float* row_inv, DType dtype) {
+  const int64_t row = blockIdx.x, i = g.row0 + row % g.rows, T = g.T;
+  float* pr = P + row * T;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) mx = fmaxf(mx, pr[j]);
+  mx = block_max(mx);
+  float s = 0.0f;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
+    const float e = expf(pr[j] - mx);
+    pr[j] = kmath::round_as(e, dtype);
+    s += e;
+  }
+  const float sum = block_reduce(s, Sum{});
+  for (int64_t j = i + 1 + threadIdx.x; j < T; j += blockDim.x) pr[j] = 0.0f;
+  if (threadIdx.x == 0) {
+    const int64_t at = (row / g.rows) * T + i;
+    row_max[at] = mx;
+    row_inv[at] = 1.0f / sum;
+  }
+}
+__global__ void attention_rescale_k(float* y, const float* row_inv, int64_t B, int64_t T, int64_t H, int64_t hd,
+                                    int64_t inv_stride, DType dtype) {
+  const int64_t n = B * T * H * hd, C = H * hd;
+  for (int64_t k = gtid(); k < n; k += gstride()) {
+    const int64_t bt = k / C, h = (k % C) / hd, b = bt / T, t = bt % T;
+    y[k] = kmath::round_as(y[k] * row_inv[(b * H + h) * inv_stride + t], dtype);
+  }
+}
+__global__ void causal_softmax_normalize_k(float* P, CausalRows g, const float* row_inv, DType dtype) {
+  const int64_t row = blockIdx.x, i = g.row0 + row % g.rows, T = g.T;
+  const float inv = row_inv[(row / g.rows) * T + i];
+  float* pr = P + row * T;
+  for (int64_t j = threadIdx.x; j < T; j += blockDim.x) pr[j] = j <= i ? kmath::round_as(pr[j] * inv, dtype) : 0.0f;
+}
 __global__ void causal_softmax_backward_k(float* dP, const float* P, CausalRows g, float scale) {
   const int64_t row = blockIdx.x, i = g.row0 + row % g.rows, T = g.T;
   const float* pr = P + row * T;
@@ -308,6 +344,24 @@ void causal_softmax_recompute(float* P, CausalRows g, const float* row_max, cons
   causal_softmax_recompute_k<<<rows_grid(g.planes * g.rows, "causal_softmax_recompute"), kThreads, 0, s>>>(
       P, g, row_max, row_inv);
   check_launch("causal_softmax_recompute");
+}
+void causal_softmax_flash(float* P, CausalRows g, float* row_max, float* row_inv, DType dtype, cudaStream_t s) {
+  if (g.planes * g.rows * g.T == 0) return;
+  causal_softmax_flash_k<<<rows_grid(g.planes * g.rows, "causal_softmax_flash"), kThreads, 0, s>>>(P, g, row_max,
+                                                                                                   row_inv, dtype);
+  check_launch("causal_softmax_flash");
+}
+void attention_rescale(float* y, const float* row_inv, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t inv_stride, DType dtype,
+                       cudaStream_t s) {
+  if (B * T * H * hd == 0) return;
+  attention_rescale_k<<<blocks_for(B * T * H * hd), kThreads, 0, s>>>(y, row_inv, B, T, H, hd, inv_stride, dtype);
+  check_launch("attention_rescale");
+}
+void causal_softmax_normalize(float* P, CausalRows g, const float* row_inv, DType dtype, cudaStream_t s) {
+  if (g.planes * g.rows * g.T == 0) return;
+  causal_softmax_normalize_k<<<rows_grid(g.planes * g.rows, "causal_softmax_normalize"), kThreads, 0, s>>>(
+      P, g, row_inv, dtype);
+  check_launch("causal_softmax_normalize");
 }
 void causal_softmax_backward(float* dP, const float* P, CausalRows g, float scale, cudaStream_t s) {
   if (g.planes * g.rows * g.T == 0) return;
