@@ -317,8 +317,8 @@ class DeferredKernels final : public Kernels {
                               float inv_n) override {
     defer(&Kernels::cross_entropy_backward, d, logp, targets, rows, C, inv_n);
   }
-  void cross_entropy_sum(const float* logits, const int32_t* targets, int64_t rows, int64_t C, float* lse,
-                         double* sum, int64_t* correct) override {
+  void cross_entropy_sum(const float* logits, const int32_t* targets, int64_t rows, int64_t C, float* lse, double* sum,
+                         int64_t* correct) override {
     now([&] { host_->cross_entropy_sum(logits, targets, rows, C, lse, sum, correct); });
   }
   void cross_entropy_backward_logits(float* d, const float* logits, const float* lse, const int32_t* targets,

@@ -717,12 +717,12 @@ BOOST_AUTO_TEST_CASE(matmul_precision_key) {
 }
 
 BOOST_AUTO_TEST_CASE(attention_key) {
-  BOOST_TEST(parse_config("model: {kind: transformer}", "in.yaml").model.args.text("attention") == "materialized");
+  BOOST_TEST(parse_config("model: {kind: transformer}", "in.yaml").model.args.text("attention") == "auto");
   BOOST_TEST(
       parse_config("model: {kind: transformer, attention: recompute}\n", "in.yaml").model.args.text("attention") ==
       "recompute");
   BOOST_TEST(error_of("model: {kind: transformer, attention: flash}\n") ==
-             "in.yaml:1: model.attention: expected one of [materialized, recompute, fused], got 'flash'");
+             "in.yaml:1: model.attention: expected one of [materialized, recompute, fused, auto], got 'flash'");
   // mnist_cnn ignores the transformer's sizes, not its attention: a mode it cannot apply is a mistake.
   BOOST_TEST(error_of("model: {kind: mnist_cnn, attention: recompute}\n") ==
              "in.yaml:1: model.attention: not a setting of model mnist_cnn (it takes none)");
@@ -743,12 +743,47 @@ BOOST_AUTO_TEST_CASE(attention_fused_key) {
              "in.yaml:1: model.attention: model.attention: fused needs train.device: cuda (cuDNN's flash attention); "
              "on the CPU, recompute keeps the same memory");
   BOOST_TEST(error_of("model: {kind: transformer, attention: fused}\ntrain: {device: cuda}\n") ==
-             "in.yaml:1: model.attention: model.attention: fused multiplies bf16 operands; it needs "
-             "train.matmul_precision: medium (is highest)");
+             "in.yaml:1: model.attention: model.attention: fused multiplies bf16 operands; it needs bf16 compute "
+             "(fsdp.mixed_precision.param_dtype: bf16) or train.matmul_precision: medium (is highest)");
+  // Computing in bf16 (param_dtype bf16, compute: param_dtype) gives it bf16 operands at highest too.
+  const std::string bf16 =
+      "model: {kind: transformer, d_model: 64, n_heads: 4}\ntrain: {device: cuda}\n"
+      "fsdp: {mixed_precision: {param_dtype: bf16}}\n";
+  BOOST_TEST(parse_config(bf16, "in.yaml", {"model.attention=fused"}).model.args.text("attention") == "fused");
+  BOOST_TEST(error_of(bf16, {"model.attention=fused", "fsdp.mixed_precision.compute=f32"}) ==
+             "--set model.attention: model.attention: model.attention: fused multiplies bf16 operands; it needs bf16 "
+             "compute (fsdp.mixed_precision.param_dtype: bf16) or train.matmul_precision: medium (is highest)");
   BOOST_TEST(error_of(gpu, {"model.attention=fused", "model.n_heads=16"}) ==
              "--set model.n_heads: model.n_heads: model.attention: fused needs a head dim (d_model / n_heads) that is "
              "a multiple of "
              "8, got 4");
+}
+
+// model.attention: auto (the default): fused where the run's facts allow it and the kernels have it
+// (cuDNN loads), else materialized; the key is set to the mode taken, the banner's words returned.
+BOOST_AUTO_TEST_CASE(attention_auto_resolves) {
+  auto resolve = [](const std::string& yaml, const std::string& kernels_refusal, std::string* mode) {
+    fsdp::Config c = parse_config(yaml, "in.yaml");
+    const std::string note =
+        c.model.family().resolve_attention(c.model.args, fsdp::model_run_facts(c), kernels_refusal);
+    *mode = c.model.args.text("attention");
+    return note;
+  };
+  std::string mode;
+  BOOST_TEST(resolve("model: {kind: transformer, d_model: 64, n_heads: 4}\n", "", &mode) ==
+             "materialized: fused needs train.device: cuda (cuDNN's flash attention); on the CPU, recompute keeps "
+             "the same memory");
+  BOOST_TEST(mode == "materialized");
+  const std::string gpu =
+      "model: {kind: transformer, d_model: 64, n_heads: 4}\ntrain: {device: cuda}\n"
+      "fsdp: {mixed_precision: {param_dtype: bf16}}\n";
+  BOOST_TEST(resolve(gpu, "", &mode) == "fused (cuDNN's flash attention)");
+  BOOST_TEST(mode == "fused");
+  BOOST_TEST(resolve(gpu, "cuDNN: libcudnn.so.9 not found", &mode) ==
+             "materialized: fused cuDNN: libcudnn.so.9 not found");
+  BOOST_TEST(mode == "materialized");
+  BOOST_TEST(resolve("model: {kind: transformer, attention: recompute}\n", "", &mode).empty());
+  BOOST_TEST(mode == "recompute");
 }
 
 BOOST_AUTO_TEST_CASE(device_keys) {

@@ -1184,13 +1184,13 @@ BOOST_AUTO_TEST_CASE(compute_dtype_rounds_each_output_once) {
 BOOST_AUTO_TEST_CASE(round_to_kernel) {
   Kernels& k = cpu_kernels();
   const float inf = std::numeric_limits<float>::infinity();
-  std::vector<float> v = {1.0f + std::ldexp(1.0f, -8), 1.0f + 3 * std::ldexp(1.0f, -8), -2.5f, inf, -inf,
-                          3.4e38f, 1e-40f, 0.0f};
+  std::vector<float> v = {
+      1.0f + std::ldexp(1.0f, -8), 1.0f + 3 * std::ldexp(1.0f, -8), -2.5f, inf, -inf, 3.4e38f, 1e-40f, 0.0f};
   std::vector<float> b = v;
   k.round_to(b.data(), DType::bf16, static_cast<int64_t>(b.size()));
   for (size_t i = 0; i < v.size(); ++i) BOOST_TEST(b[i] == ops::round_to_bf16(v[i]));
-  BOOST_TEST(b[0] == 1.0f);                                // a tie, to even
-  BOOST_TEST(b[1] == 1.0f + std::ldexp(1.0f, -6));         // a tie, to even (up)
+  BOOST_TEST(b[0] == 1.0f);                         // a tie, to even
+  BOOST_TEST(b[1] == 1.0f + std::ldexp(1.0f, -6));  // a tie, to even (up)
   std::vector<float> h = {65519.0f, 65520.0f, 1.0f + std::ldexp(1.0f, -11), std::ldexp(1.0f, -24), -0.1f};
   k.round_to(h.data(), DType::f16, static_cast<int64_t>(h.size()));
   BOOST_TEST(h[0] == 65504.0f);
@@ -1204,9 +1204,8 @@ BOOST_AUTO_TEST_CASE(round_to_kernel) {
   std::vector<float> same = v;
   k.round_to(same.data(), DType::f32, static_cast<int64_t>(same.size()));
   BOOST_TEST(same == v);
-  BOOST_CHECK_EXCEPTION(k.round_to(same.data(), DType::i32, 1), Error, [](const Error& e) {
-    return std::string(e.what()) == "round_to: i32 is not bf16 or f16";
-  });
+  BOOST_CHECK_EXCEPTION(k.round_to(same.data(), DType::i32, 1), Error,
+                        [](const Error& e) { return std::string(e.what()) == "round_to: i32 is not bf16 or f16"; });
 }
 
 // The loss from the logits (Kernels::cross_entropy_sum / cross_entropy_backward_logits): the bits
@@ -1251,8 +1250,8 @@ BOOST_AUTO_TEST_CASE(residual_add_fused_into_norm_same_bits) {
     k.layernorm_forward(y_ref.data(), m_ref.data(), s_ref.data(), sum_ref.data(), w.f32(), b.f32(), rows, C, 1e-5f);
     k.round_to(y_ref.data(), dt, rows * C);
     std::vector<float> sum(rows * C), y(rows * C), m(rows), s(rows);
-    k.add_layernorm_forward(sum.data(), y.data(), m.data(), s.data(), x.f32(), r.f32(), w.f32(), b.f32(), rows, C, 1e-5f,
-                            dt);
+    k.add_layernorm_forward(sum.data(), y.data(), m.data(), s.data(), x.f32(), r.f32(), w.f32(), b.f32(), rows, C,
+                            1e-5f, dt);
     BOOST_TEST(sum == sum_ref);
     BOOST_TEST(y == y_ref);
     BOOST_TEST(m == m_ref);

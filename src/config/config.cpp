@@ -69,6 +69,14 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return c;
 }
 
+DType compute_dtype(const MixedPrecisionConfig& mp) {
+  return mp.compute == ComputePrecision::param_dtype ? mp.param_dtype : DType::f32;
+}
+
+ModelRunFacts model_run_facts(const Config& c) {
+  return {c.data.kind, c.train.device, c.train.matmul_precision, compute_dtype(c.fsdp.mixed_precision)};
+}
+
 Config for_world_size(const Config& config, int world_size) {
   Config c = config;
   const int64_t global = c.train.global_batch_size;

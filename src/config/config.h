@@ -105,7 +105,7 @@ struct MixedPrecisionConfig {
   DType reduce_dtype = DType::f32;
   DType buffer_dtype = DType::f32;
   ComputePrecision compute = ComputePrecision::param_dtype;  // fsdp/strategy.h
-  double init_loss_scale = 65536.0;  // f16 dynamic loss scaling starts here (GradScaler's 2^16)
+  double init_loss_scale = 65536.0;                          // f16 dynamic loss scaling starts here (GradScaler's 2^16)
 };
 
 struct FsdpConfig {
@@ -191,6 +191,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // The config as a run on `world_size` ranks sees it: train.global_batch_size, when given,
 // becomes the per-rank train.batch_size (ConfigError when the ranks do not divide it).
 Config for_world_size(const Config& config, int world_size);
+// The dtype a unit's forward and backward compute in (fsdp.mixed_precision.compute) and the
+// facts a model family checks its keys against (models/family.h).
+DType compute_dtype(const MixedPrecisionConfig& mp);
+ModelRunFacts model_run_facts(const Config& config);
 
 // The input file's key reference in Markdown, generated from the table of known keys (types,
 // allowed values, descriptions) and a default Config (the defaults): `fsdp_app --keys` prints it

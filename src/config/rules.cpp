@@ -118,7 +118,7 @@ void Reader::check_generate_rules(const Config& c) const {
   const ModelConfig& m = c.model;
   const ModelFamily& family = m.family();
   if (family.check)
-    if (const auto problem = family.check(m.args, {c.data.kind, c.train.device, c.train.matmul_precision}))
+    if (const auto problem = family.check(m.args, model_run_facts(c)))
       fail(problem->other.empty() ? problem->key : blame(problem->key, problem->other), problem->message);
   const bool seq2seq = family.task == ModelTask::seq2seq;
   const std::string seq2seq_kinds = family_names(ModelTask::seq2seq);

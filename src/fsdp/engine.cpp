@@ -334,8 +334,7 @@ void FsdpEngine::wait_for_unshard(Unit& u, const char* phase) {
     u.pending_gather.reset();
     u.staged_shard = Tensor();
     if (u.gathered_lowp.defined()) {  // gathered in param_dtype
-      rt_->kernels().cast(u.gathered.f32(), DType::f32, u.gathered_lowp.raw(), u.gathered_lowp.dtype(),
-                          u.padded_numel);
+      rt_->kernels().cast(u.gathered.f32(), DType::f32, u.gathered_lowp.raw(), u.gathered_lowp.dtype(), u.padded_numel);
       u.gathered_lowp = Tensor();
     }
     bind_data(u.layout, u.gathered.f32());

@@ -32,9 +32,9 @@ struct FsdpOptions {
   Strategy strategy = Strategy::full_shard;
   WrapPolicy wrap_policy = WrapPolicy::size_based;
   int64_t min_num_params = 100;
-  std::vector<std::string> wrap_modules;  // manual
-  DType param_dtype = DType::f32;         // all_gather and compute precision of parameters
-  DType reduce_dtype = DType::f32;        // reduce_scatter precision of gradients
+  std::vector<std::string> wrap_modules;                     // manual
+  DType param_dtype = DType::f32;                            // all_gather and compute precision of parameters
+  DType reduce_dtype = DType::f32;                           // reduce_scatter precision of gradients
   ComputePrecision compute = ComputePrecision::param_dtype;  // strategy.h
   BackwardPrefetch backward_prefetch = BackwardPrefetch::pre;
   bool forward_prefetch = false;
@@ -237,7 +237,7 @@ class FsdpEngine : public ModuleHooks {
   // what compute wrote, or writes memory compute used last (freed blocks are reused on the
   // compute stream's order).
   void comm_waits_for_compute();
-  bool offloaded() const;     // shards in host memory, compute on the device
+  bool offloaded() const;  // shards in host memory, compute on the device
   // One rank, f32 reductions and compute, no offload: gradients accumulate in the grad shard.
   bool direct_grads() const;
   // Host values into the shard buffer at `offset` (init, init_from), synchronously.

@@ -70,6 +70,7 @@ struct ModelRunFacts {
   DataKind data_kind = DataKind::fashion_mnist;
   Device device = Device::cpu;
   MatmulPrecision matmul_precision = MatmulPrecision::highest;
+  DType compute_dtype = DType::f32;  // the dtype the model computes in (fsdp.mixed_precision.compute)
 };
 
 // A family's rule broken: `key` is the model key at fault, `other` ("" none) the key of another
@@ -115,6 +116,11 @@ struct ModelFamily {
   std::function<std::vector<std::pair<std::string, std::string>>(const std::string& config_json)> hf_config_keys;
   // The family's rules between its keys and the rest of the run; empty function: none.
   std::function<std::optional<ArgProblem>(const ModelArgs&, const ModelRunFacts&)> check;
+  // model.attention: auto (a family whose attention can be fused): sets the key to the mode this run
+  // takes, from its facts and the kernels' word on fused attention (kernels_refusal: "" available,
+  // else why not), and returns the banner's words for it ("" when the key was not auto). Empty
+  // function: nothing to resolve.
+  std::function<std::string(ModelArgs&, const ModelRunFacts&, const std::string& kernels_refusal)> resolve_attention;
 
   const ArgSpec* spec(std::string_view key) const;
   // Every key's default (default_from resolved): the arguments of a model no input file changed.

@@ -227,8 +227,7 @@ const Tensor& LayerNorm::do_forward(RunCtx& ctx, const Tensor& x) {
   ctx.ensure(rstd_, {rows}, DType::f32);
   if (fwd_sum_) {  // forward_adding: the sum is the normalised input
     ctx.kernels().add_layernorm_forward(fwd_sum_->f32(), y_.f32(), mean_.f32(), rstd_.f32(), x.f32(),
-                                        fwd_residual_.f32(), weight.data, bias.data, rows, C_, eps_,
-                                        ctx.compute_dtype);
+                                        fwd_residual_.f32(), weight.data, bias.data, rows, C_, eps_, ctx.compute_dtype);
     x_ = *fwd_sum_;
     return y_;
   }

@@ -143,8 +143,8 @@ const Tensor& MultiheadAttention::do_backward(RunCtx& ctx, const Tensor& dy) {
     // dP[r0:r1, :r1] = gy[r0:r1] @ v[:r1]^T.
     auto dv_gemms = [&] {
       for_causal_blocks(T, block, [&](int64_t c0, int64_t c1) {
-        kernels.gemm_strided_batched(true, false, c1 - c0, hd, T - c0, 1.0f, P + c0 * T + c0, T, TT, gy + c0 * C, C,
-                                     hd, 0.0f, dv + c0 * 3 * C, 3 * C, hd, H_);
+        kernels.gemm_strided_batched(true, false, c1 - c0, hd, T - c0, 1.0f, P + c0 * T + c0, T, TT, gy + c0 * C, C, hd,
+                                     0.0f, dv + c0 * 3 * C, 3 * C, hd, H_);
       });
     };
     if (flash == DType::f32)

@@ -184,7 +184,7 @@ class RMSNorm : public Layer {
   int64_t C_;
   float eps_;
   Tensor x_, y_, rstd_, dx_;
-  Tensor residual_;  // during backward_adding only
+  Tensor residual_;      // during backward_adding only
   Tensor fwd_residual_;  // during forward_adding only
   Tensor* fwd_sum_ = nullptr;
 };

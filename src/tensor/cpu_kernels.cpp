@@ -550,8 +550,8 @@ class CpuKernels final : public Kernels {
       if (targets[r] >= 0) d[r * C + targets[r]] = g;  // ignored rows stay zero
   }
 
-  void cross_entropy_sum(const float* logits, const int32_t* targets, int64_t rows, int64_t C, float* lse,
-                         double* sum, int64_t* correct) override {
+  void cross_entropy_sum(const float* logits, const int32_t* targets, int64_t rows, int64_t C, float* lse, double* sum,
+                         int64_t* correct) override {
 #pragma omp parallel for if (rows * C > kParallelMin)
     for (int64_t r = 0; r < rows; ++r) {  // ops::log_softmax_forward's lse, step for step
       const float* xr = logits + r * C;

@@ -37,6 +37,15 @@ void Trainer::print_banner() const {
     std::printf("fsdp_app: train.matmul_precision %s: GEMM operands rounded to %s, f32 accumulation\n",
                 std::string(matmul_precision_name(c.train.matmul_precision)).c_str(),
                 std::string(rounded_operand_name(c.train.matmul_precision)).c_str());
+  if (leader && !s.attention_note.empty())
+    std::printf("fsdp_app: model.attention auto: %s\n", s.attention_note.c_str());
+  // Computing in bf16/f16 changes every number of the run too (fsdp.mixed_precision.compute).
+  if (leader && c.fsdp.mixed_precision.param_dtype != DType::f32)
+    std::printf("fsdp_app: fsdp.mixed_precision: parameters gathered in %s, %s\n",
+                std::string(dtype_name(c.fsdp.mixed_precision.param_dtype)).c_str(),
+                compute_dtype(c.fsdp.mixed_precision) == DType::f32
+                    ? "activations and arithmetic in f32 (compute: f32)"
+                    : "each unit computing in it as PyTorch does (compute: param_dtype)");
   // Device runs: how the backend takes device buffers, and why (comm.device_buffers).
   if (leader && s.comms.device)
     std::printf("fsdp_app: comm %s: %s\n", c.comm.backend.c_str(), s.comms.device->device_path().text.c_str());

@@ -12,6 +12,15 @@ namespace fsdp {
 
 std::unique_ptr<Model> make_model(const ModelConfig& config) { return config.family().make(config.args); }
 
+std::string resolve_attention(Config& c, Kernels& kernels) {
+  const ModelFamily& family = c.model.family();
+  if (!family.resolve_attention) return "";
+  const ModelRunFacts run = model_run_facts(c);
+  // Ask the kernels (cuDNN's load) only where the run's facts could use fused attention at all.
+  const std::string kernels_refusal = run.device == Device::cuda ? kernels.fused_attention_unavailable() : "";
+  return family.resolve_attention(c.model.args, run, kernels_refusal);
+}
+
 FsdpOptions fsdp_options(const FsdpConfig& c) {
   FsdpOptions o;
   o.strategy = c.sharding_strategy;

@@ -69,6 +69,8 @@ std::unique_ptr<Trainer::State> Trainer::prepare(const Config& config, const Run
   s.runtime =
       s.env.make_runtime ? s.env.make_runtime(s.mem, s.env.local_rank) : make_runtime(device, s.mem, s.env.local_rank);
   s.runtime->kernels().set_matmul_precision(c.train.matmul_precision);
+  // Before the plan and the model: both build from the resolved key.
+  s.attention_note = resolve_attention(s.c, s.runtime->kernels());
   s.comms = make_run_communicators(c, s.env.mpi_comm, *s.runtime, !s.env.world, s.env.decorate_world);
   if (!s.env.world) s.env.world = s.comms.world.get();
   if (s.env.train_data && s.env.eval_data)

@@ -63,7 +63,10 @@ struct Progress {
 };
 
 struct Trainer::State {
-  const Config c;  // a copy: the caller's Config may be gone before run()
+  // A copy (the caller's Config may be gone before run()); model.attention: auto is resolved in it
+  // (prepare), and attention_note says how.
+  Config c;
+  std::string attention_note;
   RunEnv env;
   MemoryTracker mem;
   std::unique_ptr<DeviceRuntime> runtime;  // train.device: where tensors live, kernels run

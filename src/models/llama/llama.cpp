@@ -268,11 +268,11 @@ class LlamaAttention : public Layer {
   int64_t H_, G_, D_;
   size_t layer_;  // the decoder layer's index: its layer of the decoding cache
   LlamaState& state_;
-  Tensor Q_, K_, V_;  // (B, T, H*D), (B, T, G*D) x2: rotated q and k, v
-  Tensor probs_;      // (B, H, T, T) softmax probabilities
-  Tensor dropped_;    // the same after dropout (probs_ itself when dropout is off)
+  Tensor Q_, K_, V_;          // (B, T, H*D), (B, T, G*D) x2: rotated q and k, v
+  Tensor probs_;              // (B, H, T, T) softmax probabilities
+  Tensor dropped_;            // the same after dropout (probs_ itself when dropout is off)
   Tensor row_max_, row_inv_;  // (B, H, Tk): flash attention's row statistics (compute: param_dtype)
-  Tensor y_, out_;    // (B, T, H*D) heads side by side; (B, T, C) after o_proj
+  Tensor y_, out_;            // (B, T, H*D) heads side by side; (B, T, C) after o_proj
   Tensor dV_, dP_, dQ_, dK_, dx_;
 };
 
@@ -341,8 +341,8 @@ class LlamaDecoderLayer : public Layer {
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override {
     Kernels& kernels = ctx.kernels();
     // h = x + self_attn(...) and post_attention_layernorm(h) in one pass (RMSNorm::forward_adding).
-    const Tensor n = post_attention_layernorm.forward_adding(
-        ctx, x, self_attn.forward(ctx, input_layernorm.forward(ctx, x)), h_);
+    const Tensor n =
+        post_attention_layernorm.forward_adding(ctx, x, self_attn.forward(ctx, input_layernorm.forward(ctx, x)), h_);
     const Tensor m = mlp.forward(ctx, n);
     ctx.ensure(y_, x.shape(), DType::f32);
     kernels.add(y_.f32(), h_.f32(), m.f32(), x.numel());

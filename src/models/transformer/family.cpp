@@ -8,6 +8,21 @@ namespace fsdp {
 
 namespace {
 
+// Fused attention is cuDNN's flash attention: a GPU's, on bf16 operands (the values compute:
+// param_dtype bf16 holds, or what medium does to every GEMM operand), head dims in multiples of 8.
+// "" when the run's facts allow it (whether cuDNN loads is the kernels' to say).
+std::string fused_attention_refusal(const ModelArgs& a, const ModelRunFacts& run) {
+  const int64_t hd = a.i64("d_model") / a.i64("n_heads");
+  if (run.device != Device::cuda)
+    return "needs train.device: cuda (cuDNN's flash attention); on the CPU, recompute keeps the same memory";
+  if (run.compute_dtype != DType::bf16 && run.matmul_precision != MatmulPrecision::medium)
+    return "multiplies bf16 operands; it needs bf16 compute (fsdp.mixed_precision.param_dtype: bf16) or "
+           "train.matmul_precision: medium (is " +
+           std::string(matmul_precision_name(run.matmul_precision)) + ")";
+  if (hd % 8 != 0) return "needs a head dim (d_model / n_heads) that is a multiple of 8, got " + std::to_string(hd);
+  return "";
+}
+
 std::optional<ArgProblem> transformer_check(const ModelArgs& a, const ModelRunFacts& run) {
   const int64_t d_model = a.i64("d_model"), n_heads = a.i64("n_heads");
   if (d_model % n_heads != 0)
@@ -18,21 +33,13 @@ std::optional<ArgProblem> transformer_check(const ModelArgs& a, const ModelRunFa
     return ArgProblem{
         "model.vocab", "",
         "must be <= 256 when data.kind is text (tokens are bytes), got " + std::to_string(a.i64("vocab"))};
-  // Fused attention is cuDNN's flash attention: a GPU's, with bf16 operands (what medium already
-  // does to every GEMM operand), head dims in multiples of 8.
   if (a.text("attention") != "fused") return std::nullopt;
-  if (run.device != Device::cuda)
-    return ArgProblem{"model.attention", "train.device",
-                      "model.attention: fused needs train.device: cuda (cuDNN's flash attention); on the CPU, "
-                      "recompute keeps the same memory"};
-  if (run.matmul_precision != MatmulPrecision::medium)
-    return ArgProblem{"model.attention", "train.matmul_precision",
-                      "model.attention: fused multiplies bf16 operands; it needs train.matmul_precision: medium (is " +
-                          std::string(matmul_precision_name(run.matmul_precision)) + ")"};
-  if ((d_model / n_heads) % 8 != 0)
-    return ArgProblem{"model.attention", "model.n_heads",
-                      "model.attention: fused needs a head dim (d_model / n_heads) that is a multiple of 8, got " +
-                          std::to_string(d_model / n_heads)};
+  if (const std::string why = fused_attention_refusal(a, run); !why.empty())
+    return ArgProblem{"model.attention",
+                      why.find("train.device") != std::string::npos ? "train.device"
+                      : why.find("head dim") != std::string::npos   ? "model.n_heads"
+                                                                    : "train.matmul_precision",
+                      "model.attention: fused " + why};
   return std::nullopt;
 }
 
@@ -94,19 +101,29 @@ ModelFamily transformer_family() {
        true,
        "",
        "tokens per sample, the context length (learned positions); a text sample is this many bytes"},
-      {"attention", std::string("materialized"), unbounded(), attention_modes, false, "",
+      {"attention", std::string("auto"), unbounded(), attention_modes, false, "",
        "what attention keeps for the backward: `materialized` the (B, H, T, T) probabilities (as "
        "`nn.MultiheadAttention`), `recompute` each row's max and 1/sum (the backward recomputes the scores), "
-       "`fused` cuDNN's flash attention (needs `train.device: cuda`, `train.matmul_precision: medium` and a head "
-       "dim that is a multiple of 8)"},
+       "`fused` cuDNN's flash attention (needs `train.device: cuda`, bf16 compute or `train.matmul_precision: "
+       "medium`, and a head dim that is a multiple of 8), `auto` fused where the run can use it and cuDNN loads, "
+       "else materialized (the banner says which and why)"},
   };
   f.vocab_key = "vocab";
   f.seq_len_key = "seq_len";
   f.hf_model_type = "fsdp_transformer";
   f.hf_keys_required = true;  // no transformers class reads it: no defaults to fall back on
   f.make = [](const ModelArgs& a) {
+    AttentionMode mode = *parse_name(kAttentionModes, a.text("attention"));
+    if (mode == AttentionMode::automatic) mode = AttentionMode::materialized;  // unresolved: names and shapes
     return make_transformer(a.i64("vocab"), a.i64("d_model"), a.i64("n_layers"), a.i64("n_heads"), a.i64("d_ff"),
-                            a.i64("seq_len"), *parse_name(kAttentionModes, a.text("attention")));
+                            a.i64("seq_len"), mode);
+  };
+  f.resolve_attention = [](ModelArgs& a, const ModelRunFacts& run, const std::string& kernels_refusal) {
+    if (a.text("attention") != "auto") return std::string();
+    std::string why = fused_attention_refusal(a, run);
+    if (why.empty()) why = kernels_refusal;
+    a.set("attention", std::string(why.empty() ? "fused" : "materialized"));
+    return why.empty() ? std::string("fused (cuDNN's flash attention)") : "materialized: fused " + why;
   };
   f.hf_extra_json = transformer_hf_extra_json;
   f.check = transformer_check;

@@ -392,8 +392,8 @@ void CudaKernels::cross_entropy_sum(const float* logits, const int32_t* targets,
   *sum = r.sum;
   *correct = r.hits;
 }
-void CudaKernels::cross_entropy_backward_logits(float* d, const float* logits, const float* lse,
-                                                const int32_t* targets, int64_t rows, int64_t C, float inv_n) {
+void CudaKernels::cross_entropy_backward_logits(float* d, const float* logits, const float* lse, const int32_t* targets,
+                                                int64_t rows, int64_t C, float inv_n) {
   launch::cross_entropy_backward(d, logits, targets, rows, C, inv_n, stream_, lse);
 }
 

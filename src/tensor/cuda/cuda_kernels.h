@@ -113,8 +113,8 @@ class CudaKernels final : public Kernels {
   void nll_sum(const float* logp, const int32_t* targets, int64_t rows, int64_t C, double* sum,
                int64_t* correct) override;
   void nll_backward(float* d, const int32_t* targets, int64_t rows, int64_t C, float g) override;
-  void cross_entropy_sum(const float* logits, const int32_t* targets, int64_t rows, int64_t C, float* lse,
-                         double* sum, int64_t* correct) override;
+  void cross_entropy_sum(const float* logits, const int32_t* targets, int64_t rows, int64_t C, float* lse, double* sum,
+                         int64_t* correct) override;
   void cross_entropy_backward_logits(float* d, const float* logits, const float* lse, const int32_t* targets,
                                      int64_t rows, int64_t C, float inv_n) override;
   void cross_entropy_backward(float* d, const float* logp, const int32_t* targets, int64_t rows, int64_t C,

@@ -351,8 +351,8 @@ void causal_softmax_flash(float* P, CausalRows g, float* row_max, float* row_inv
                                                                                                    row_inv, dtype);
   check_launch("causal_softmax_flash");
 }
-void attention_rescale(float* y, const float* row_inv, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t inv_stride, DType dtype,
-                       cudaStream_t s) {
+void attention_rescale(float* y, const float* row_inv, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t inv_stride,
+                       DType dtype, cudaStream_t s) {
   if (B * T * H * hd == 0) return;
   attention_rescale_k<<<blocks_for(B * T * H * hd), kThreads, 0, s>>>(y, row_inv, B, T, H, hd, inv_stride, dtype);
   check_launch("attention_rescale");

@@ -51,8 +51,8 @@ void causal_softmax_forward(float* P, CausalRows g, float* row_max, float* row_i
 void causal_softmax_recompute(float* P, CausalRows g, const float* row_max, const float* row_inv, cudaStream_t s);
 void causal_softmax_backward(float* dP, const float* P, CausalRows g, float scale, cudaStream_t s);
 void causal_softmax_flash(float* P, CausalRows g, float* row_max, float* row_inv, DType dtype, cudaStream_t s);
-void attention_rescale(float* y, const float* row_inv, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t inv_stride, DType dtype,
-                       cudaStream_t s);
+void attention_rescale(float* y, const float* row_inv, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t inv_stride,
+                       DType dtype, cudaStream_t s);
 void causal_softmax_normalize(float* P, CausalRows g, const float* row_inv, DType dtype, cudaStream_t s);
 void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t rows, int64_t C, float eps,
                      cudaStream_t s, const float* residual = nullptr, float* sum = nullptr, DType dtype = DType::f32);
