@@ -98,28 +98,32 @@ const Tensor& MultiheadAttention::do_forward(RunCtx& ctx, const Tensor& x) {
 }
 
 const Tensor& MultiheadAttention::do_backward(RunCtx& ctx, const Tensor& dy) {
-  int64_t B = x_.dim(0), T = x_.dim(1), C = C_, hd = C_ / H_;
+  const int64_t B = x_.dim(0), T = x_.dim(1), C = C_;
   const Tensor& dyh = out_proj.backward(ctx, dy);  // (B, T, C), heads side by side
   ctx.ensure(dqkv_, {B, T, 3 * C}, DType::f32);
-  if (mode_ != AttentionMode::materialized) {
-    if (mode_ == AttentionMode::recompute)
-      backward_recompute(ctx, dyh.f32());
-    else
-      backward_fused(ctx, dyh);
-    ctx.round(dqkv_);  // each element written by one GEMM (or summed over row blocks in f32)
-    if (need_input_grad) ctx.ensure(dx_, x_.shape(), DType::f32);
-    ctx.kernels().linear_backward(need_input_grad ? dx_.f32() : nullptr, in_proj_weight.grad, in_proj_bias.grad,
-                                  dqkv_.f32(), x_.f32(), in_proj_weight.data, B * T, C, 3 * C);
-    if (need_input_grad) ctx.round(dx_);
-    return dx_;
-  }
+  if (mode_ == AttentionMode::materialized)
+    backward_materialized(ctx, dyh.f32());
+  else if (mode_ == AttentionMode::recompute)
+    backward_recompute(ctx, dyh.f32());
+  else
+    backward_fused(ctx, dyh);
+  ctx.round(dqkv_);  // dq, dk, dv: each element one GEMM's output (or summed over row blocks in f32)
+  if (need_input_grad) ctx.ensure(dx_, x_.shape(), DType::f32);
+  ctx.kernels().linear_backward(need_input_grad ? dx_.f32() : nullptr, in_proj_weight.grad, in_proj_bias.grad,
+                                dqkv_.f32(), x_.f32(), in_proj_weight.data, B * T, C, 3 * C);
+  if (need_input_grad) ctx.round(dx_);
+  return dx_;
+}
+
+// Per sample, all heads at once: dv, dP, dS (the softmax backward) and dq, dk into dqkv_.
+void MultiheadAttention::backward_materialized(RunCtx& ctx, const float* g) {
+  const int64_t B = x_.dim(0), T = x_.dim(1), C = C_, hd = C_ / H_;
   // dP (H, T, T): one sample's score gradients, all heads at once.
   ctx.ensure(dp_, {H_, T, T}, DType::f32);
   Kernels& kernels = ctx.kernels();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float* qkv = qkv_.f32();
   float* att = att_.f32();
-  const float* g = dyh.f32();
   float* dqkv = dqkv_.f32();
   float* dP = dp_.f32();
   const int64_t TT = T * T;
@@ -173,12 +177,6 @@ const Tensor& MultiheadAttention::do_backward(RunCtx& ctx, const Tensor& dy) {
       dv_gemms();
     }
   }
-  ctx.round(dqkv_);  // dq, dk, dv: each element one GEMM's output
-  if (need_input_grad) ctx.ensure(dx_, x_.shape(), DType::f32);
-  kernels.linear_backward(need_input_grad ? dx_.f32() : nullptr, in_proj_weight.grad, in_proj_bias.grad, dqkv, x_.f32(),
-                          in_proj_weight.data, B * T, C, 3 * C);
-  if (need_input_grad) ctx.round(dx_);
-  return dx_;
 }
 
 // Per sample and row block [r0, r1), all heads at once: S = scale q[r0:r1] k[:r1]^T into the

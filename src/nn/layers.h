@@ -260,6 +260,7 @@ class MultiheadAttention : public Layer {
   Linear& out_proj;
 
  private:
+  void backward_materialized(RunCtx& ctx, const float* gy);
   void forward_recompute(RunCtx& ctx);
   void backward_recompute(RunCtx& ctx, const float* gy);
   void forward_fused(RunCtx& ctx);
