@@ -232,47 +232,11 @@ class CpuKernels final : public Kernels {
   // Rows of every plane are independent and each is computed serially, so splitting the
   // planes * T rows across threads (rather than one plane's T rows at a time) changes nothing.
   void causal_softmax_forward(float* P, CausalRows g, float* row_max, float* row_inv) override {
-    const int64_t T = g.T;
-#pragma omp parallel for if (g.planes * g.rows * T > kSoftmaxParallelMin)
-    for (int64_t r = 0; r < g.planes * g.rows; ++r) {
-      const int64_t i = g.row0 + r % g.rows;
-      float* row = P + r * T;
-      const float mx = ops::row_max(row, i + 1);
-      // exp_f32 (kernel_math.h) vectorises where glibc's expf is a call per element. The sums
-      // (here and in the backward) go in vector-lane partial sums: serially, each add waits
-      // for the last.
-      for (int64_t j = 0; j <= i; ++j) row[j] = kmath::exp_f32(row[j] - mx);
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j <= i; ++j) sum += row[j];
-      const float inv = 1.0f / sum;
-      for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
-      for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
-      if (row_max) {
-        const int64_t at = (r / g.rows) * T + i;
-        row_max[at] = mx;
-        row_inv[at] = inv;
-      }
-    }
+    softmax_rows(P, g, row_max, row_inv, false, DType::f32);
   }
 
   void causal_softmax_flash(float* P, CausalRows g, float* row_max, float* row_inv, DType dtype) override {
-    const int64_t T = g.T;
-#pragma omp parallel for if (g.planes * g.rows * T > kSoftmaxParallelMin)
-    for (int64_t r = 0; r < g.planes * g.rows; ++r) {
-      const int64_t i = g.row0 + r % g.rows;
-      float* row = P + r * T;
-      const float mx = ops::row_max(row, i + 1);
-      for (int64_t j = 0; j <= i; ++j) row[j] = kmath::exp_f32(row[j] - mx);
-      float sum = 0.0f;  // of the unrounded exponentials, as causal_softmax_forward's
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j <= i; ++j) sum += row[j];
-      for (int64_t j = 0; j <= i; ++j) row[j] = kmath::round_as(row[j], dtype);
-      for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
-      const int64_t at = (r / g.rows) * T + i;
-      row_max[at] = mx;
-      row_inv[at] = 1.0f / sum;
-    }
+    softmax_rows(P, g, row_max, row_inv, true, dtype);
   }
 
   void attention_rescale(float* y, const float* row_inv, int64_t B, int64_t T, int64_t H, int64_t hd,
@@ -706,6 +670,37 @@ class CpuKernels final : public Kernels {
     for (int64_t i = 0; i < n; ++i)
       if (!std::isfinite(x[i])) return false;
     return true;
+  }
+
+ private:
+  // causal_softmax_forward (flash false) and causal_softmax_flash: exp(s - max) per row, its sum
+  // of the unrounded values; then P divided by it, or (flash) the exponentials rounded to `dtype`.
+  static void softmax_rows(float* P, CausalRows g, float* row_max, float* row_inv, bool flash, DType dtype) {
+    const int64_t T = g.T;
+#pragma omp parallel for if (g.planes * g.rows * T > kSoftmaxParallelMin)
+    for (int64_t r = 0; r < g.planes * g.rows; ++r) {
+      const int64_t i = g.row0 + r % g.rows;
+      float* row = P + r * T;
+      const float mx = ops::row_max(row, i + 1);
+      // exp_f32 (kernel_math.h) vectorises where glibc's expf is a call per element. The sums
+      // (here and in the backward) go in vector-lane partial sums: serially, each add waits
+      // for the last.
+      for (int64_t j = 0; j <= i; ++j) row[j] = kmath::exp_f32(row[j] - mx);
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j <= i; ++j) sum += row[j];
+      const float inv = 1.0f / sum;
+      if (flash)
+        for (int64_t j = 0; j <= i; ++j) row[j] = kmath::round_as(row[j], dtype);
+      else
+        for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+      for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
+      if (row_max) {
+        const int64_t at = (r / g.rows) * T + i;
+        row_max[at] = mx;
+        row_inv[at] = inv;
+      }
+    }
   }
 };
 

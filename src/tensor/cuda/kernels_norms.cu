@@ -75,26 +75,24 @@ __global__ void layernorm_dwdb_k(float* dw, float* db, const float* dy, const fl
     db[c] += ab;
   }
 }
+// A row's log-sum-exp (every thread of the block gets it): log_softmax_forward_k's and
+// row_logsumexp_k's (Kernels::cross_entropy_sum) one arithmetic.
+__device__ float row_lse(const float* xr, int64_t C) {
+  float mx = -INFINITY;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) mx = fmaxf(mx, xr[c]);
+  mx = block_max(mx);
+  float s = 0.0f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += expf(xr[c] - mx);
+  return mx + logf(block_reduce(s, Sum{}));
+}
 __global__ void log_softmax_forward_k(float* y, const float* x, int64_t C) {
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * C;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * C;
-  float mx = -INFINITY;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) mx = fmaxf(mx, xr[c]);
-  mx = block_max(mx);
-  float s = 0.0f;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += expf(xr[c] - mx);
-  const float lse = mx + logf(block_reduce(s, Sum{}));
+  const float lse = row_lse(xr, C);
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) yr[c] = xr[c] - lse;
 }
-// log_softmax_forward_k's lse alone (Kernels::cross_entropy_sum).
 __global__ void row_logsumexp_k(float* lse, const float* x, int64_t C) {
-  const float* xr = x + static_cast<int64_t>(blockIdx.x) * C;
-  float mx = -INFINITY;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) mx = fmaxf(mx, xr[c]);
-  mx = block_max(mx);
-  float s = 0.0f;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += expf(xr[c] - mx);
-  const float l = mx + logf(block_reduce(s, Sum{}));
+  const float l = row_lse(x + static_cast<int64_t>(blockIdx.x) * C, C);
   if (threadIdx.x == 0) lse[blockIdx.x] = l;
 }
 __global__ void log_softmax_backward_k(float* dx, const float* dy, const float* y, int64_t C) {
@@ -104,8 +102,11 @@ __global__ void log_softmax_backward_k(float* dx, const float* dy, const float* 
   const float sum = block_reduce(s, Sum{});
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dx[off + c] = dy[off + c] - expf(y[off + c]) * sum;
 }
-// One block per (plane, row r) of CausalRows g: query row i = row0 + r keeps j <= i.
-__global__ void causal_softmax_forward_k(float* P, CausalRows g, float* row_max, float* row_inv) {
+// One block per (plane, row r) of CausalRows g: query row i = row0 + r keeps j <= i. flash:
+// flash attention's P (Kernels::causal_softmax_flash): exp(s - max) rounded to `dtype` and left
+// undivided; the sum (and so row_inv) is of the unrounded values either way.
+__global__ void causal_softmax_forward_k(float* P, CausalRows g, float* row_max, float* row_inv, bool flash,
+                                         DType dtype) {
   const int64_t row = blockIdx.x, i = g.row0 + row % g.rows, T = g.T;
   float* pr = P + row * T;
   float mx = -INFINITY;
@@ -114,11 +115,11 @@ __global__ void causal_softmax_forward_k(float* P, CausalRows g, float* row_max,
   float s = 0.0f;
   for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
     float e = expf(pr[j] - mx);
-    pr[j] = e;
+    pr[j] = flash ? kmath::round_as(e, dtype) : e;
     s += e;
   }
   const float inv = 1.0f / block_reduce(s, Sum{});
-  for (int64_t j = threadIdx.x; j < T; j += blockDim.x) pr[j] = j <= i ? pr[j] * inv : 0.0f;
+  for (int64_t j = threadIdx.x; j < T; j += blockDim.x) pr[j] = j <= i ? (flash ? pr[j] : pr[j] * inv) : 0.0f;
   if (row_max && threadIdx.x == 0) {
     const int64_t at = (row / g.rows) * T + i;
     row_max[at] = mx;
@@ -132,28 +133,6 @@ __global__ void causal_softmax_recompute_k(float* P, CausalRows g, const float* 
   const float mx = row_max[at], inv = row_inv[at];
   float* pr = P + row * T;
   for (int64_t j = threadIdx.x; j < T; j += blockDim.x) pr[j] = j <= i ? __fmul_rn(expf(pr[j] - mx), inv) : 0.0f;
-}
-// Flash attention's P (Kernels::causal_softmax_flash): exp(s - max) rounded, the sum of the
-// unrounded values kept as its inverse.
-__global__ void causal_softmax_flash_k(float* P, CausalRows g, float* row_max, float* row_inv, DType dtype) {
-  const int64_t row = blockIdx.x, i = g.row0 + row % g.rows, T = g.T;
-  float* pr = P + row * T;
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) mx = fmaxf(mx, pr[j]);
-  mx = block_max(mx);
-  float s = 0.0f;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
-    const float e = expf(pr[j] - mx);
-    pr[j] = kmath::round_as(e, dtype);
-    s += e;
-  }
-  const float sum = block_reduce(s, Sum{});
-  for (int64_t j = i + 1 + threadIdx.x; j < T; j += blockDim.x) pr[j] = 0.0f;
-  if (threadIdx.x == 0) {
-    const int64_t at = (row / g.rows) * T + i;
-    row_max[at] = mx;
-    row_inv[at] = 1.0f / sum;
-  }
 }
 __global__ void attention_rescale_k(float* y, const float* row_inv, int64_t B, int64_t T, int64_t H, int64_t hd,
                                     int64_t inv_stride, DType dtype) {
@@ -335,8 +314,8 @@ void log_softmax_backward(float* dx, const float* dy, const float* y, int64_t ro
 }
 void causal_softmax_forward(float* P, CausalRows g, float* row_max, float* row_inv, cudaStream_t s) {
   if (g.planes * g.rows * g.T == 0) return;
-  causal_softmax_forward_k<<<rows_grid(g.planes * g.rows, "causal_softmax_forward"), kThreads, 0, s>>>(P, g, row_max,
-                                                                                                       row_inv);
+  causal_softmax_forward_k<<<rows_grid(g.planes * g.rows, "causal_softmax_forward"), kThreads, 0, s>>>(
+      P, g, row_max, row_inv, false, DType::f32);
   check_launch("causal_softmax_forward");
 }
 void causal_softmax_recompute(float* P, CausalRows g, const float* row_max, const float* row_inv, cudaStream_t s) {
@@ -347,8 +326,8 @@ void causal_softmax_recompute(float* P, CausalRows g, const float* row_max, cons
 }
 void causal_softmax_flash(float* P, CausalRows g, float* row_max, float* row_inv, DType dtype, cudaStream_t s) {
   if (g.planes * g.rows * g.T == 0) return;
-  causal_softmax_flash_k<<<rows_grid(g.planes * g.rows, "causal_softmax_flash"), kThreads, 0, s>>>(P, g, row_max,
-                                                                                                   row_inv, dtype);
+  causal_softmax_forward_k<<<rows_grid(g.planes * g.rows, "causal_softmax_flash"), kThreads, 0, s>>>(
+      P, g, row_max, row_inv, true, dtype);
   check_launch("causal_softmax_flash");
 }
 void attention_rescale(float* y, const float* row_inv, int64_t B, int64_t T, int64_t H, int64_t hd, int64_t inv_stride,
