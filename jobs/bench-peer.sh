@@ -4,6 +4,7 @@
 #
 #   bash jobs/bench-peer.sh OUT_DIR [--steps N] [--nps "1 2 4"] [--models "transformer mnist_cnn"]
 #                           [--threads T] [--repeats R] [--no-fsdp1] [--node-shared] [--build DIR]
+#                           [--param-dtype bf16]
 #   self-check (~1 minute once the venv exists): bash jobs/bench-peer.sh /tmp/peer --steps 3 --nps 1 --models mnist_cnn
 #
 # Models (--models: any of transformer, llama, mnist_cnn): input/transformer_bench.yaml's
@@ -22,6 +23,9 @@
 # FSDP2 has no NO_SHARD), and FSDP1's FULL_SHARD and NO_SHARD (--no-fsdp1: not); all on gloo for
 # PyTorch and on the MPI backend for ours, every rank launched by the same mpirun with T threads.
 # --node-shared adds our FULL_SHARD with fsdp.node_shared_params at np > 1 (a row of its own).
+# --param-dtype bf16: FULL_SHARD only, ours with fsdp.mixed_precision.param_dtype bf16 (computing
+# in it: compute param_dtype) against FSDP2 with MixedPrecisionPolicy(param_dtype=bf16,
+# reduce_dtype=f32); the losses are held to jobs/bench_peer_report.py's bf16 tolerance.
 #
 # PyTorch comes from PyPI into a cached venv (jobs/torch2_venv.sh; the first run downloads
 # several GB). fsdp_app and apps/sgemm_peak are compiled in DIR (default build). Each run's
@@ -44,7 +48,7 @@ usage() { sed -n '5,7p' "$0" >&2; exit 2; }
 case $1 in -h|--help) sed -n '2,38p' "$0"; exit 0 ;; -*) usage ;; esac
 out=$1
 shift
-steps=4 nps="1 2 4" models="transformer mnist_cnn" threads=1 repeats=1 fsdp1=1 shared=0 build=build
+steps=4 nps="1 2 4" models="transformer mnist_cnn" threads=1 repeats=1 fsdp1=1 shared=0 build=build pdt=f32
 while [ $# -gt 0 ]; do
   case $1 in
     --steps) steps=${2:-}; shift 2 ;;
@@ -55,6 +59,7 @@ while [ $# -gt 0 ]; do
     --no-fsdp1) fsdp1=0; shift ;;
     --node-shared) shared=1; shift ;;
     --build) build=${2:-}; shift 2 ;;
+    --param-dtype) pdt=${2:-}; shift 2 ;;
     -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "bench-peer: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
@@ -94,7 +99,8 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
   echo "cpus: $ncpu"
   echo "loadavg_start: $(cat /proc/loadavg)"
   echo "threads_per_rank: $threads"
-  echo "command: bash jobs/bench-peer.sh OUT_DIR --steps $steps --nps \"$nps\" --models \"$models\" --threads $threads --repeats $repeats$([ $fsdp1 = 0 ] && echo ' --no-fsdp1')$([ $shared = 1 ] && echo ' --node-shared')"
+  echo "command: bash jobs/bench-peer.sh OUT_DIR --steps $steps --nps \"$nps\" --models \"$models\" --threads $threads --repeats $repeats$([ $fsdp1 = 0 ] && echo ' --no-fsdp1')$([ $shared = 1 ] && echo ' --node-shared')$([ "$pdt" != f32 ] && echo " --param-dtype $pdt")"
+  echo "param_dtype: $pdt"
 } >"$out/env.txt"
 cat "$out/env.txt"
 
@@ -133,6 +139,7 @@ for model in $models; do
     kinds=(ours_FULL_SHARD ours_NO_SHARD torch_fsdp2 torch_ddp)
     [ $shared = 1 ] && [ "$np" -gt 1 ] && kinds=(ours_FULL_SHARD ours_FULL_SHARD_shared ours_NO_SHARD torch_fsdp2 torch_ddp)
     [ $fsdp1 = 1 ] && kinds+=(torch_fsdp1_full torch_fsdp1_no)
+    [ "$pdt" != f32 ] && kinds=(ours_FULL_SHARD torch_fsdp2)  # DDP and FSDP1 rows: f32 only
     for kind in "${kinds[@]}"; do plan+=("$model $np $kind"); done
   done
 done
@@ -149,7 +156,8 @@ run_one() {  # MODEL NP KIND SUFFIX
   fi
   ours+=(--set train.steps="$steps" --set train.threads="$threads" --set train.shuffle=false
     --set train.dropout=false --set train.scheduler.kind=none --set train.eval_every=never
-    --set model.init_from="$out/runs/${model}_init.h5" --set comm.backend=mpi --set output.log_every=1)
+    --set model.init_from="$out/runs/${model}_init.h5" --set comm.backend=mpi --set output.log_every=1
+    --set fsdp.mixed_precision.param_dtype="$pdt")
   echo "-- $name"
   case $kind in
     ours_FULL_SHARD_shared)
@@ -161,7 +169,7 @@ run_one() {  # MODEL NP KIND SUFFIX
     torch_*)
       launch "$name" "$np" "$py" tests/reference/torch_peer.py --model "$model" --mode "${kind#torch_}" \
         --init "$out/runs/${model}_init.h5" --steps "$steps" --global-batch $batch --threads "$threads" \
-        --out "$out/runs/$name.json" ;;
+        --out "$out/runs/$name.json" --param-dtype "$pdt" ;;
   esac
 }
 

@@ -52,8 +52,17 @@ from check_reference import CHAOTIC_RTOL  # noqa: E402
 MNIST_TIGHT_STEPS = 10
 
 
-def loss_rtol(model, step):
+# --param-dtype bf16 (both sides computing in bf16): a last-bit difference of a GEMM's f32 sum now
+# flips a bf16 rounding (2^-8 relative) of an activation or gradient now and then, and AdamW's
+# sign-like first steps carry those flips into the weights, so the trajectories part at ~1e-4 by
+# step 2 (tests/reference/check_reference.py's bf16 free runs: 7e-5 to 1.4e-4 over 20 steps).
+BF16_RTOL = 1e-3
+
+
+def loss_rtol(model, step, param_dtype="f32"):
     """The relative loss tolerance at 1-based `step` (see the module's docstring)."""
+    if param_dtype != "f32":
+        return BF16_RTOL
     if model in SEQ_LEN:
         return 1e-4
     return 1e-4 if step <= MNIST_TIGHT_STEPS else CHAOTIC_RTOL
@@ -118,6 +127,7 @@ def main():
     out = sys.argv[1]
     runs = os.path.join(out, "runs")
     env = dict(line.split(": ", 1) for line in open(os.path.join(out, "env.txt")).read().splitlines() if ": " in line)
+    pdt = env.get("param_dtype", "f32")
     threads = int(env["threads_per_rank"])
     ncpu = int(env["cpus"])
 
@@ -179,10 +189,10 @@ def main():
                     fail(f"{x['name']}: {len(x['losses'])} steps, {ref['name']} {len(ref['losses'])}")
                 x["loss_rel_diff"] = [rel(a, b) for a, b in zip(x["losses"], ref["losses"])]
                 for step, d in enumerate(x["loss_rel_diff"], start=1):
-                    if not d <= loss_rtol(model, step):  # NaN fails too
+                    if not d <= loss_rtol(model, step, pdt):  # NaN fails too
                         bad.append(f"{x['name']}: step {step} loss {x['losses'][step - 1]!r} differs from "
                                    f"{ref['name']}'s {ref['losses'][step - 1]!r} by {d:.2e} relative "
-                                   f"(tolerance {loss_rtol(model, step):g})")
+                                   f"(tolerance {loss_rtol(model, step, pdt):g})")
             r["loss_rel_diff"] = [max(col) for col in zip(*(x["loss_rel_diff"] for x in r["repeats"]))]
 
     md = []
@@ -231,10 +241,11 @@ def main():
         md.append(f"| {r['name']} | " + " | ".join(f"{x:.7f}" for x in r["losses"]) +
                   f" | {max(r['loss_rel_diff']):.1e} |")
     md.append("")
-    md.append("Loss check: " + (f"PASS (relative to the reference: transformer and llama within "
-                                f"{loss_rtol('transformer', 1):g}; "
-                                f"mnist_cnn within {loss_rtol('mnist_cnn', 1):g} up to step {MNIST_TIGHT_STEPS}, "
-                                f"{CHAOTIC_RTOL:g} after)" if not bad else f"FAIL ({len(bad)} step(s) out of tolerance)"))
+    within = (f"every model within {BF16_RTOL:g} (param_dtype {pdt})" if pdt != "f32" else
+              f"transformer and llama within {loss_rtol('transformer', 1):g}; mnist_cnn within "
+              f"{loss_rtol('mnist_cnn', 1):g} up to step {MNIST_TIGHT_STEPS}, {CHAOTIC_RTOL:g} after")
+    md.append("Loss check: " + (f"PASS (relative to the reference: {within})" if not bad
+                                else f"FAIL ({len(bad)} step(s) out of tolerance)"))
     md.append("")
     md.append("Peak RSS is /usr/bin/time's maximum resident set of each rank's process; importing torch "
               "2.15 (PyPI's CUDA build) alone takes ~0.5 GiB of it here.")

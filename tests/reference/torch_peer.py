@@ -16,6 +16,10 @@ so both sides start, bind and are measured the same way. Runs in jobs/torch2_ven
                       usual PyTorch way to replicate; FSDP2 has no NO_SHARD strategy.
       fsdp1_full, fsdp1_no
                       FullyShardedDataParallel (FSDP1) FULL_SHARD / NO_SHARD, same units.
+  --param-dtype bf16  fsdp2 only: MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                      reduce_dtype=torch.float32) on every fully_shard, the loss taken in f32 from
+                      the bf16 output (.float(), as torchtitan): what fsdp-hpc's
+                      fsdp.mixed_precision.param_dtype: bf16 computes (compute: param_dtype).
 
 The batches are torch_reference.py's (shuffle off): global step s holds samples
 [s*B, (s+1)*B), rank r takes the contiguous slice fsdp-hpc's Sampler::rank_slice gives it.
@@ -64,18 +68,23 @@ def load_init(model, path):
     model.load_state_dict(state)
 
 
-def wrap(model, mode):
+def wrap(model, mode, param_dtype="f32"):
     if mode == "fsdp2":
         try:
-            from torch.distributed.fsdp import fully_shard  # public since 2.6
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # public since 2.6
         except ImportError:
-            from torch.distributed._composable.fsdp import fully_shard
+            from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        kw = {}
+        if param_dtype == "bf16":
+            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for m in units(model):
-            fully_shard(m, mesh=mesh, reshard_after_forward=True)
-        fully_shard(model, mesh=mesh, reshard_after_forward=True)
+            fully_shard(m, mesh=mesh, reshard_after_forward=True, **kw)
+        fully_shard(model, mesh=mesh, reshard_after_forward=True, **kw)
         return model
+    if param_dtype != "f32":
+        raise SystemExit(f"torch_peer.py: --param-dtype {param_dtype} is for --mode fsdp2")
     if mode == "ddp":
         return nn.parallel.DistributedDataParallel(model)
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
@@ -116,6 +125,7 @@ def main():
     ap.add_argument("--global-batch", type=int)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", metavar="FILE")
+    ap.add_argument("--param-dtype", choices=["f32", "bf16"], default="f32")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -132,7 +142,7 @@ def main():
     model = build(args.model)
     load_init(model, args.init)
     model.eval()  # dropout off
-    model = wrap(model, args.mode)
+    model = wrap(model, args.mode, args.param_dtype)
     loss_fn = {"transformer": LM.loss, "llama": Llama.loss, "mnist_cnn": Net.loss}[args.model]
     opt = optimizer(args.model, model.parameters())
     data = batches(args.model, args.steps, args.global_batch, rank, world)
@@ -141,7 +151,8 @@ def main():
     for step, (x, y) in enumerate(data):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        out = model(x)
+        loss = loss_fn(out.float() if args.param_dtype != "f32" else out, y)
         loss.backward()
         opt.step()
         mean = loss.detach().clone()
