@@ -146,7 +146,20 @@ def main():
           "train.steps=4", "train.epochs=0"]
     tf_sharded = train("tf_sharded", 4, tf + ["checkpoint.format=sharded"]) + "/ckpt_00000004.h5"
     tf_consolidated = train("tf_consolidated", 4, tf + ["checkpoint.format=consolidated"]) + "/ckpt_00000004.h5"
+    # bf16 parameters: output.save_weights writes the f32 master weights, the checkpoint's /model
+    # bit for bit (PyTorch's full state dict under MixedPrecision), not the bf16 compute copy.
+    bf16_weights = f"{TMP}/bf16_weights.h5"
+    bf16_ckpt = train("tf_bf16", 2, tf[:-5] + ["fsdp.sharding_strategy=FULL_SHARD", "train.global_batch_size=16",
+                                               "train.steps=4", "train.epochs=0", "checkpoint.format=consolidated",
+                                               "fsdp.mixed_precision.param_dtype=bf16",
+                                               f"output.save_weights={bf16_weights}"]) + "/ckpt_00000004.h5"
     print(f"# checkpoints written in {time.time() - t0:.1f} s under {TMP}", flush=True)
+    ok, detail = same_tensors(bf16_weights, bf16_ckpt, ("model",))
+    with h5py.File(bf16_weights, "r") as f:
+        values = np.concatenate([np.asarray(f["model"][k], dtype="<f4").ravel() for k in f["model"]])
+    off_bf16 = int(np.count_nonzero(values.view(np.uint32) & 0xFFFF))  # low bits a bf16 value has as zeros
+    check("save_weights of a bf16-parameter run: the checkpoint's f32 master weights bitwise, not bf16 values",
+          ok and off_bf16 > values.size // 2, f"{detail}; {off_bf16} of {values.size} not bf16 values")
 
     for path in (sharded, consolidated, tf_sharded, tf_consolidated):
         n, bad = crc_problems(path)
