@@ -31,11 +31,12 @@ state). Then two checks, each of which fails on a wrong formula, layout or initi
 3. `--param-dtype bf16` (the test runs both): the same two checks with FSDP's MixedPrecision
    (param_dtype bf16) on both sides, ours with fsdp.mixed_precision.compute: param_dtype (the
    default), torch's as torch_reference.py --param-dtype bf16 describes (every op's output rounded
-   once, f32 inside, autograd's backward). What decides it is the stepwise loss: from the same
-   weights the forward rounds at the same places, and only last-bit flips of differently ordered
-   f32 sums remain. Measured (transformer, 2-core Xeon, AVX-512): max 7.9e-6, median 1.5e-7 over
-   20 steps; with compute: f32 (no activation rounding) max 1.0e-4, median 4e-5: the bounds below
-   (max 2e-5, median 2e-6) pass the first and fail the second. mnist_cnn ends in a log_softmax
+   once, f32 inside, attention as flash attention, autograd's backward). What decides it is the
+   stepwise loss: from the same weights the forward rounds at the same places, and only last-bit
+   flips of differently ordered f32 sums remain. Measured (transformer, 2-core AMD EPYC VM,
+   AVX-512): max 8.0e-6, median 4.6e-8 over 20 steps; with compute: f32 (no activation rounding)
+   max 9.2e-5, median 2.7e-5: the bounds below (max 2e-5, median 2e-6) pass the first and fail
+   the second. mnist_cnn ends in a log_softmax
    whose bf16 outputs are averaged over 64 samples: one last-bit flip of one log-probability
    moves the loss by ~1.2e-4 relative, so its stepwise bound is a few such flips (measured max
    6.8e-4, median 2.9e-4, step 1 2.7e-10). At that resolution mnist_cnn does not tell the two
