@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -229,6 +230,85 @@ BOOST_AUTO_TEST_CASE(plan_matches_measured_low_precision_on_one_rank) {
 
 BOOST_AUTO_TEST_CASE(plan_matches_measured_activation_checkpointing) {
   check_plan_against_run(kLm, {"fsdp.activation_checkpointing=true", "fsdp.mixed_precision.param_dtype=bf16"});
+}
+
+namespace {
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+// Every "loss" of a metrics file as written (%.17g: the double's bits).
+std::vector<std::string> loss_texts(const std::string& path) {
+  std::ifstream f(path);
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(f, line)) {
+    auto at = line.find("\"loss\": ");
+    if (at != std::string::npos) out.push_back(line.substr(at + 8, line.find_first_of(",}", at) - at - 8));
+  }
+  return out;
+}
+
+}  // namespace
+
+// fsdp.mixed_precision.saved_activations: param_dtype (nn/activation_stash.h) holds each FSDP
+// unit's activations in bf16 from the end of its forward to its backward. Lossless: every loss and
+// every saved weight byte equal saved_activations: f32's, in every model and attention mode, with
+// activation checkpointing and gradient accumulation; the activation peak is lower (the stash
+// packs, and frees the f32 memory); and the plan equals the measured peaks to the byte.
+BOOST_AUTO_TEST_CASE(saved_activations_in_bf16_same_bits_less_memory) {
+  struct Case {
+    const char* yaml;
+    std::vector<std::string> overrides;
+    bool lower_peak = true;  // the CNN's activation peak is conv2's im2col scratch in its forward
+  };
+  const std::vector<Case> cases = {
+      {kLm, {}},
+      {kLm, {"model.attention=recompute", "fsdp.activation_checkpointing=true"}},
+      {kLm, {"train.grad_accum=2"}},
+      {kCnn, {"fsdp.auto_wrap.min_num_params=1000"}, false},
+      {kT5, {}},
+      {kLlama, {}},
+  };
+  for (const Case& k : cases) {
+    std::string label = std::string(k.yaml).substr(13, 12);
+    for (const std::string& o : k.overrides) label += " " + o;
+    std::vector<std::string> losses[2], weights(2);
+    Measured peaks[2];
+    for (int packed = 0; packed < 2; ++packed) {
+      const std::string metrics = tmp("stash_metrics"), saved = tmp("stash_weights") + ".h5";
+      std::vector<std::string> o = k.overrides;
+      o.insert(o.end(), {"fsdp.mixed_precision.param_dtype=bf16", "train.eval_every=never",
+                         std::string("fsdp.mixed_precision.saved_activations=") + (packed ? "param_dtype" : "f32"),
+                         "output.metrics=" + metrics, "output.save_weights=" + saved});
+      fsdp::Config c = cfg(k.yaml, o);
+      fsdp::train(c, {});
+      losses[packed] = loss_texts(metrics);
+      weights[packed] = file_bytes(saved);
+      peaks[packed] = measured_peaks(metrics);
+      const fsdp::MemoryPlan plan = fsdp::plan_memory(c, req(1));
+      BOOST_TEST(plan.total_peak_bytes == peaks[packed].total, label << " packed " << packed << ": planned "
+                                                                     << plan.total_peak_bytes << " measured "
+                                                                     << peaks[packed].total);
+      const auto act = static_cast<size_t>(MemCategory::activations);
+      BOOST_TEST(plan.peak_bytes[act] == peaks[packed].peak[act], label << " packed " << packed);
+      std::filesystem::remove(metrics);
+      std::filesystem::remove(saved);
+    }
+    BOOST_TEST_MESSAGE(label << ": activations peak " << peaks[0].peak[static_cast<size_t>(MemCategory::activations)]
+                             << " f32, " << peaks[1].peak[static_cast<size_t>(MemCategory::activations)] << " packed");
+    BOOST_TEST(!losses[0].empty());
+    BOOST_TEST(losses[0] == losses[1], boost::test_tools::per_element());
+    BOOST_TEST(!weights[0].empty());
+    BOOST_TEST((weights[0] == weights[1]), label << ": saved weights differ");
+    const auto act = static_cast<size_t>(MemCategory::activations);
+    if (k.lower_peak)
+      BOOST_TEST(peaks[1].peak[act] < peaks[0].peak[act], label);
+    else
+      BOOST_TEST(peaks[1].peak[act] <= peaks[0].peak[act], label);
+  }
 }
 
 // ---- formulas at world sizes the test cannot run ----

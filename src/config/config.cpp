@@ -73,6 +73,10 @@ DType compute_dtype(const MixedPrecisionConfig& mp) {
   return mp.compute == ComputePrecision::param_dtype ? mp.param_dtype : DType::f32;
 }
 
+DType saved_activation_dtype(const MixedPrecisionConfig& mp) {
+  return mp.saved_activations == ComputePrecision::param_dtype ? compute_dtype(mp) : DType::f32;
+}
+
 ModelRunFacts model_run_facts(const Config& c) {
   return {c.data.kind, c.train.device, c.train.matmul_precision, compute_dtype(c.fsdp.mixed_precision)};
 }

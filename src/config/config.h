@@ -105,7 +105,11 @@ struct MixedPrecisionConfig {
   DType reduce_dtype = DType::f32;
   DType buffer_dtype = DType::f32;
   ComputePrecision compute = ComputePrecision::param_dtype;  // fsdp/strategy.h
-  double init_loss_scale = 65536.0;                          // f16 dynamic loss scaling starts here (GradScaler's 2^16)
+  // What the forward's activations wait for their backward in (nn/activation_stash.h): param_dtype
+  // (under compute: param_dtype their values are that dtype's already) or f32. Same names as
+  // compute's.
+  ComputePrecision saved_activations = ComputePrecision::param_dtype;
+  double init_loss_scale = 65536.0;  // f16 dynamic loss scaling starts here (GradScaler's 2^16)
 };
 
 struct FsdpConfig {
@@ -194,6 +198,10 @@ Config for_world_size(const Config& config, int world_size);
 // The dtype a unit's forward and backward compute in (fsdp.mixed_precision.compute) and the
 // facts a model family checks its keys against (models/family.h).
 DType compute_dtype(const MixedPrecisionConfig& mp);
+// The dtype a training forward's activations are held in until their backward
+// (fsdp.mixed_precision.saved_activations): compute_dtype when that is bf16/f16 and
+// saved_activations is param_dtype, else f32 (no stash).
+DType saved_activation_dtype(const MixedPrecisionConfig& mp);
 ModelRunFacts model_run_facts(const Config& config);
 
 // The input file's key reference in Markdown, generated from the table of known keys (types,

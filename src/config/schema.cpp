@@ -254,6 +254,11 @@ std::vector<Field> schema(Config& c) {
        "op's output (activations, input and parameter gradients) rounded to param_dtype, each op's own math "
        "(GEMM accumulation, norm and softmax statistics, GELU) and the loss in f32; `f32` activations and "
        "arithmetic stay f32 on the parameters' rounded values (more accurate, more memory)"},
+      {"fsdp.mixed_precision.saved_activations", choice(&mp.saved_activations, kComputePrecisions), unbounded(),
+       "With compute: param_dtype, what a training forward's activations wait for their backward in: "
+       "`param_dtype` (bf16/f16, as PyTorch's tensors hold them: half the bytes; lossless, their values are "
+       "param_dtype's already; each FSDP unit's are packed when its forward ends and unpacked when its backward "
+       "begins, one cast pass each way) or `f32` (no packing). No effect with compute: f32 or f32 parameters"},
       {"fsdp.mixed_precision.reduce_dtype", choice(&mp.reduce_dtype, precisions, dtype_name), unbounded(),
        "MixedPrecision's reduce_dtype: the precision gradients are reduced in"},
       {"fsdp.mixed_precision.buffer_dtype", choice(&mp.buffer_dtype, precisions, dtype_name), unbounded(),

@@ -73,6 +73,8 @@ const Tensor& RMSNorm::do_forward(RunCtx& ctx, const Tensor& x) {
     ctx.kernels().add_rmsnorm_forward(fwd_sum_->f32(), y_.f32(), rstd_.f32(), x.f32(), fwd_residual_.f32(), weight.data,
                                       rows, C_, eps_, ctx.compute_dtype);
     x_ = *fwd_sum_;
+    ctx.rounded(x_);  // both stored rounded by the kernel
+    ctx.rounded(y_);
     return y_;
   }
   x_ = x;
@@ -229,6 +231,8 @@ const Tensor& LayerNorm::do_forward(RunCtx& ctx, const Tensor& x) {
     ctx.kernels().add_layernorm_forward(fwd_sum_->f32(), y_.f32(), mean_.f32(), rstd_.f32(), x.f32(),
                                         fwd_residual_.f32(), weight.data, bias.data, rows, C_, eps_, ctx.compute_dtype);
     x_ = *fwd_sum_;
+    ctx.rounded(x_);  // both stored rounded by the kernel
+    ctx.rounded(y_);
     return y_;
   }
   x_ = x;

@@ -92,7 +92,11 @@ const Tensor& MultiheadAttention::do_forward(RunCtx& ctx, const Tensor& x) {
       });
     }
   }
-  if (flash != DType::f32) kernels.attention_rescale(y, row_inv_.f32(), B, T, H_, hd, T, flash);
+  if (flash != DType::f32) {
+    kernels.attention_rescale(y, row_inv_.f32(), B, T, H_, hd, T, flash);
+    ctx.rounded(att_);  // the rounded exponentials (zeros above the diagonal), what backward reads
+    ctx.rounded(y_);
+  }
   out_ = out_proj.forward(ctx, y_);
   return out_;
 }
@@ -208,8 +212,10 @@ void MultiheadAttention::forward_recompute(RunCtx& ctx) {
                                    y_.f32() + b * T * C + r0 * C, C, hd, H_);
     });
   }
-  if (ctx.compute_dtype != DType::f32)
+  if (ctx.compute_dtype != DType::f32) {
     kernels.attention_rescale(y_.f32(), row_inv_.f32(), B, T, H_, hd, T, ctx.compute_dtype);
+    ctx.rounded(y_);
+  }
   scores_ = Tensor();  // the next layer may use the memory
 }
 
@@ -287,6 +293,7 @@ void MultiheadAttention::forward_fused(RunCtx& ctx) {
   kernels.fused_attention_forward(s, static_cast<const uint16_t*>(qkv16.raw()), static_cast<uint16_t*>(o16.raw()),
                                   lse_.f32(), workspace.defined() ? workspace.raw() : nullptr);
   kernels.cast(y_.f32(), DType::f32, o16.raw(), DType::bf16, BT * C);
+  if (ctx.compute_dtype == DType::bf16) ctx.rounded(y_);  // bf16 values (f16: not f16's)
 }
 
 // The bf16 operands again (qkv and o round to the forward's bits: y holds o exactly), dO = gy

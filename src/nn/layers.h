@@ -19,6 +19,7 @@ class Linear : public Layer {
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
   void release_activations() override { x_ = y_ = dx_ = Tensor(); }
+  void drop_output() override { y_ = Tensor(); }  // backward reads x and dy only
   Param& weight;
   Param* bias = nullptr;
 
@@ -206,6 +207,7 @@ class LmHead : public Layer {
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
   void release_activations() override { xs_ = scaled_ = y_ = dx_ = Tensor(); }
+  void drop_output() override { y_ = Tensor(); }  // the logits: the loss holds them
   const Param& weight() const { return *weight_; }
   float scale() const { return scale_; }
 
@@ -255,6 +257,7 @@ class MultiheadAttention : public Layer {
     x_ = qkv_ = att_ = y_ = dqkv_ = dx_ = dp_ = out_ = row_max_ = row_inv_ = lse_ = Tensor();
     out_proj.release_activations();
   }
+  void drop_output() override { out_ = Tensor(); }  // backward starts from dy and out_proj
   Param& in_proj_weight;
   Param& in_proj_bias;
   Linear& out_proj;

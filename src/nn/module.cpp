@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "nn/activation_stash.h"
 #include "tensor/rng.h"
 
 namespace fsdp {
@@ -42,18 +43,25 @@ void Module::visit(const std::function<void(Module&)>& fn) {
   for (Module* c : children_) c->visit(fn);
 }
 
+void RunCtx::rounded(const Tensor& t) const {
+  if (stash && compute_dtype != DType::f32) stash->record(t);
+}
+
 Tensor Layer::forward(RunCtx& ctx, const Tensor& x) {
   ctx.pre_forward(*this);
   const bool recompute_later = checkpointed() && ctx.training;
   if (recompute_later) saved_input_ = x;
   Tensor y = do_forward(ctx, x);
+  if (ctx.training) drop_output();
   if (recompute_later) release_activations();
+  if (ctx.stash && hooked()) ctx.stash->end_unit_forward(*this, y);  // an FSDP unit's end
   ctx.post_forward(*this);
   return y;
 }
 
 Tensor Layer::backward(RunCtx& ctx, const Tensor& dy) {
   ctx.pre_backward(*this);  // FSDP gathers the unit here: the recompute runs after it
+  if (ctx.stash && hooked()) ctx.stash->begin_unit_backward(*this);
   const bool recomputed = checkpointed() && saved_input_.defined();
   if (recomputed) {
     do_forward(ctx, saved_input_);

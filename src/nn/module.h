@@ -43,6 +43,7 @@ struct Param {
 };
 
 class Module;
+class ActivationStash;
 
 // Called around the forward and backward of every module the engine marked (the root module of
 // each FSDP unit: ctx.pre_forward(m) and friends below); FSDP gathers and frees there.
@@ -72,6 +73,9 @@ struct RunCtx {
   // The dtype this pass computes in (fsdp.mixed_precision.compute: param_dtype): bf16/f16 rounds
   // every layer's output and input gradient to it (round below), f32 rounds nothing.
   DType compute_dtype = DType::f32;
+  // Training with fsdp.mixed_precision.saved_activations: param_dtype (nn/activation_stash.h):
+  // round records what it rounded, and each unit's activations wait for its backward packed.
+  ActivationStash* stash = nullptr;
 
   Kernels& kernels() const { return runtime ? runtime->kernels() : cpu_kernels(); }
   // ensure() in this pass's memory: layers allocate activations through this.
@@ -83,9 +87,15 @@ struct RunCtx {
   }
   // An op's output rounded to compute_dtype in place (nothing in f32): where PyTorch's op in that
   // dtype would store its result. Layers call it after every kernel whose output leaves the op.
+  // Recorded by the stash: a tensor rounded in pieces (round(ptr, n)) is recorded with rounded(t).
   void round(const Tensor& t) const {
-    if (compute_dtype != DType::f32 && t.defined()) kernels().round_to(t.f32(), compute_dtype, t.numel());
+    if (compute_dtype == DType::f32 || !t.defined()) return;
+    kernels().round_to(t.f32(), compute_dtype, t.numel());
+    rounded(t);
   }
+  // t holds compute_dtype's values (rounded here in pieces, or by a kernel that rounds as it
+  // writes): what the stash may pack.
+  void rounded(const Tensor& t) const;
   void round(float* x, int64_t n) const {
     if (compute_dtype != DType::f32) kernels().round_to(x, compute_dtype, n);
   }
@@ -190,6 +200,11 @@ class Layer : public Module {
   // Drops every buffer the layer holds: after its backward, and between the forward and the
   // recomputing forward of a checkpointed layer. The next forward reallocates.
   virtual void release_activations() = 0;
+  // Training, once forward has handed its output over: a layer whose backward does not read its
+  // own output drops its handle, so the buffer lives as long as its readers do (PyTorch frees an
+  // output no backward saved after its last use): a block's out_proj and fc2 outputs die at the
+  // residual add instead of waiting for the block's backward.
+  virtual void drop_output() {}
   bool need_input_grad = true;
 
  protected:

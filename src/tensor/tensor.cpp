@@ -6,6 +6,7 @@
 
 #include "tensor/device.h"
 #include "tensor/error.h"
+#include "tensor/kernels.h"
 
 namespace fsdp {
 
@@ -44,13 +45,48 @@ Buffer::Buffer(size_t bytes, MemCategory category, DeviceRuntime& runtime)
   data_ = runtime.allocate(bytes, category, runtime.compute_stream());
 }
 
-Buffer::~Buffer() {
+Buffer::~Buffer() { release(data_, held_bytes()); }
+
+void* Buffer::allocate(size_t bytes) const {
+  if (runtime_) return runtime_->allocate(bytes, category_, runtime_->compute_stream());
+  void* p = aligned_host_alloc(bytes);
+  if (tracker_) tracker_->on_alloc(category_, bytes);
+  return p;
+}
+
+void Buffer::release(void* ptr, size_t bytes) const {
   if (runtime_) {
-    runtime_->deallocate(data_, bytes_, category_, runtime_->compute_stream());
+    runtime_->deallocate(ptr, bytes, category_, runtime_->compute_stream());
     return;
   }
-  if (tracker_) tracker_->on_free(category_, bytes_);
-  std::free(data_);
+  if (tracker_) tracker_->on_free(category_, bytes);
+  std::free(ptr);
+}
+
+size_t Buffer::held_bytes() const { return packed() ? bytes_ / sizeof(float) * dtype_bytes(packed_dtype_) : bytes_; }
+
+void Buffer::pack(DType dtype) {
+  if (packed() || dtype == DType::f32 || bytes_ == 0) return;
+  if (dtype_bytes(dtype) != 2) throw Error("Buffer::pack: " + std::string(dtype_name(dtype)) + " is not bf16 or f16");
+  Kernels& k = runtime_ ? runtime_->kernels() : cpu_kernels();
+  const int64_t n = static_cast<int64_t>(bytes_ / sizeof(float));
+  void* packed_data = allocate(static_cast<size_t>(n) * 2);
+  k.cast(packed_data, dtype, data_, DType::f32, n);
+  // Stream-ordered: the f32 block goes back to the compute stream's cache after the cast.
+  release(data_, bytes_);
+  data_ = packed_data;
+  packed_dtype_ = dtype;
+}
+
+void Buffer::unpack() const {
+  if (!packed()) return;
+  Kernels& k = runtime_ ? runtime_->kernels() : cpu_kernels();
+  const int64_t n = static_cast<int64_t>(bytes_ / sizeof(float));
+  void* f32_data = allocate(bytes_);
+  k.cast(f32_data, DType::f32, data_, packed_dtype_, n);
+  release(data_, held_bytes());
+  data_ = f32_data;
+  packed_dtype_ = DType::f32;
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, MemCategory category, MemoryTracker* tracker) {

@@ -33,15 +33,33 @@ class Buffer {
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
-  void* data() const { return data_; }
-  size_t bytes() const { return bytes_; }
+  // A packed buffer is unpacked first: whoever reads it early pays a pass, never a wrong value.
+  void* data() const {
+    if (packed_dtype_ != DType::f32) unpack();
+    return data_;
+  }
+  size_t bytes() const { return bytes_; }  // as f32, packed or not
+
+  // Activation storage in the dtype a pass computes in (nn/activation_stash.h): the buffer's f32
+  // values, every one exactly a value of `dtype` (bf16 or f16: what RunCtx::round left), held in
+  // that dtype, half the bytes, from a unit's forward to its backward. Lossless only for such
+  // values (any other is rounded): the stash packs only what RunCtx::round rounded. The f32
+  // memory is freed and allocated again by unpack, both in the buffer's own memory (the host, a
+  // device, the memory plan's meta device), on its compute stream, through its kernels' cast.
+  void pack(DType dtype);
+  void unpack() const;
+  bool packed() const { return packed_dtype_ != DType::f32; }
 
  private:
-  void* data_ = nullptr;
+  void* allocate(size_t bytes) const;
+  void release(void* ptr, size_t bytes) const;
+  size_t held_bytes() const;  // of the current allocation: bytes_, or the packed size
+  mutable void* data_ = nullptr;
   size_t bytes_ = 0;
   MemCategory category_;
   MemoryTracker* tracker_ = nullptr;
   DeviceRuntime* runtime_ = nullptr;
+  mutable DType packed_dtype_ = DType::f32;  // f32: not packed
 };
 
 class Tensor {
@@ -67,6 +85,8 @@ class Tensor {
   bool defined() const { return buffer_ != nullptr; }
 
   void* raw() const { return buffer_ ? buffer_->data() : nullptr; }
+  // The buffer itself, shared by every view and copy of this tensor (nn/activation_stash.h packs it).
+  const std::shared_ptr<Buffer>& storage() const { return buffer_; }
   float* f32() const;    // checks dtype
   int32_t* i32() const;  // checks dtype
 

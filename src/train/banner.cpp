@@ -43,9 +43,12 @@ void Trainer::print_banner() const {
   if (leader && c.fsdp.mixed_precision.param_dtype != DType::f32)
     std::printf("fsdp_app: fsdp.mixed_precision: parameters gathered in %s, %s\n",
                 std::string(dtype_name(c.fsdp.mixed_precision.param_dtype)).c_str(),
-                compute_dtype(c.fsdp.mixed_precision) == DType::f32
-                    ? "activations and arithmetic in f32 (compute: f32)"
-                    : "each unit computing in it as PyTorch does (compute: param_dtype)");
+                compute_dtype(c.fsdp.mixed_precision) == DType::f32 ? "activations and arithmetic in f32 (compute: f32)"
+                : saved_activation_dtype(c.fsdp.mixed_precision) == DType::f32
+                    ? "each unit computing in it as PyTorch does (compute: param_dtype), its activations held "
+                      "in f32 until backward (saved_activations: f32)"
+                    : "each unit computing in it as PyTorch does (compute: param_dtype), its activations held "
+                      "in it until backward (saved_activations: param_dtype)");
   // Device runs: how the backend takes device buffers, and why (comm.device_buffers).
   if (leader && s.comms.device)
     std::printf("fsdp_app: comm %s: %s\n", c.comm.backend.c_str(), s.comms.device->device_path().text.c_str());

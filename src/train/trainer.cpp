@@ -13,9 +13,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 
 #include "ckpt/checkpoint.h"
+#include "nn/activation_stash.h"
 #include "tensor/error.h"
 #include "tensor/timeline.h"
 #include "train/checkpointing.h"
@@ -220,6 +222,13 @@ Trainer::StepResult Trainer::train_step(int64_t step, double lr) {
   std::vector<int64_t> global = s.sampler->global_batch(epoch, step_in_epoch);
   ctx.loss_normalizer = static_cast<double>(s.data.train->loss_elements(global));
 
+  // bf16/f16 activations between forward and backward (nn/activation_stash.h).
+  std::optional<ActivationStash> stash;
+  if (const DType held = saved_activation_dtype(c.fsdp.mixed_precision); held != DType::f32) {
+    stash.emplace(held);
+    ctx.stash = &*stash;
+  }
+
   // Forward/backward per micro-batch; only the last one reduces gradients (no_sync).
   StepResult r;
   r.loss_scale = ctx.loss_scale;
@@ -233,7 +242,9 @@ Trainer::StepResult Trainer::train_step(int64_t step, double lr) {
     const BatchBuffers& in = upload_batch(engine.runtime(), s.batch, s.dev_batch);
     trace.end(Track::host);
     engine.set_sync_grads(m + 1 == c.train.grad_accum);
+    if (stash) stash->begin_forward();
     r.loss += s.model->forward(ctx, in.inputs, in.targets);
+    if (stash) stash->begin_backward();
     s.model->backward(ctx);
   }
   engine.finish_backward();

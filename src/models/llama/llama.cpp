@@ -126,6 +126,7 @@ class LlamaAttention : public Layer {
       ctx.ensure(row_inv_, {B, H_, Tk}, DType::f32);
       kernels.causal_softmax_flash(probs_.f32(), CausalRows{B * H_, Tq, pos0, Tk}, row_max_.f32(), row_inv_.f32(),
                                    flash);
+      ctx.rounded(probs_);
     }
     dropped_ = dropout.forward(ctx, probs_);
     ctx.ensure(y_, {B, Tq, H_ * D_}, DType::f32);
@@ -136,8 +137,10 @@ class LlamaAttention : public Layer {
                                      H_ * D_, h.q_stride, G_);
       });
     });
-    if (flash != DType::f32)  // row i's statistics at position pos0 + i of its plane's Tk
+    if (flash != DType::f32) {  // row i's statistics at position pos0 + i of its plane's Tk
       kernels.attention_rescale(y_.f32(), row_inv_.f32() + pos0, B, Tq, H_, D_, Tk, flash);
+      ctx.rounded(y_);
+    }
     out_ = o_proj.forward(ctx, y_);
     return out_;
   }
@@ -212,6 +215,7 @@ class LlamaAttention : public Layer {
     Q_ = K_ = V_ = probs_ = dropped_ = y_ = out_ = dV_ = dP_ = dQ_ = dK_ = dx_ = row_max_ = row_inv_ = Tensor();
     for (Layer* l : std::array<Layer*, 5>{&q_proj, &k_proj, &v_proj, &o_proj, &dropout}) l->release_activations();
   }
+  void drop_output() override { out_ = Tensor(); }  // o_proj's: backward starts from dy
 
   Linear& q_proj;
   Linear& k_proj;
@@ -316,6 +320,7 @@ class LlamaMLP : public Layer {
     act_ = up_ = h_ = out_ = dact_ = dup_ = dx_ = Tensor();
     for (Layer* l : std::array<Layer*, 4>{&gate_proj, &up_proj, &down_proj, &act_fn}) l->release_activations();
   }
+  void drop_output() override { out_ = Tensor(); }  // down_proj's: backward starts from dy
 
   Linear& gate_proj;
   Linear& up_proj;
