@@ -18,6 +18,7 @@
 #include "models/mnist_cnn/mnist_cnn.h"
 #include "models/model.h"
 #include "models/transformer/transformer.h"
+#include "nn/activation_stash.h"
 #include "nn/flat.h"
 #include "nn/layers.h"
 #include "nn/loss.h"
@@ -1135,6 +1136,62 @@ std::vector<float> rounded(const Tensor& t) {
 }
 std::vector<float> values(const Tensor& t) { return {t.f32(), t.f32() + t.numel()}; }
 }  // namespace
+
+// nn/activation_stash.h's protocol: what RunCtx::round recorded since the previous unit's end is
+// packed at a unit's end except that unit's output (packed at the next end), and unpacked when
+// that unit's backward begins; nothing is recorded outside a forward, released buffers are skipped,
+// and f32 compute records nothing.
+BOOST_AUTO_TEST_CASE(activation_stash_packs_between_unit_ends) {
+  MemoryTracker mem;
+  Linear unit1("u1", 2, 2), unit2("u2", 2, 2);  // keys only
+  ActivationStash stash(DType::bf16);
+  RunCtx ctx;
+  ctx.mem = &mem;
+  ctx.compute_dtype = DType::bf16;
+  ctx.stash = &stash;
+  auto make = [&](float v) {
+    Tensor t = Tensor::empty({4}, DType::f32, MemCategory::activations, &mem);
+    for (int i = 0; i < 4; ++i) t.f32()[i] = v + static_cast<float>(i) / 3;  // rounded by round()
+    return t;
+  };
+  auto packed = [](const Tensor& t) { return t.storage()->packed(); };
+  stash.begin_forward();
+  Tensor a = make(1), b = make(2), out1 = make(3), gone = make(4), stats = make(5);
+  for (const Tensor* t : {&a, &b, &out1, &gone}) ctx.round(*t);
+  const float a1 = a.f32()[1];  // bf16's nearest to 1 + 1/3
+  gone = Tensor();              // released before the unit's end (a checkpointed unit's insides)
+  stash.end_unit_forward(unit1, out1);
+  BOOST_TEST(packed(a));
+  BOOST_TEST(packed(b));
+  BOOST_TEST(!packed(out1));   // unit 2's input: read at once
+  BOOST_TEST(!packed(stats));  // never rounded: not recorded (not bf16 values)
+  BOOST_TEST(stash.saved_bytes() == 16u);
+  Tensor out2 = make(6);
+  ctx.round(out2);
+  stash.end_unit_forward(unit2, out2);
+  BOOST_TEST(packed(out1));  // with unit 2's group
+  BOOST_TEST(!packed(out2));
+  stash.begin_backward();
+  Tensor late = make(7);
+  ctx.round(late);  // a recomputing forward in backward: not recorded
+  stash.end_unit_forward(unit2, Tensor());
+  BOOST_TEST(!packed(late));
+  stash.begin_unit_backward(unit2);
+  BOOST_TEST(!packed(out1));
+  BOOST_TEST(packed(a));
+  stash.begin_unit_backward(unit1);
+  BOOST_TEST(!packed(a));
+  BOOST_TEST(!packed(b));
+  BOOST_TEST(a.f32()[1] == a1);                                        // the rounded value, bit for bit
+  BOOST_TEST(mem.current_bytes(MemCategory::activations) == 6 * 16u);  // all f32 again: a b out1 stats out2 late
+  // f32 compute: round() neither rounds nor records.
+  ctx.compute_dtype = DType::f32;
+  stash.begin_forward();
+  Tensor c = make(8);
+  ctx.round(c);
+  stash.end_unit_forward(unit1, Tensor());
+  BOOST_TEST(!packed(c));
+}
 
 BOOST_AUTO_TEST_CASE(compute_dtype_rounds_each_output_once) {
   RunCtx f32_ctx, bf16_ctx;

@@ -268,9 +268,13 @@ BOOST_AUTO_TEST_CASE(saved_activations_in_bf16_same_bits_less_memory) {
       {kLm, {}},
       {kLm, {"model.attention=recompute", "fsdp.activation_checkpointing=true"}},
       {kLm, {"train.grad_accum=2"}},
+      // Units inside units (every Linear of a block its own): an inner unit's end packs what the
+      // block rounded before it, which the block reads again (unpacked on access).
+      {kLm, {"fsdp.auto_wrap.policy=size_based", "fsdp.auto_wrap.min_num_params=1000"}},
       {kCnn, {"fsdp.auto_wrap.min_num_params=1000"}, false},
       {kT5, {}},
       {kLlama, {}},
+      {kLlama, {"fsdp.auto_wrap.policy=size_based", "fsdp.auto_wrap.min_num_params=500"}},
   };
   for (const Case& k : cases) {
     std::string label = std::string(k.yaml).substr(13, 12);

@@ -646,6 +646,42 @@ BOOST_AUTO_TEST_CASE(views_and_clones) {
   BOOST_TEST((ci.dtype() == DType::i32));
 }
 
+// Buffer::pack holds bf16 (or f16) values of an f32 buffer at half the bytes, charged as such, and
+// gives every handle the same f32 values back; reading through any handle unpacks first.
+BOOST_AUTO_TEST_CASE(buffer_packs_exact_values_at_half_the_bytes) {
+  for (DType held : {DType::bf16, DType::f16}) {
+    MemoryTracker mem;
+    Tensor t = Tensor::empty({3, 5}, DType::f32, MemCategory::activations, &mem);
+    Tensor view = t.view({15});
+    // Values of the held dtype (so lossless), with a signed zero, a subnormal of f32 that bf16
+    // holds, and infinity.
+    const float vals[15] = {0.0f,      -0.0f,      1.0f, -2.5f, 0.15625f, 1024.0f,
+                            -32768.0f, 3.0f,       0.5f, 7.0f,  -0.75f,   std::numeric_limits<float>::infinity(),
+                            96.0f,     -1.0f / 64, 12.0f};
+    std::memcpy(t.f32(), vals, sizeof vals);
+    BOOST_TEST(mem.current_bytes(MemCategory::activations) == 60u);
+    t.storage()->pack(held);
+    BOOST_TEST(t.storage()->packed());
+    BOOST_TEST(mem.current_bytes(MemCategory::activations) == 30u);  // the f32 block freed
+    BOOST_TEST(mem.peak_bytes(MemCategory::activations) == 90u);     // both during the cast
+    t.storage()->pack(held);                                         // packing twice: nothing
+    BOOST_TEST(mem.current_bytes(MemCategory::activations) == 30u);
+    const float* back = view.f32();  // any handle's access unpacks
+    BOOST_TEST(!t.storage()->packed());
+    BOOST_TEST(mem.current_bytes(MemCategory::activations) == 60u);
+    BOOST_TEST(std::memcmp(back, vals, sizeof vals) == 0);  // bitwise (-0.0 too)
+    t.storage()->unpack();                                  // not packed: nothing
+    BOOST_TEST(std::memcmp(t.f32(), vals, sizeof vals) == 0);
+  }
+  // A value the held dtype cannot hold comes back rounded: why the stash packs only what
+  // RunCtx::round rounded.
+  Tensor u = Tensor::empty({1}, DType::f32);
+  u.f32()[0] = 1.0f + 1.0f / 1024;
+  u.storage()->pack(DType::bf16);
+  BOOST_TEST(u.f32()[0] == 1.0f);
+  BOOST_CHECK_THROW(u.storage()->pack(DType::i32), Error);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // ---------------------------------------------------------------------------------------------

@@ -30,8 +30,11 @@ class Module;
 class ActivationStash {
  public:
   explicit ActivationStash(DType dtype) : dtype_(dtype) {}
+  ~ActivationStash() = default;  // holds weak handles only: what is packed stays with its owners
   ActivationStash(const ActivationStash&) = delete;
   ActivationStash& operator=(const ActivationStash&) = delete;
+  ActivationStash(ActivationStash&&) = delete;
+  ActivationStash& operator=(ActivationStash&&) = delete;
 
   // Around each micro-batch: the forward records and packs, the backward unpacks.
   void begin_forward();

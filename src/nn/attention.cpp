@@ -334,7 +334,10 @@ const Tensor& TransformerBlock::do_forward(RunCtx& ctx, const Tensor& x) {
   int64_t n = x.numel();
   // a = x + attn(ln1(x)) and ln2(a) in one pass (LayerNorm::forward_adding).
   const Tensor h = ln2.forward_adding(ctx, x, attn.forward(ctx, ln1.forward(ctx, x)), a_);
-  ctx.kernels().add(y_.f32(), a_.f32(), fc2.forward(ctx, act.forward(ctx, fc1.forward(ctx, h))).f32(), n);
+  // fc2's output first, then the pointers: fc1 or fc2 may be an FSDP unit of its own, whose end
+  // packs what the block rounded before it (a_), so a pointer taken earlier could be stale.
+  const Tensor mlp = fc2.forward(ctx, act.forward(ctx, fc1.forward(ctx, h)));
+  ctx.kernels().add(y_.f32(), a_.f32(), mlp.f32(), n);
   ctx.round(y_);
   return y_;
 }
