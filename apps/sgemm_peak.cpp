@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -68,7 +69,8 @@ int memory_rate(long threads, long reps) {
 // The best of R dropout_forward calls over 4 Mi elements (p 0.1), as the trainer calls it.
 int dropout_rate(long reps) {
   const int64_t n = int64_t{1} << 22;
-  std::vector<float> x(static_cast<size_t>(n), 1.0f), y(x.size()), mask(x.size());
+  std::vector<float> x(static_cast<size_t>(n), 1.0f), y(x.size());
+  std::vector<uint8_t> mask(x.size());
   const std::unique_ptr<fsdp::Kernels> kernels = fsdp::make_cpu_kernels();
   auto call = [&](uint64_t stream) {
     kernels->dropout_forward(y.data(), mask.data(), x.data(), 1, n, 0.1f, 7, stream, 0);

@@ -223,9 +223,12 @@ class DeferredKernels final : public Kernels {
   void mul(float* y, const float* a, const float* b, int64_t n) override { defer(&Kernels::mul, y, a, b, n); }
   void scale(float* x, float factor, int64_t n) override { defer(&Kernels::scale, x, factor, n); }
   void fill(float* x, float value, int64_t n) override { defer(&Kernels::fill, x, value, n); }
-  void dropout_forward(float* y, float* mask, const float* x, int64_t B, int64_t per_sample, float p, uint64_t key,
+  void dropout_forward(float* y, uint8_t* keep, const float* x, int64_t B, int64_t per_sample, float p, uint64_t key,
                        uint64_t stream, int64_t sample_offset) override {
-    defer(&Kernels::dropout_forward, y, mask, x, B, per_sample, p, key, stream, sample_offset);
+    defer(&Kernels::dropout_forward, y, keep, x, B, per_sample, p, key, stream, sample_offset);
+  }
+  void dropout_backward(float* dx, const float* dy, const uint8_t* keep, float p, int64_t n) override {
+    defer(&Kernels::dropout_backward, dx, dy, keep, p, n);
   }
   void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
                          int64_t rows, int64_t C, float eps) override {

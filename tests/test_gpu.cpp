@@ -195,12 +195,22 @@ BOOST_AUTO_TEST_CASE(dropout_bitwise) {
   auto x = randn(B * per, 3);
   float* dx = g.upload(x);
   float* dy = g.upload(std::vector<float>(B * per));
-  float* dm = g.upload(std::vector<float>(B * per));
-  std::vector<float> y(B * per), m(B * per);
+  uint8_t* dm = g.upload(std::vector<uint8_t>(B * per));  // the mask: a byte an element
+  std::vector<float> y(B * per);
+  std::vector<uint8_t> m(B * per);
   cpu_kernels().dropout_forward(y.data(), m.data(), x.data(), B, per, 0.3f, 42, 99, 5);
   g.k().dropout_forward(dy, dm, dx, B, per, 0.3f, 42, 99, 5);
   same_bits(y, g.download(dy, B * per), "dropout y");
-  same_bits(m, g.download(dm, B * per), "dropout mask");
+  const std::vector<uint8_t> md = g.download(dm, B * per);
+  BOOST_TEST(m == md, boost::test_tools::per_element());
+  // The backward: the forward's factor times dy, bitwise on both.
+  auto dyh = randn(B * per, 4);
+  float* ddy = g.upload(dyh);
+  float* ddx = g.upload(std::vector<float>(B * per));
+  std::vector<float> dxh(B * per);
+  cpu_kernels().dropout_backward(dxh.data(), dyh.data(), m.data(), 0.3f, B * per);
+  g.k().dropout_backward(ddx, ddy, dm, 0.3f, B * per);
+  same_bits(dxh, g.download(ddx, B * per), "dropout dx");
 }
 
 BOOST_AUTO_TEST_CASE(gemm_and_linear) {

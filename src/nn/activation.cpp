@@ -149,14 +149,14 @@ Tensor RMSNorm::backward_adding(RunCtx& ctx, const Tensor& dy, const Tensor& res
 const Tensor& Dropout::do_forward(RunCtx& ctx, const Tensor& x) {
   active_ = ctx.training && ctx.dropout && p_ > 0.0f;
   if (!active_) return x;
-  ctx.ensure(mask_, x.shape(), DType::f32);
+  ctx.ensure(mask_, x.shape(), DType::u8);
   ctx.ensure(y_, x.shape(), DType::f32);
   // Key by (seed, step) and stream by this layer's name: sample n's mask is the same on any rank.
   const uint64_t key = ctx.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(ctx.step);
   // Per-sample size from the trailing dims: a rank's share of a short last batch may be empty.
   int64_t B = x.dim(0), per_sample = shape_numel(Shape(x.shape().begin() + 1, x.shape().end()));
-  ctx.kernels().dropout_forward(y_.f32(), mask_.f32(), x.f32(), B, per_sample, p_, key, hash_name(name()),
-                                ctx.sample_offset);
+  ctx.kernels().dropout_forward(y_.f32(), static_cast<uint8_t*>(mask_.raw()), x.f32(), B, per_sample, p_, key,
+                                hash_name(name()), ctx.sample_offset);
   ctx.round(y_);
   return y_;
 }
@@ -164,7 +164,7 @@ const Tensor& Dropout::do_forward(RunCtx& ctx, const Tensor& x) {
 const Tensor& Dropout::do_backward(RunCtx& ctx, const Tensor& dy) {
   if (!active_) return dy;
   ctx.ensure(dx_, dy.shape(), DType::f32);
-  ctx.kernels().mul(dx_.f32(), dy.f32(), mask_.f32(), dy.numel());
+  ctx.kernels().dropout_backward(dx_.f32(), dy.f32(), static_cast<const uint8_t*>(mask_.raw()), p_, dy.numel());
   ctx.round(dx_);
   return dx_;
 }

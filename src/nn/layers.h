@@ -93,6 +93,7 @@ class Dropout : public Layer {
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
   void release_activations() override { mask_ = y_ = dx_ = Tensor(); }
+  void drop_output() override { y_ = Tensor(); }  // backward reads the mask only
 
  private:
   float p_;

@@ -193,19 +193,26 @@ class CpuKernels final : public Kernels {
 
   // ---- Dropout ----
 
-  void dropout_forward(float* y, float* mask, const float* x, int64_t B, int64_t per_sample, float p, uint64_t key,
+  void dropout_forward(float* y, uint8_t* keep, const float* x, int64_t B, int64_t per_sample, float p, uint64_t key,
                        uint64_t stream, int64_t sample_offset) override {
     const CounterRng rng(key, stream);
-    const float scale = 1.0f / (1.0f - p);
+    const float scale = kmath::dropout_scale(p);
 #pragma omp parallel for
     for (int64_t n = 0; n < B; ++n) {
       const uint64_t base = static_cast<uint64_t>(sample_offset + n) * static_cast<uint64_t>(per_sample);
       for (int64_t j = 0; j < per_sample; ++j) {
         const int64_t i = n * per_sample + j;
-        mask[i] = rng.uniform(base + j) >= p ? scale : 0.0f;
-        y[i] = x[i] * mask[i];
+        const bool kept = rng.uniform(base + j) >= p;
+        keep[i] = kept ? 1 : 0;
+        y[i] = x[i] * (kept ? scale : 0.0f);
       }
     }
+  }
+
+  void dropout_backward(float* dx, const float* dy, const uint8_t* keep, float p, int64_t n) override {
+    const float scale = kmath::dropout_scale(p);
+#pragma omp parallel for simd
+    for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * (keep[i] ? scale : 0.0f);
   }
 
   // ---- Normalisation and softmax ----

@@ -90,6 +90,7 @@ FSDP_HD inline uint64_t dropout_counter(int64_t sample_offset, int64_t n, int64_
   return static_cast<uint64_t>(sample_offset + n) * static_cast<uint64_t>(per_sample) + static_cast<uint64_t>(j);
 }
 FSDP_HD inline float dropout_mask(float u, float p, float scale) { return u >= p ? scale : 0.0f; }
+FSDP_HD inline float dropout_scale(float p) { return 1.0f / (1.0f - p); }  // forward and backward alike
 
 // --- Exact GELU (ops.cpp).
 constexpr float kSqrt1_2 = 0.7071067811865476f;  // static_cast<float>(M_SQRT1_2)

@@ -131,11 +131,15 @@ class Kernels {
   virtual void scale(float* x, float factor, int64_t n) = 0;
   virtual void fill(float* x, float value, int64_t n) = 0;
 
-  // --- Dropout: mask[i] = scale or 0 from CounterRng(key, stream).uniform(counter of element i),
-  // the counter being (sample_offset + n) * per_sample + j for element j of local sample n;
-  // y = x * mask. Bitwise the same on host and device (kernel_math.h's Philox).
-  virtual void dropout_forward(float* y, float* mask, const float* x, int64_t B, int64_t per_sample, float p,
+  // --- Dropout: element i kept (keep[i] = 1, else 0) where CounterRng(key, stream).uniform(counter
+  // of element i) >= p, the counter being (sample_offset + n) * per_sample + j for element j of
+  // local sample n; y = x * (kept ? scale : 0), scale = kmath::dropout_scale(p). A byte a mask
+  // element, as PyTorch's bool mask (a mask of f32 scales was 4 bytes an element of what the
+  // forward keeps). Bitwise the same on host and device (kernel_math.h's Philox).
+  virtual void dropout_forward(float* y, uint8_t* keep, const float* x, int64_t B, int64_t per_sample, float p,
                                uint64_t key, uint64_t stream, int64_t sample_offset) = 0;
+  // dx = dy * (keep[i] ? scale : 0) (n elements): the forward's factor, the same product bits.
+  virtual void dropout_backward(float* dx, const float* dy, const uint8_t* keep, float p, int64_t n) = 0;
 
   // --- Normalisation and softmax.
   virtual void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,

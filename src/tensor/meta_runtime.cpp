@@ -81,9 +81,12 @@ class MetaKernels final : public Kernels {
   void mul(float*, const float*, const float*, int64_t n) override { floats(3 * n); }
   void scale(float*, float, int64_t n) override { floats(2 * n); }
   void fill(float*, float, int64_t n) override { floats(n); }
-  void dropout_forward(float*, float*, const float*, int64_t B, int64_t per_sample, float, uint64_t, uint64_t,
-                       int64_t) override {
-    if (timeline_) timeline_->dropout(12.0 * static_cast<double>(B * per_sample), static_cast<double>(B * per_sample));
+  void dropout_forward(float*, uint8_t*, const float*, int64_t B, int64_t per_sample, float, uint64_t, uint64_t,
+                       int64_t) override {  // x read, y written, a byte of mask written
+    if (timeline_) timeline_->dropout(9.0 * static_cast<double>(B * per_sample), static_cast<double>(B * per_sample));
+  }
+  void dropout_backward(float*, const float*, const uint8_t*, float, int64_t n) override {
+    bytes(9.0 * static_cast<double>(n));
   }
   void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int64_t rows, int64_t C,
                          float) override {

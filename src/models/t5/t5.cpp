@@ -183,6 +183,7 @@ class T5Attention : public Layer {
     Q_ = K_ = V_ = probs_ = dropped_ = y_ = out_ = dV_ = dP_ = dQ_ = dK_ = dq_ = dx_ = Tensor();
     for (Layer* l : std::array<Layer*, 5>{&q, &k, &v, &o, &dropout}) l->release_activations();
   }
+  void drop_output() override { out_ = Tensor(); }  // o's: backward starts from dy
 
   Linear& q;
   Linear& k;
@@ -348,6 +349,7 @@ class DenseActDense : public Layer {
     for (Layer* l : std::array<Layer*, 5>{wi, wi_1, wo, dropout, act})
       if (l) l->release_activations();
   }
+  void drop_output() override { out_ = Tensor(); }  // the dropout's: backward starts from dy
 
   Linear* wi = nullptr;    // "wi" or "wi_0"
   Linear* wi_1 = nullptr;  // gated only

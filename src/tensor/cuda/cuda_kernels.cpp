@@ -249,9 +249,12 @@ void CudaKernels::mul(float* y, const float* a, const float* b, int64_t n) {
 void CudaKernels::scale(float* x, float factor, int64_t n) { launch::scale(x, factor, n, stream_); }
 void CudaKernels::fill(float* x, float value, int64_t n) { launch::fill(x, value, n, stream_); }
 
-void CudaKernels::dropout_forward(float* y, float* mask, const float* x, int64_t B, int64_t per_sample, float p,
+void CudaKernels::dropout_forward(float* y, uint8_t* keep, const float* x, int64_t B, int64_t per_sample, float p,
                                   uint64_t key, uint64_t stream, int64_t sample_offset) {
-  launch::dropout_forward(y, mask, x, B, per_sample, p, key, stream, sample_offset, stream_);
+  launch::dropout_forward(y, keep, x, B, per_sample, p, key, stream, sample_offset, stream_);
+}
+void CudaKernels::dropout_backward(float* dx, const float* dy, const uint8_t* keep, float p, int64_t n) {
+  launch::dropout_backward(dx, dy, keep, p, n, stream_);
 }
 
 void CudaKernels::layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,

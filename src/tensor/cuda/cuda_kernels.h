@@ -73,8 +73,9 @@ class CudaKernels final : public Kernels {
   void mul(float* y, const float* a, const float* b, int64_t n) override;
   void scale(float* x, float factor, int64_t n) override;
   void fill(float* x, float value, int64_t n) override;
-  void dropout_forward(float* y, float* mask, const float* x, int64_t B, int64_t per_sample, float p, uint64_t key,
+  void dropout_forward(float* y, uint8_t* keep, const float* x, int64_t B, int64_t per_sample, float p, uint64_t key,
                        uint64_t stream, int64_t sample_offset) override;
+  void dropout_backward(float* dx, const float* dy, const uint8_t* keep, float p, int64_t n) override;
   void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
                          int64_t rows, int64_t C, float eps) override;
   void layernorm_backward(float* dx, const float* residual, float* dw, float* db, const float* dy, const float* x,

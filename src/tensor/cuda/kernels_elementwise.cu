@@ -50,15 +50,18 @@ __global__ void scale_k(float* x, float f, int64_t n) {
 __global__ void fill_k(float* x, float v, int64_t n) {
   for (int64_t i = gtid(); i < n; i += gstride()) x[i] = v;
 }
-__global__ void dropout_k(float* y, float* mask, const float* x, int64_t B, int64_t per_sample, float p, float scale,
+__global__ void dropout_k(float* y, uint8_t* keep, const float* x, int64_t B, int64_t per_sample, float p, float scale,
                           uint64_t key, uint64_t stream, int64_t sample_offset) {
   for (int64_t i = gtid(); i < B * per_sample; i += gstride()) {
     int64_t n = i / per_sample, j = i % per_sample;
     float u = kmath::philox_uniform(key, stream, kmath::dropout_counter(sample_offset, n, per_sample, j));
     float m = kmath::dropout_mask(u, p, scale);
-    mask[i] = m;
+    keep[i] = m != 0.0f ? 1 : 0;
     y[i] = x[i] * m;
   }
+}
+__global__ void dropout_backward_k(float* dx, const float* dy, const uint8_t* keep, float scale, int64_t n) {
+  for (int64_t i = gtid(); i < n; i += gstride()) dx[i] = dy[i] * (keep[i] ? scale : 0.0f);
 }
 
 }  // namespace
@@ -86,13 +89,18 @@ void fill(float* x, float value, int64_t n, cudaStream_t s) {
   fill_k<<<blocks_for(n), kThreads, 0, s>>>(x, value, n);
   check_launch("fill");
 }
-void dropout_forward(float* y, float* mask, const float* x, int64_t B, int64_t per_sample, float p, uint64_t key,
+void dropout_forward(float* y, uint8_t* keep, const float* x, int64_t B, int64_t per_sample, float p, uint64_t key,
                      uint64_t stream, int64_t sample_offset, cudaStream_t s) {
   if (B * per_sample == 0) return;
-  const float scale = 1.0f / (1.0f - p);  // as nn/activation.cpp
-  dropout_k<<<blocks_for(B * per_sample), kThreads, 0, s>>>(y, mask, x, B, per_sample, p, scale, key, stream,
+  const float scale = kmath::dropout_scale(p);  // as the host's
+  dropout_k<<<blocks_for(B * per_sample), kThreads, 0, s>>>(y, keep, x, B, per_sample, p, scale, key, stream,
                                                             sample_offset);
   check_launch("dropout_forward");
+}
+void dropout_backward(float* dx, const float* dy, const uint8_t* keep, float p, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  dropout_backward_k<<<blocks_for(n), kThreads, 0, s>>>(dx, dy, keep, kmath::dropout_scale(p), n);
+  check_launch("dropout_backward");
 }
 
 }  // namespace fsdp::cuda::launch

@@ -36,8 +36,9 @@ enum class Unary : uint8_t {
 void elementwise(Unary op, float* y, const float* a, const float* b, int64_t n, cudaStream_t s);
 void scale(float* x, float factor, int64_t n, cudaStream_t s);
 void fill(float* x, float value, int64_t n, cudaStream_t s);
-void dropout_forward(float* y, float* mask, const float* x, int64_t B, int64_t per_sample, float p, uint64_t key,
+void dropout_forward(float* y, uint8_t* keep, const float* x, int64_t B, int64_t per_sample, float p, uint64_t key,
                      uint64_t stream, int64_t sample_offset, cudaStream_t s);
+void dropout_backward(float* dx, const float* dy, const uint8_t* keep, float p, int64_t n, cudaStream_t s);
 
 // residual not null: x + residual normalised, stored in sum; sum and y rounded to dtype.
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int64_t rows,
