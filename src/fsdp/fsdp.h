@@ -221,6 +221,9 @@ class FsdpEngine : public ModuleHooks {
   int next_in_forward(const Unit& u) const;
   int next_in_backward(const Unit& u) const;
   bool keeps_params_after_forward(const Unit& u) const;
+  // A shard group of one rank with f32 parameters on the device: the shard is the whole unit, so
+  // unshard binds it in place and reshard has nothing to free.
+  bool shard_is_the_unit() const;
   Unit& unit_of(Module& module);
   int index_of(const Unit& u) const;
 

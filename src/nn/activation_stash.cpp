@@ -20,11 +20,10 @@ void ActivationStash::record(const Tensor& t) {
   if (pending_set_.insert(t.storage().get()).second) pending_.push_back(t.storage());
 }
 
-void ActivationStash::end_unit_forward(const Module& unit, const Tensor& output) {
+void ActivationStash::end_unit_forward(const Tensor& output) {
   if (!recording_) return;
   const Buffer* out = output.defined() ? output.storage().get() : nullptr;
   Held kept_pending;
-  Held& packed = packed_[&unit];
   for (std::weak_ptr<Buffer>& w : pending_) {
     std::shared_ptr<Buffer> b = w.lock();
     if (!b) continue;  // released already (a checkpointed unit's insides)
@@ -36,20 +35,11 @@ void ActivationStash::end_unit_forward(const Module& unit, const Tensor& output)
       b->pack(dtype_);
       saved_bytes_ += b->bytes() / 2;
     }
-    packed.push_back(std::move(w));
   }
   pending_ = std::move(kept_pending);
   pending_set_.clear();
   for (const auto& w : pending_)
     if (auto b = w.lock()) pending_set_.insert(b.get());
-}
-
-void ActivationStash::begin_unit_backward(const Module& unit) {
-  auto it = packed_.find(&unit);
-  if (it == packed_.end()) return;
-  for (const std::weak_ptr<Buffer>& w : it->second)
-    if (auto b = w.lock()) b->unpack();
-  packed_.erase(it);
 }
 
 }  // namespace fsdp

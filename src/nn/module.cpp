@@ -54,14 +54,13 @@ Tensor Layer::forward(RunCtx& ctx, const Tensor& x) {
   Tensor y = do_forward(ctx, x);
   if (ctx.training) drop_output();
   if (recompute_later) release_activations();
-  if (ctx.stash && hooked()) ctx.stash->end_unit_forward(*this, y);  // an FSDP unit's end
+  if (ctx.stash && hooked()) ctx.stash->end_unit_forward(y);  // an FSDP unit's end
   ctx.post_forward(*this);
   return y;
 }
 
 Tensor Layer::backward(RunCtx& ctx, const Tensor& dy) {
   ctx.pre_backward(*this);  // FSDP gathers the unit here: the recompute runs after it
-  if (ctx.stash && hooked()) ctx.stash->begin_unit_backward(*this);
   const bool recomputed = checkpointed() && saved_input_.defined();
   if (recomputed) {
     do_forward(ctx, saved_input_);

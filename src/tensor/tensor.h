@@ -49,6 +49,10 @@ class Buffer {
   void pack(DType dtype);
   void unpack() const;
   bool packed() const { return packed_dtype_ != DType::f32; }
+  // The packed values as they are (null when not packed), for a reader that takes them in that
+  // dtype without widening the buffer (Linear's dW GEMM at matmul_precision medium).
+  const void* packed_data() const { return packed() ? data_ : nullptr; }
+  DType packed_dtype() const { return packed_dtype_; }  // f32: not packed
 
  private:
   void* allocate(size_t bytes) const;
