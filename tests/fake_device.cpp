@@ -184,6 +184,10 @@ class DeferredKernels final : public Kernels {
                        int64_t in, int64_t out) override {
     defer(&Kernels::linear_backward, dX, dW, db, dY, X, W, rows, in, out);
   }
+  void linear_backward_bf16_x(float* dX, float* dW, float* db, const float* dY, const uint16_t* X, const float* W,
+                              int64_t rows, int64_t in, int64_t out) override {
+    defer(&Kernels::linear_backward_bf16_x, dX, dW, db, dY, X, W, rows, in, out);
+  }
   void im2col(const float* x, float* col, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t pad,
               int64_t OH, int64_t OW) override {
     defer(&Kernels::im2col, x, col, B, C, H, W, K, pad, OH, OW);

@@ -86,8 +86,8 @@ class Recorder {
   }
   std::vector<std::string> take() { return std::exchange(log_, {}); }
 
-  // Which unit a collective is for, from its buffers (the gathered buffer; the unit's slice of
-  // the grad shards), its count checked against the unit's shard.
+  // Which unit a collective is for, from its buffers (the gathered buffer; the unit's grad
+  // shard), its count checked against the unit's shard.
   std::string gather_unit(const void* out, size_t count) const {
     for (const auto& u : engine_->units())
       if (u->gathered.defined() && u->gathered.raw() == out) return checked(*u, count);
@@ -95,12 +95,13 @@ class Recorder {
   }
   std::string reduce_scatter_unit(const void* out, size_t count) const {
     for (const auto& u : engine_->units())
-      if (engine_->grad_shards().data() + u->shard_offset == out) return checked(*u, count);
+      if (u->grad_shard.defined() && u->grad_shard.raw() == out) return checked(*u, count);
     return "an unknown buffer";
   }
   std::string all_reduce_unit(const void* in, const void* out, size_t count) const {
-    const auto g = engine_->grad_shards();
-    if (in == g.data() && out == g.data() && count == g.size()) return "grads";  // every unit's shard
+    for (const auto& u : engine_->units())  // a unit's grad shard, in place
+      if (u->grad_shard.defined() && in == u->grad_shard.raw() && out == in)
+        return count == static_cast<size_t>(u->shard_numel) ? "grads" : "grads of " + checked(*u, count);
     return "an unknown buffer";
   }
   std::string unit_of(const fsdp::Module& m) const {
@@ -320,16 +321,19 @@ void expect(const Setup& s, int step, const std::vector<std::string>& log, const
              s.text() << ", step " << step << ", unit " << unit << ":\n  got  " << got << "\n  want " << joined(want));
 }
 
-// The gradients' all_reduce: after finish_backward has waited for every reduce_scatter, and
-// before it returns.
+// The gradients' all_reduces, one per unit's grad shard (3), all issued before the first wait:
+// after finish_backward has waited for every reduce_scatter, and before it returns.
 void expect_grads_all_reduce(const Setup& s, int step, const std::vector<std::string>& log, bool present) {
-  const Seq want = present ? Seq{"all_reduce replicate", "wait all_reduce"} : Seq{};
+  Seq want;
+  if (present)
+    want = {"all_reduce replicate", "all_reduce replicate", "all_reduce replicate",
+            "wait all_reduce",      "wait all_reduce",      "wait all_reduce"};
   expect(s, step, log, "grads", want);
   if (!present) return;
   size_t finish = log.size(), reduce = log.size(), last_rs_wait = 0;
   for (size_t i = 0; i < log.size(); ++i) {
     if (log[i] == "engine: finish_backward") finish = i;
-    if (log[i] == "grads: all_reduce replicate") reduce = i;
+    if (log[i] == "grads: all_reduce replicate" && reduce == log.size()) reduce = i;  // the first
     if (log[i].find(": wait reduce_scatter") != std::string::npos) last_rs_wait = i;
   }
   BOOST_TEST((finish < reduce && last_rs_wait < reduce),

@@ -663,6 +663,42 @@ BOOST_AUTO_TEST_CASE(linear_bias_epilogue) {
   }
 }
 
+// Linear's backward on a packed bf16 input (Kernels::linear_backward_bf16_x, medium): cuBLAS takes
+// the bf16 bits as dW's operand with no copy. Against the host's, and against the device's own
+// f32-input linear_backward (which rounds X into a copy first): the same bits, operands and
+// sums of small integers on a 1/16 grid being exact.
+BOOST_AUTO_TEST_CASE(linear_backward_bf16_input) {
+  Gpu g;
+  const int64_t rows = 96, in = 64, out = 48;
+  const auto X = small_ints(rows * in, 510, -8, 8, 1.0f / 16), W = small_ints(out * in, 511, -8, 8, 1.0f / 16);
+  const auto dY = small_ints(rows * out, 512, -8, 8, 1.0f / 16);
+  const std::vector<uint16_t> Xb = to_bf16(X);
+  std::unique_ptr<Kernels> cpu = make_cpu_kernels();
+  cpu->set_matmul_precision(MatmulPrecision::medium);
+  std::vector<float> dX(rows * in), dW(out * in, 0.25f), db(out, 0.5f);
+  cpu->linear_backward_bf16_x(dX.data(), dW.data(), db.data(), dY.data(), Xb.data(), W.data(), rows, in, out);
+  g.k().set_matmul_precision(MatmulPrecision::medium);
+  for (bool packed : {true, false}) {
+    BOOST_TEST_CONTEXT((packed ? "bf16 X" : "f32 X")) {
+      float* gdX = g.upload(std::vector<float>(rows * in, std::nanf("")));
+      float* gdW = g.upload(std::vector<float>(out * in, 0.25f));
+      float* gdb = g.upload(std::vector<float>(out, 0.5f));
+      const float* gdY = g.upload(dY);
+      const float* gW = g.upload(W);
+      if (packed)
+        g.k().linear_backward_bf16_x(gdX, gdW, gdb, gdY, g.upload(Xb), gW, rows, in, out);
+      else
+        g.k().linear_backward(gdX, gdW, gdb, gdY, g.upload(X), gW, rows, in, out);
+      same_bits(dX, g.download(gdX, dX.size()), "dX");
+      same_bits(dW, g.download(gdW, dW.size()), "dW");
+      same_bits(db, g.download(gdb, db.size()), "db");
+    }
+  }
+  g.k().set_matmul_precision(MatmulPrecision::highest);
+  BOOST_CHECK_THROW(g.k().linear_backward_bf16_x(nullptr, nullptr, nullptr, nullptr, Xb.data(), nullptr, rows, in, out),
+                    Error);
+}
+
 // Both transposes, batch 3, leading dimensions and batch strides with gaps: the gap elements of C
 // must come back untouched (compared along with the rest). Small-integer operands are exact
 // (bitwise); random ones are within gemm_tol. cuBLAS runs without TF32 (CUBLAS_DEFAULT_MATH).

@@ -23,6 +23,7 @@
 #include "nn/layers.h"
 #include "nn/loss.h"
 #include "nn/module.h"
+#include "tensor/device.h"
 #include "tensor/error.h"
 #include "tensor/memory.h"
 #include "tensor/ops.h"
@@ -1197,6 +1198,46 @@ BOOST_AUTO_TEST_CASE(activation_stash_packs_between_unit_ends) {
   ctx.round(c);
   stash.end_unit_forward(Tensor());
   BOOST_TEST(!packed(c));
+}
+
+// At matmul_precision medium a Linear's backward takes its packed input's bf16 values as dW's
+// operand as they are (Kernels::linear_backward_bf16_x): the input stays packed through the
+// backward, never widened, and dW, db and dx are the bits the f32 input gives. At highest it
+// widens the input first (same bits again).
+BOOST_AUTO_TEST_CASE(linear_backward_reads_a_packed_input_in_bf16) {
+  for (MatmulPrecision p : {MatmulPrecision::medium, MatmulPrecision::highest}) {
+    BOOST_TEST_CONTEXT(matmul_precision_name(p)) {
+      MemoryTracker mem;
+      const std::unique_ptr<DeviceRuntime> rt = make_runtime(Device::cpu, mem, 0);
+      rt->kernels().set_matmul_precision(p);
+      std::vector<float> grads[2], dx[2];
+      bool packed_after = false;
+      for (int packed = 0; packed < 2; ++packed) {
+        ActivationStash stash(DType::bf16);
+        RunCtx ctx;
+        ctx.mem = &mem;
+        ctx.runtime = rt.get();
+        ctx.compute_dtype = DType::bf16;
+        ctx.training = true;
+        if (packed) ctx.stash = &stash;
+        Linear lin("l", 8, 5);
+        BoundParams b(lin, 3);
+        stash.begin_forward();
+        const Tensor x = random_tensor({6, 8}, 21);
+        ctx.round(x);  // a bf16 value each, recorded
+        const Tensor y = lin.forward(ctx, x);
+        stash.end_unit_forward(y);  // packs x
+        BOOST_TEST(x.storage()->packed() == (packed == 1));
+        stash.begin_backward();
+        dx[packed] = values(lin.backward(ctx, random_tensor({6, 5}, 22)));
+        grads[packed] = b.grad;
+        if (packed) packed_after = x.storage()->packed();
+      }
+      BOOST_TEST(grads[0] == grads[1], boost::test_tools::per_element());
+      BOOST_TEST(dx[0] == dx[1], boost::test_tools::per_element());
+      BOOST_TEST(packed_after == (p == MatmulPrecision::medium));
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(compute_dtype_rounds_each_output_once) {

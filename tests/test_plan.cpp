@@ -268,6 +268,9 @@ BOOST_AUTO_TEST_CASE(saved_activations_in_bf16_same_bits_less_memory) {
       {kLm, {}},
       {kLm, {"model.attention=recompute", "fsdp.activation_checkpointing=true"}},
       {kLm, {"train.grad_accum=2"}},
+      // medium: every Linear's dW GEMM takes its packed input's bf16 values as they are.
+      {kLm, {"train.matmul_precision=medium"}},
+      {kLlama, {"train.matmul_precision=medium"}},
       // Units inside units (every Linear of a block its own): an inner unit's end packs what the
       // block rounded before it, which the block reads again (unpacked on access).
       {kLm, {"fsdp.auto_wrap.policy=size_based", "fsdp.auto_wrap.min_num_params=1000"}},
@@ -353,8 +356,10 @@ BOOST_AUTO_TEST_CASE(shard_sizes_and_model_states) {
     BOOST_TEST(p.peak(MemCategory::optim) == 2 * shard_bytes);
     BOOST_TEST(p.peak(MemCategory::params) + p.peak(MemCategory::optim) + shard_bytes == 16 * padded / N);
     // Full gradients: the root's, alive through the whole backward, plus three blocks: two whose
-    // reduce_scatter is in flight and the one in backward.
-    BOOST_TEST(p.peak(MemCategory::grads) == shard_bytes + 4 * (pad(kRoot, N) + 3 * pad(kBlock, N)));
+    // reduce_scatter is in flight and the one in backward; and the grad shards of those two (each
+    // allocated when its reduction is issued, freed when the next step begins): none before.
+    BOOST_TEST(p.peak(MemCategory::grads) ==
+               4 * (L - 1) * pad(kBlock, N) / N + 4 * (pad(kRoot, N) + 3 * pad(kBlock, N)));
     // The root stays gathered; limit_all_gathers allows two more (computing + prefetched).
     BOOST_TEST(p.peak(MemCategory::gathered) == 4 * (pad(kRoot, N) + 2 * pad(kBlock, N)));
     BOOST_TEST(p.peak(MemCategory::comm) == 0);
@@ -383,8 +388,8 @@ BOOST_AUTO_TEST_CASE(strategies_at_world_size_eight) {
   BOOST_TEST(ns.peak(MemCategory::gathered) == 0);
   BOOST_TEST(ns.all_gather.calls == 0);
   BOOST_TEST(ns.reduce_scatter.calls == 0);
-  BOOST_TEST(ns.all_reduce.calls == 1);
-  BOOST_TEST(ns.all_reduce.bytes == 4 * psi);                   // one all_reduce of all gradients
+  BOOST_TEST(ns.all_reduce.calls == L + 1);                     // one per unit's grad shard
+  BOOST_TEST(ns.all_reduce.bytes == 4 * psi);                   // all the gradients
   BOOST_TEST(ns.all_reduce.wire_bytes == 2 * 4 * psi * 7 / 8);  // ~2 Psi per rank
 
   fsdp::MemoryPlan zero2 = fsdp::plan_memory(cfg(kOdd, {"fsdp.sharding_strategy=SHARD_GRAD_OP"}), req(8));
@@ -403,8 +408,9 @@ BOOST_AUTO_TEST_CASE(strategies_at_world_size_eight) {
   BOOST_TEST(mp.peak(MemCategory::gathered) == 4 * (pad(kRoot, N) + 2 * pad(kBlock, N)) + 2 * pad(kBlock, N));
   // The largest unit (a block here) stages padded + shard bf16 elements.
   BOOST_TEST(mp.peak(MemCategory::comm) == 2 * (pad(kBlock, N) + pad(kBlock, N) / N));
-  // Waited reductions: the root's full gradient and the block in backward, no more.
-  BOOST_TEST(mp.peak(MemCategory::grads) == 4 * padded / N + 4 * (pad(kRoot, N) + pad(kBlock, N)));
+  // Waited reductions: the root's full gradient and the block in backward, no more, and the
+  // grad shards of the blocks reduced before it.
+  BOOST_TEST(mp.peak(MemCategory::grads) == 4 * (L - 1) * pad(kBlock, N) / N + 4 * (pad(kRoot, N) + pad(kBlock, N)));
 
   // HYBRID_SHARD, 8 ranks in shard groups of 4: pad to 4, all_reduce the shards over 2 replicas.
   fsdp::MemoryPlan hy = fsdp::plan_memory(cfg(kOdd, {"fsdp.sharding_strategy=HYBRID_SHARD"}), req(8, 4));
@@ -412,7 +418,7 @@ BOOST_AUTO_TEST_CASE(strategies_at_world_size_eight) {
   BOOST_TEST(hy.shard_group_size == 4);
   BOOST_TEST(hy.replicas == 2);
   BOOST_TEST(hy.peak(MemCategory::params) == padded4);  // 4 bytes * padded / 4
-  BOOST_TEST(hy.all_reduce.calls == 1);
+  BOOST_TEST(hy.all_reduce.calls == L + 1);
   BOOST_TEST(hy.all_reduce.group_size == 2);
   BOOST_TEST(hy.all_reduce.bytes == padded4);
   BOOST_CHECK_THROW(fsdp::plan_memory(cfg(kOdd, {"fsdp.sharding_strategy=HYBRID_SHARD"}), req(8, 3)), fsdp::Error);
@@ -584,6 +590,23 @@ BOOST_AUTO_TEST_CASE(planned_gpu_charges_rounded_gemm_operands) {
         BOOST_TEST(peak_of([&](fsdp::Kernels& k) {
                      k.linear_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, rows, in, out);
                    }) == e * (out * rows + rows * in));
+        // A packed bf16 input (medium only) is dW's operand as it is: no copy of X at all.
+        const uint16_t x_bf16 = 0;
+        auto bf16_x = [&](bool with_dx) {
+          float dx = 0;
+          return peak_of([&](fsdp::Kernels& k) {
+            k.linear_backward_bf16_x(with_dx ? &dx : nullptr, nullptr, nullptr, nullptr, &x_bf16, nullptr, rows, in,
+                                     out);
+          });
+        };
+        if (p == fsdp::MatmulPrecision::medium) {
+          BOOST_TEST(bf16_x(true) == e * (rows * out + out * in));
+          BOOST_TEST(bf16_x(false) == e * rows * out);
+        } else {
+          BOOST_CHECK_EXCEPTION(bf16_x(true), fsdp::Error, [](const fsdp::Error& err) {
+            return std::string(err.what()).find("is the GEMM's rounded operand only at medium") != std::string::npos;
+          });
+        }
       }
     }
   }

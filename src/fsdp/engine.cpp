@@ -88,7 +88,6 @@ FsdpEngine::FsdpEngine(Model& model, Communicator& world, ProcessMesh mesh, cons
     units_.push_back(std::move(u));
   }
   shards_ = Tensor::zeros(*shard_rt_, {total}, DType::f32, MemCategory::params);
-  grad_shards_ = Tensor::zeros(*shard_rt_, {total}, DType::f32, MemCategory::grads);
   traffic_.all_gather.group_size = traffic_.reduce_scatter.group_size = mesh_.shard->size();
   traffic_.all_reduce.group_size = mesh_.replicate->size();
   if (options.node_shared_params) share_params_on_node();
@@ -428,7 +427,7 @@ void FsdpEngine::pre_backward(Module& module) {
     if (!backward_order_known_) record(backward_order_, index_of(u));
     wait_for_unshard(u, "backward");
     if (direct_grads()) {
-      bind_grad(u.layout, grad_shards_.f32() + u.shard_offset);  // NO_SHARD: accumulate in place
+      bind_grad(u.layout, grad_shard_for(u));  // NO_SHARD: accumulate in place
     } else if (!u.full_grad.defined()) {
       // Kept across micro-batches under no_sync; zeroed only when a step's first backward needs it.
       u.full_grad = Tensor::zeros(*rt_, {u.padded_numel}, DType::f32, MemCategory::grads);
@@ -489,12 +488,12 @@ void FsdpEngine::post_backward(Unit& u) {
       in = std::move(low);
     }
     if (!in_place) out = Tensor::empty(*rt_, {u.shard_numel}, options_.reduce_dtype, MemCategory::comm);
-    void* dst = in_place ? grad_shards_.f32() + u.shard_offset : out.raw();
+    void* dst = in_place ? grad_shard_for(u) : out.raw();
     comm_waits_for_compute();  // the full gradient is compute's output
     auto issue = [&] {
       return mesh_.shard->reduce_scatter(in.raw(), dst, count, options_.reduce_dtype, ReduceOp::sum, comm);
     };
-    PendingReduction p{trace_->collective(info, comm, issue), std::move(in), std::move(out), u.shard_offset, &u};
+    PendingReduction p{trace_->collective(info, comm, issue), std::move(in), std::move(out), &u};
     if (in_place)
       pending_reductions_.push_back(std::move(p));
     else
@@ -512,7 +511,7 @@ void FsdpEngine::complete(PendingReduction& p) {
   }
   if (!p.output.defined()) return;  // reduced straight into the grad shard
   const int64_t count = p.output.numel();
-  float* dst = grad_shards_.f32() + p.shard_offset;
+  float* dst = grad_shard_for(*p.unit);
   if (rt_->device() == Device::cpu) {
     if (!rt_->holds_values()) return;  // a plan's meta device: no values to add
     // Host: add the widened values in place (no f32 copy of the result).
@@ -542,8 +541,20 @@ void FsdpEngine::complete(PendingReduction& p) {
   shard_rt_->kernels().add_inplace(dst, host.f32(), count);
 }
 
+float* FsdpEngine::grad_shard_for(Unit& u) {
+  if (!u.grad_shard.defined())
+    u.grad_shard = Tensor::zeros(*shard_rt_, {u.shard_numel}, DType::f32, MemCategory::grads);
+  return u.grad_shard.f32();
+}
+
+std::vector<GradSlice> FsdpEngine::grad_shards() const {
+  std::vector<GradSlice> slices;
+  for (const auto& u : units_) slices.push_back({u->shard_offset, grad_shard(*u)});
+  return slices;
+}
+
 void FsdpEngine::begin_step() {
-  grad_shards_.zero();
+  for (auto& u : units_) u->grad_shard = Tensor();
   for (CollectiveCount* c : {&traffic_.all_gather, &traffic_.reduce_scatter, &traffic_.all_reduce})
     *c = CollectiveCount{0, 0, 0, c->group_size};
 }
@@ -557,18 +568,27 @@ void FsdpEngine::finish_backward() {
   if (!backward_order_.empty()) backward_order_known_ = true;
   for (auto& p : pending_reductions_) complete(p);
   pending_reductions_.clear();
+  // A unit no backward reached (its module unused this step) steps on zeros, as before the
+  // shards were freed between steps.
+  if (sync_grads_)
+    for (auto& u : units_) grad_shard_for(*u);
   if (sync_grads_ && mesh_.replicate->size() > 1) {
-    // HYBRID and NO_SHARD: replicas of the same shard sum their gradients — one all_reduce over
-    // every unit's shard at once, ordered on the stream that owns the shards.
+    // HYBRID and NO_SHARD: replicas of the same shard sum their gradients, one all_reduce per
+    // unit's shard (each its own allocation), all issued before the first wait, ordered on the
+    // stream that owns the shards.
     const Stream s = shard_rt_->compute_stream();
-    const int64_t bytes = grad_shards_.numel() * static_cast<int64_t>(sizeof(float));
-    traffic_.all_reduce.add(bytes, true);
-    auto work = trace_->collective({"all_reduce", CommGroup::replicate, bytes, DType::f32}, s, [&] {
-      return mesh_.replicate->all_reduce(grad_shards_.raw(), grad_shards_.raw(),
-                                         static_cast<size_t>(grad_shards_.numel()), DType::f32, ReduceOp::sum, s);
-    });
+    std::vector<std::unique_ptr<Work>> works;
+    for (auto& u : units_) {
+      const int64_t bytes = u->shard_numel * static_cast<int64_t>(sizeof(float));
+      traffic_.all_reduce.add(bytes, true);
+      void* g = u->grad_shard.raw();
+      works.push_back(
+          trace_->collective({"all_reduce", CommGroup::replicate, bytes, DType::f32, &u->spec.name}, s, [&] {
+            return mesh_.replicate->all_reduce(g, g, static_cast<size_t>(u->shard_numel), DType::f32, ReduceOp::sum, s);
+          }));
+    }
     const auto span = trace_->scope(Track::compute, "wait_all_reduce");
-    wait_on_naming(*work, s, nullptr, "replicate all_reduce");
+    for (size_t i = 0; i < works.size(); ++i) wait_on_naming(*works[i], s, units_[i].get(), "replicate all_reduce");
   }
 }
 
@@ -606,20 +626,24 @@ void FsdpEngine::reshard_all() { end_forward_only(); }
 
 // The next three return or use host values: the kernels wait for the shard stream there.
 bool FsdpEngine::grads_finite() {
-  int32_t bad = shard_rt_->kernels().all_finite(grad_shards_.f32(), grad_shards_.numel()) ? 0 : 1;
+  bool finite = true;
+  for (auto& u : units_) finite = finite && shard_rt_->kernels().all_finite(grad_shard_for(*u), u->shard_numel);
+  int32_t bad = finite ? 0 : 1;
   const CollectiveInfo info{"all_reduce", CommGroup::world, sizeof bad, DType::i32, nullptr, true};
   trace_->collective(info, {}, [&] { return world_.all_reduce(&bad, &bad, 1, DType::i32, ReduceOp::max); })->wait();
   return bad == 0;
 }
 
 void FsdpEngine::scale_grads(float factor) {
-  shard_rt_->kernels().scale(grad_shards_.f32(), factor, grad_shards_.numel());
+  for (auto& u : units_) shard_rt_->kernels().scale(grad_shard_for(*u), factor, u->shard_numel);
 }
 
 double FsdpEngine::clip_grad_norm(double max_norm) {
   const auto span = trace_->scope(Track::compute, "clip_grad_norm");
   const CollectiveInfo info{"all_reduce", CommGroup::shard, sizeof(double), DType::f64, nullptr, true};
-  double local = shard_rt_->kernels().sum_squares(grad_shards_.f32(), grad_shards_.numel());
+  // f64 partial sums per unit's shard, added in unit order.
+  double local = 0.0;
+  for (auto& u : units_) local += shard_rt_->kernels().sum_squares(grad_shard_for(*u), u->shard_numel);
   double total = local;
   // Shards of one replica partition the gradient: their squares add up over the shard group.
   if (rt_->device() == Device::cpu) {
@@ -639,7 +663,7 @@ double FsdpEngine::clip_grad_norm(double max_norm) {
   double norm = std::sqrt(total);
   if (max_norm > 0.0) {
     float coef = static_cast<float>(std::min(1.0, max_norm / (norm + 1e-6)));
-    shard_rt_->kernels().scale(grad_shards_.f32(), coef, grad_shards_.numel());
+    for (auto& u : units_) shard_rt_->kernels().scale(grad_shard_for(*u), coef, u->shard_numel);
   }
   return norm;
 }

@@ -7,7 +7,7 @@
 // gradient into the grad shard, then all_reduce it across the replicate group for HYBRID).
 // The engine runs them from the hooks of each unit's root module, in whatever order the model's
 // forward reaches them; prefetch follows the order recorded on the first pass (as FSDP2 does).
-// The optimizer steps on the concatenated shards.
+// The optimizer steps on the concatenated parameter shards, with each unit's gradient shard.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -21,6 +21,7 @@
 #include "fsdp/trace.h"
 #include "models/model.h"
 #include "nn/flat.h"
+#include "optim/optim.h"
 #include "tensor/device.h"
 #include "tensor/tensor.h"
 
@@ -117,6 +118,11 @@ struct Unit {
   Tensor gathered;       // (padded_numel) f32 compute copy while unsharded
   Tensor gathered_lowp;  // (padded_numel) param_dtype when it is not f32
   Tensor full_grad;      // (padded_numel) f32 gradients during backward
+  // (shard_numel) f32, in the shards' memory: this rank's slice of the unit's reduced gradient,
+  // from the unit's first post_backward of a step until the next step begins. Freed there, as
+  // PyTorch's zero_grad(set_to_none=True) frees .grad: a step's forward holds no gradients, and
+  // its backward only those of the units it has reduced so far.
+  Tensor grad_shard;
   std::unique_ptr<Work> pending_gather;
   // Why the last all_gather was issued (forward, forward prefetch, backward, backward prefetch,
   // full weights): a timeout waiting for it names this.
@@ -148,9 +154,10 @@ class FsdpEngine : public ModuleHooks {
   // Replaces init_shards' values. A source that fails on rank 0 fails every rank with its message.
   void load_full_weights(const WeightOpener& open);
 
-  // A training step: begin_step zeroes the grad shards; forward/backward run through the hooks;
+  // A training step: begin_step frees the grad shards; forward/backward run through the hooks;
   // with sync_grads false (gradient accumulation, all but the last micro-batch) post_backward
-  // keeps the full gradients instead of reducing them; finish_backward waits for every reduction.
+  // keeps the full gradients instead of reducing them; finish_backward waits for every reduction
+  // (and gives a unit no backward reached a zero gradient).
   void begin_step();
   void set_sync_grads(bool sync) { sync_grads_ = sync; }
   void finish_backward();
@@ -183,7 +190,12 @@ class FsdpEngine : public ModuleHooks {
     shards_written();
     return {shards_.f32(), static_cast<size_t>(shards_.numel())};
   }
-  std::span<float> grad_shards() { return {grad_shards_.f32(), static_cast<size_t>(grad_shards_.numel())}; }
+  // Every unit's grad shard after finish_backward, in unit order: they tile param_shards().
+  std::vector<GradSlice> grad_shards() const;
+  // One unit's (empty before its first post_backward of the step).
+  static std::span<float> grad_shard(const Unit& u) {
+    return {u.grad_shard.defined() ? u.grad_shard.f32() : nullptr, static_cast<size_t>(u.grad_shard.numel())};
+  }
   DeviceRuntime& runtime() { return *rt_; }
   // Where the shards (and so the optimizer) live: the runtime, or the host under cpu_offload.
   DeviceRuntime& shard_runtime() { return *shard_rt_; }
@@ -224,6 +236,8 @@ class FsdpEngine : public ModuleHooks {
   // A shard group of one rank with f32 parameters on the device: the shard is the whole unit, so
   // unshard binds it in place and reshard has nothing to free.
   bool shard_is_the_unit() const;
+  // The unit's grad shard, allocated (zeros) when the step has none yet.
+  float* grad_shard_for(Unit& u);
   Unit& unit_of(Module& module);
   int index_of(const Unit& u) const;
 
@@ -267,15 +281,13 @@ class FsdpEngine : public ModuleHooks {
   // Between the root's pre_backward and finish_backward: a forward then is a recompute
   // (activation checkpointing), which gathers but neither counts a use nor reshards.
   bool in_backward_ = false;
-  Tensor shards_;       // concatenated f32 master shards of every unit
-  Tensor grad_shards_;  // concatenated f32 gradient shards
+  Tensor shards_;  // concatenated f32 master shards of every unit
   bool sync_grads_ = true;
   struct PendingReduction {
     std::unique_ptr<Work> work;
-    Tensor input;   // the unit's full gradient, alive until the reduce_scatter is done
-    Tensor output;  // low precision or cpu_offload: the reduced shard before it is added in
-    int64_t shard_offset = 0;
-    const Unit* unit = nullptr;  // named by a timeout
+    Tensor input;          // the unit's full gradient, alive until the reduce_scatter is done
+    Tensor output;         // low precision or cpu_offload: the reduced shard before it is added in
+    Unit* unit = nullptr;  // whose grad shard it lands in; named by a timeout
   };
   // The compute stream waits for the reduction, then adds a low-precision or offloaded result
   // into the f32 grad shard.

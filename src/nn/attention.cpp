@@ -113,8 +113,8 @@ const Tensor& MultiheadAttention::do_backward(RunCtx& ctx, const Tensor& dy) {
     backward_fused(ctx, dyh);
   ctx.round(dqkv_);  // dq, dk, dv: each element one GEMM's output (or summed over row blocks in f32)
   if (need_input_grad) ctx.ensure(dx_, x_.shape(), DType::f32);
-  ctx.kernels().linear_backward(need_input_grad ? dx_.f32() : nullptr, in_proj_weight.grad, in_proj_bias.grad,
-                                dqkv_.f32(), x_.f32(), in_proj_weight.data, B * T, C, 3 * C);
+  linear_backward_saved(ctx, need_input_grad ? dx_.f32() : nullptr, in_proj_weight.grad, in_proj_bias.grad, dqkv_.f32(),
+                        x_, in_proj_weight.data, C, 3 * C);
   if (need_input_grad) ctx.round(dx_);
   return dx_;
 }

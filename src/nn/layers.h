@@ -11,6 +11,13 @@
 
 namespace fsdp {
 
+// Kernels::linear_backward with x, a forward's saved input of (rows, in): where the stash packed
+// it (nn/activation_stash.h) and the GEMMs round their operands to bf16 anyway (matmul_precision
+// medium), x's bf16 values are dW's operand as they are (Kernels::linear_backward_bf16_x): no
+// widening pass, no rounding copy, the same arithmetic. Else x's f32 values.
+void linear_backward_saved(RunCtx& ctx, float* dX, float* dW, float* db, const float* dY, const Tensor& x,
+                           const float* W, int64_t in, int64_t out);
+
 // torch.nn.Linear: W (out, in) and b (out) ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform a=sqrt(5)).
 // x (..., in) -> y (..., out).
 class Linear : public Layer {

@@ -13,6 +13,18 @@ ParamInit fan_in_uniform(int64_t fan_in) {
 }
 }  // namespace
 
+void linear_backward_saved(RunCtx& ctx, float* dX, float* dW, float* db, const float* dY, const Tensor& x,
+                           const float* W, int64_t in, int64_t out) {
+  Kernels& kernels = ctx.kernels();
+  const int64_t rows = x.numel() / in;
+  const Buffer* b = x.storage().get();
+  if (kernels.matmul_precision() == MatmulPrecision::medium && b && b->packed_dtype() == DType::bf16) {
+    kernels.linear_backward_bf16_x(dX, dW, db, dY, static_cast<const uint16_t*>(b->packed_data()), W, rows, in, out);
+    return;
+  }
+  kernels.linear_backward(dX, dW, db, dY, x.f32(), W, rows, in, out);
+}
+
 Linear::Linear(const std::string& name, int64_t in, int64_t out, bool bias)
     : Layer(name, "Linear"), weight(add_param("weight", {out, in}, fan_in_uniform(in))), in_(in), out_(out) {
   if (bias) this->bias = &add_param("bias", {out}, fan_in_uniform(in));
@@ -32,8 +44,8 @@ const Tensor& Linear::do_forward(RunCtx& ctx, const Tensor& x) {
 
 const Tensor& Linear::do_backward(RunCtx& ctx, const Tensor& dy) {
   if (need_input_grad) ctx.ensure(dx_, x_.shape(), DType::f32);
-  ctx.kernels().linear_backward(need_input_grad ? dx_.f32() : nullptr, weight.grad, bias ? bias->grad : nullptr,
-                                dy.f32(), x_.f32(), weight.data, x_.numel() / in_, in_, out_);
+  linear_backward_saved(ctx, need_input_grad ? dx_.f32() : nullptr, weight.grad, bias ? bias->grad : nullptr, dy.f32(),
+                        x_, weight.data, in_, out_);
   if (need_input_grad) ctx.round(dx_);
   return dx_;
 }
@@ -72,8 +84,7 @@ const Tensor& LmHead::do_forward(RunCtx& ctx, const Tensor& x) {
 
 const Tensor& LmHead::do_backward(RunCtx& ctx, const Tensor& dy) {
   ctx.ensure(dx_, xs_.shape(), DType::f32);
-  ctx.kernels().linear_backward(dx_.f32(), weight_->grad, nullptr, dy.f32(), xs_.f32(), weight_->data, xs_.numel() / C_,
-                                C_, V_);
+  linear_backward_saved(ctx, dx_.f32(), weight_->grad, nullptr, dy.f32(), xs_, weight_->data, C_, V_);
   ctx.round(dx_);
   if (scale_ != 1.0f) {
     ctx.kernels().scale(dx_.f32(), scale_, dx_.numel());

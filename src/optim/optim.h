@@ -20,11 +20,26 @@ struct OptimizerConfig;
 struct SchedulerConfig;
 class DeviceRuntime;
 
+// Part of the flat gradient: the gradients of flat elements [offset, offset + grads.size()).
+// FSDP hands one slice per unit's shard, each its own allocation (fsdp.h: a unit's grad shard
+// lives from its first reduce_scatter of a step to the next step's start).
+struct GradSlice {
+  int64_t offset = 0;
+  std::span<const float> grads;
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // One step on params (size n) with grads (size n) at learning rate lr. Increments step().
-  virtual void step(std::span<float> params, std::span<const float> grads, double lr) = 0;
+  // One step on params (size n) with the gradient in slices that tile [0, n) in order, at
+  // learning rate lr: each slice's update is one kernel on that range of the params and the
+  // state, the same per-element arithmetic as one kernel over all. Increments step().
+  virtual void step(std::span<float> params, std::span<const GradSlice> grads, double lr) = 0;
+  // The whole gradient in one span.
+  void step(std::span<float> params, std::span<const float> grads, double lr) {
+    const GradSlice whole{0, grads};
+    step(params, std::span<const GradSlice>(&whole, 1), lr);
+  }
   // Named state tensors, in PyTorch's names (momentum_buffer; square_avg, acc_delta;
   // exp_avg, exp_avg_sq), each the same flat size as the params. For checkpoints.
   virtual std::vector<std::pair<std::string, Tensor*>> state() = 0;

@@ -32,12 +32,20 @@ class OptimizerBase : public Optimizer {
  protected:
   OptimizerBase(const OptimizerConfig& config, int64_t numel, Kernels& kernels)
       : c_(config), numel_(numel), kernels_(kernels) {}
-  void check(std::span<float> params, std::span<const float> grads) const {
-    auto n = static_cast<size_t>(numel_);
-    if (params.size() != n || grads.size() != n)
+  // The slices must tile [0, numel) in order: a gap would leave elements without an update.
+  void check(std::span<float> params, std::span<const GradSlice> grads) const {
+    int64_t next = 0;
+    bool tiled = true;
+    for (const GradSlice& g : grads) {
+      tiled = tiled && g.offset == next;
+      next = g.offset + static_cast<int64_t>(g.grads.size());
+    }
+    if (params.size() != static_cast<size_t>(numel_) || next != numel_ || !tiled)
       throw Error(std::string(enum_name(c_.kind)) + " step: " + std::to_string(params.size()) + " params and " +
-                  std::to_string(grads.size()) + " grads for an optimizer of " + std::to_string(numel_) + " elements");
+                  std::to_string(next) + " grads" + (tiled ? "" : " in slices that leave gaps") +
+                  " for an optimizer of " + std::to_string(numel_) + " elements");
   }
+  static int64_t size(const GradSlice& g) { return static_cast<int64_t>(g.grads.size()); }
   OptimizerConfig c_;
   int64_t numel_;
   Kernels& kernels_;
@@ -50,7 +58,7 @@ class Sgd final : public OptimizerBase {
     if (c_.momentum != 0) buf_ = alloc.zeros(numel);  // torch keeps none without momentum
   }
 
-  void step(std::span<float> params, std::span<const float> grads, double lr) override {
+  void step(std::span<float> params, std::span<const GradSlice> grads, double lr) override {
     check(params, grads);
     // torch's buffer is None until the first step, which clones d_p into it instead of
     // decaying; step_count (restored with the buffer from checkpoints) stands in for None.
@@ -64,7 +72,9 @@ class Sgd final : public OptimizerBase {
     a.has_momentum = buf_.defined();
     a.first_step = first;
     a.nesterov = c_.nesterov;
-    kernels_.sgd_step(params.data(), grads.data(), buf_.defined() ? buf_.f32() : nullptr, numel_, a);
+    for (const GradSlice& g : grads)
+      kernels_.sgd_step(params.data() + g.offset, g.grads.data(), buf_.defined() ? buf_.f32() + g.offset : nullptr,
+                        size(g), a);
   }
 
   std::vector<std::pair<std::string, Tensor*>> state() override {
@@ -81,7 +91,7 @@ class Adadelta final : public OptimizerBase {
   Adadelta(const OptimizerConfig& config, int64_t numel, const StateAlloc& alloc)
       : OptimizerBase(config, numel, alloc.kernels), square_avg_(alloc.zeros(numel)), acc_delta_(alloc.zeros(numel)) {}
 
-  void step(std::span<float> params, std::span<const float> grads, double lr) override {
+  void step(std::span<float> params, std::span<const GradSlice> grads, double lr) override {
     check(params, grads);
     ++step_count_;
     AdadeltaArgs a{};
@@ -91,7 +101,9 @@ class Adadelta final : public OptimizerBase {
     a.eps = float(c_.eps);
     a.neg_lr = float(-lr);
     a.has_weight_decay = c_.weight_decay != 0;
-    kernels_.adadelta_step(params.data(), grads.data(), square_avg_.f32(), acc_delta_.f32(), numel_, a);
+    for (const GradSlice& g : grads)
+      kernels_.adadelta_step(params.data() + g.offset, g.grads.data(), square_avg_.f32() + g.offset,
+                             acc_delta_.f32() + g.offset, size(g), a);
   }
 
   std::vector<std::pair<std::string, Tensor*>> state() override {
@@ -107,7 +119,7 @@ class AdamW final : public OptimizerBase {
   AdamW(const OptimizerConfig& config, int64_t numel, const StateAlloc& alloc)
       : OptimizerBase(config, numel, alloc.kernels), exp_avg_(alloc.zeros(numel)), exp_avg_sq_(alloc.zeros(numel)) {}
 
-  void step(std::span<float> params, std::span<const float> grads, double lr) override {
+  void step(std::span<float> params, std::span<const GradSlice> grads, double lr) override {
     check(params, grads);
     const auto step = double(++step_count_);  // torch: state['step'] += 1 before the update
     const double b1 = c_.beta1, b2 = c_.beta2;
@@ -123,7 +135,9 @@ class AdamW final : public OptimizerBase {
     a.eps = float(c_.eps);
     a.neg_step_size = float(-(lr / bias_correction1));
     a.has_weight_decay = c_.weight_decay != 0;
-    kernels_.adamw_step(params.data(), grads.data(), exp_avg_.f32(), exp_avg_sq_.f32(), numel_, a);
+    for (const GradSlice& g : grads)
+      kernels_.adamw_step(params.data() + g.offset, g.grads.data(), exp_avg_.f32() + g.offset,
+                          exp_avg_sq_.f32() + g.offset, size(g), a);
   }
 
   std::vector<std::pair<std::string, Tensor*>> state() override {

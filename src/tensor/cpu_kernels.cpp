@@ -111,6 +111,15 @@ class CpuKernels final : public Kernels {
                        int64_t in, int64_t out) override {
     ops::linear_backward(dX, dW, db, dY, X, W, rows, in, out, precision_);
   }
+  // The host's GEMMs take f32 operands: X widened (exactly) into host scratch, outside the
+  // tracker as the host's rounded copies are; the GPU reads the bf16 as it is.
+  void linear_backward_bf16_x(float* dX, float* dW, float* db, const float* dY, const uint16_t* X, const float* W,
+                              int64_t rows, int64_t in, int64_t out) override {
+    require_medium_for_bf16_x();
+    std::vector<float> x32(static_cast<size_t>(rows * in));
+    convert(X, DType::bf16, x32.data(), DType::f32, x32.size());
+    ops::linear_backward(dX, dW, db, dY, x32.data(), W, rows, in, out, precision_);
+  }
 
   // ---- Conv2d ----
 

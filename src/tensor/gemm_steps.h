@@ -86,25 +86,36 @@ void linear_forward_steps(E& e, float* Y, const float* X, const float* W, const 
 // Kernels::linear_backward: dW += dY^T X, db += column sums of dY, dX = dY W (dX null: skipped).
 // At high and medium with dX, dY is rounded once for both GEMMs (dW's, then dX's) and X's copy is
 // freed before W's is made: the peak holds dY's copy and the larger of the other two.
+// X_rounded (Kernels::linear_backward_bf16_x, medium only; X null then): X's bf16 values as they
+// are, taken as dW's operand with no copy of X at all.
 template <class E>
 // NOLINTNEXTLINE(readability-non-const-parameter): dX and dW are written, through GemmCall::C
-void linear_backward_steps(E& e, float* dX, float* dW, float* db, const float* dY, const float* X, const float* W,
-                           int64_t rows, int64_t in, int64_t out) {
+void linear_backward_steps(E& e, float* dX, float* dW, float* db, const float* dY, const float* X,
+                           const void* X_rounded, const float* W, int64_t rows, int64_t in, int64_t out) {
   const GemmOperand dy{dY, rows, out, out, 0}, x{X, rows, in, in, 0}, w{W, out, in, in, 0};
   const GemmCall dw_call{true, false, out, in, rows, 1.0f, 1.0f, dW, in, 0, 1};
   const GemmCall dx_call{false, false, rows, in, out, 1.0f, 0.0f, dX, in, 0, 1};
-  if (e.precision() == MatmulPrecision::highest || !dX || rows == 0 || in == 0 || out == 0) {
+  const bool empty = rows == 0 || in == 0 || out == 0;
+  if (!X_rounded && (e.precision() == MatmulPrecision::highest || !dX || empty)) {
     gemm_steps(e, dw_call, dy, x);
     if (db) e.col_sum_add(db, dY, rows, out);
     if (dX) gemm_steps(e, dx_call, dy, w);
     return;
   }
+  if (empty) {  // no dW to add to; dX (when it has elements) is zeros, as the GEMM of K = 0 writes
+    if (db) e.col_sum_add(db, dY, rows, out);
+    if (dX) gemm_steps(e, dx_call, dy, w);
+    return;
+  }
   const auto dy_copy = e.round(dy, 1);
-  {
+  if (X_rounded) {
+    e.gemm_on(dw_call, dy, dy_copy.get(), x, X_rounded);
+  } else {
     const auto x_copy = e.round(x, 1);
     e.gemm_on(dw_call, dy, dy_copy.get(), x, x_copy.get());
   }
   if (db) e.col_sum_add(db, dY, rows, out);
+  if (!dX) return;
   const auto w_copy = e.round(w, 1);
   e.gemm_on(dx_call, dy, dy_copy.get(), w, w_copy.get());
 }

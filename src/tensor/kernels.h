@@ -17,6 +17,7 @@
 #include <string>
 
 #include "tensor/dtype.h"
+#include "tensor/error.h"
 #include "tensor/matmul_precision.h"
 #include "tensor/tensor.h"
 
@@ -102,6 +103,12 @@ class Kernels {
                               int64_t out) = 0;
   virtual void linear_backward(float* dX, float* dW, float* db, const float* dY, const float* X, const float* W,
                                int64_t rows, int64_t in, int64_t out) = 0;
+  // linear_backward with X (rows, in) held as bf16 bits (a saved activation the stash packed:
+  // Buffer::packed_data) at matmul_precision medium, where a bf16 X is exactly the rounded operand
+  // of the dW GEMM: it takes X as it is, neither widened back to f32 nor rounded into a copy. The
+  // same arithmetic as linear_backward on X's values. Other precisions: Error (callers check).
+  virtual void linear_backward_bf16_x(float* dX, float* dW, float* db, const float* dY, const uint16_t* X,
+                                      const float* W, int64_t rows, int64_t in, int64_t out) = 0;
 
   // --- Conv2d (stride 1) via im2col over the whole batch: col (C*K*K, B*OH*OW).
   virtual void im2col(const float* x, float* col, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t pad,
@@ -291,6 +298,12 @@ class Kernels {
   // on (train.matmul_precision; tensor/matmul_precision.h). A setting of this kernel set only.
   virtual void set_matmul_precision(MatmulPrecision p) { precision_ = p; }
   MatmulPrecision matmul_precision() const { return precision_; }
+  // linear_backward_bf16_x's precondition, one message for every implementation.
+  void require_medium_for_bf16_x() const {
+    if (precision_ != MatmulPrecision::medium)
+      throw Error("linear_backward_bf16_x at matmul_precision " + std::string(matmul_precision_name(precision_)) +
+                  ": a bf16 input is the GEMM's rounded operand only at medium");
+  }
 
  protected:
   MatmulPrecision precision_ = MatmulPrecision::highest;

@@ -48,7 +48,13 @@ class MetaKernels final : public Kernels {
   void linear_backward(float* dX, float* dW, float* db, const float* dY, const float* X, const float* W, int64_t rows,
                        int64_t in, int64_t out) override {
     Steps steps{*this};
-    linear_backward_steps(steps, dX, dW, db, dY, X, W, rows, in, out);
+    linear_backward_steps(steps, dX, dW, db, dY, X, nullptr, W, rows, in, out);
+  }
+  void linear_backward_bf16_x(float* dX, float* dW, float* db, const float* dY, const uint16_t* X, const float* W,
+                              int64_t rows, int64_t in, int64_t out) override {
+    require_medium_for_bf16_x();
+    Steps steps{*this};
+    linear_backward_steps(steps, dX, dW, db, dY, nullptr, X, W, rows, in, out);
   }
   void im2col(const float*, float*, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t, int64_t,
               int64_t) override {
@@ -233,8 +239,11 @@ class MetaKernels final : public Kernels {
       int64_t bytes_;
     };
     MatmulPrecision precision() const { return k.precision_; }
+    // The rounding is a pass over the operand too: f32 read, the copy written.
     Copy round(const GemmOperand& o, int64_t batch) const {
-      return Copy(k, rounded_operand_element_bytes(k.precision_) * batch * o.rows * o.cols);
+      const int64_t n = batch * o.rows * o.cols, element_bytes = rounded_operand_element_bytes(k.precision_);
+      k.bytes(static_cast<double>(n * (4 + element_bytes)));
+      return Copy(k, element_bytes * n);
     }
     void gemm(const GemmCall& c, const GemmOperand&, const GemmOperand&) const {
       k.time_gemm(c.M, c.N, c.K, c.batch, false);

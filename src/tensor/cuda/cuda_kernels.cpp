@@ -191,7 +191,14 @@ void CudaKernels::linear_forward(float* Y, const float* X, const float* W, const
 void CudaKernels::linear_backward(float* dX, float* dW, float* db, const float* dY, const float* X, const float* W,
                                   int64_t rows, int64_t in, int64_t out) {
   Steps steps(*this);
-  linear_backward_steps(steps, dX, dW, db, dY, X, W, rows, in, out);
+  linear_backward_steps(steps, dX, dW, db, dY, X, nullptr, W, rows, in, out);
+}
+
+void CudaKernels::linear_backward_bf16_x(float* dX, float* dW, float* db, const float* dY, const uint16_t* X,
+                                         const float* W, int64_t rows, int64_t in, int64_t out) {
+  require_medium_for_bf16_x();
+  Steps steps(*this);
+  linear_backward_steps(steps, dX, dW, db, dY, nullptr, X, W, rows, in, out);
 }
 
 void CudaKernels::im2col(const float* x, float* col, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t pad,

@@ -52,6 +52,8 @@ class CudaKernels final : public Kernels {
                       int64_t out) override;
   void linear_backward(float* dX, float* dW, float* db, const float* dY, const float* X, const float* W, int64_t rows,
                        int64_t in, int64_t out) override;
+  void linear_backward_bf16_x(float* dX, float* dW, float* db, const float* dY, const uint16_t* X, const float* W,
+                              int64_t rows, int64_t in, int64_t out) override;
   void im2col(const float* x, float* col, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t pad,
               int64_t OH, int64_t OW) override;
   void col2im(const float* dcol, float* dx, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int64_t pad,
