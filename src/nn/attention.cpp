@@ -283,38 +283,45 @@ void MultiheadAttention::forward_fused(RunCtx& ctx) {
     throw Error(name() + ": model.attention: fused: " + why);
   const FusedAttentionShape s = fused_shape();
   const int64_t BT = s.B * s.T, C = C_;
-  Tensor qkv16, o16, workspace;
-  ctx.ensure(qkv16, {s.B, s.T, 3 * C}, DType::bf16);
-  kernels.cast(qkv16.raw(), DType::bf16, qkv_.f32(), DType::f32, BT * 3 * C);
+  Tensor o16, workspace;
+  // The bf16 copy is what the backward reads too (the same bits a cast of qkv_ would give it
+  // again), so the f32 projections go at once: no pack pass, no widening, no second copy.
+  ctx.ensure(qkv16_, {s.B, s.T, 3 * C}, DType::bf16);
+  kernels.cast(qkv16_.raw(), DType::bf16, qkv_.f32(), DType::f32, BT * 3 * C);
+  qkv_ = Tensor();
   ctx.ensure(o16, {s.B, s.T, C}, DType::bf16);
   ctx.ensure(lse_, {s.B, H_, s.T}, DType::f32);
   if (const int64_t bytes = kernels.fused_attention_workspace_bytes(s, false); bytes > 0)
     ctx.ensure(workspace, {bytes}, DType::u8);
-  kernels.fused_attention_forward(s, static_cast<const uint16_t*>(qkv16.raw()), static_cast<uint16_t*>(o16.raw()),
+  kernels.fused_attention_forward(s, static_cast<const uint16_t*>(qkv16_.raw()), static_cast<uint16_t*>(o16.raw()),
                                   lse_.f32(), workspace.defined() ? workspace.raw() : nullptr);
   kernels.cast(y_.f32(), DType::f32, o16.raw(), DType::bf16, BT * C);
   if (ctx.compute_dtype == DType::bf16) ctx.rounded(y_);  // bf16 values (f16: not f16's)
 }
 
-// The bf16 operands again (qkv and o round to the forward's bits: y holds o exactly), dO = gy
-// rounded, cuDNN's backward into a bf16 dqkv, then dqkv in f32 for the in_proj backward.
+// The forward's bf16 q | k | v (qkv16_), o in bf16 (y holds o exactly: the stash's packed bits
+// of y where it packed y in bf16, which out_proj's backward at medium leaves packed, else a cast),
+// dO = gy rounded, cuDNN's backward into a bf16 dqkv, then dqkv in f32 for the in_proj backward.
 void MultiheadAttention::backward_fused(RunCtx& ctx, const Tensor& gy) {
   Kernels& kernels = ctx.kernels();
   const FusedAttentionShape s = fused_shape();
   const int64_t BT = s.B * s.T, C = C_;
-  Tensor qkv16, o16, do16, dqkv16, workspace;
-  ctx.ensure(qkv16, {s.B, s.T, 3 * C}, DType::bf16);
-  kernels.cast(qkv16.raw(), DType::bf16, qkv_.f32(), DType::f32, BT * 3 * C);
-  ctx.ensure(o16, {s.B, s.T, C}, DType::bf16);
-  kernels.cast(o16.raw(), DType::bf16, y_.f32(), DType::f32, BT * C);
+  Tensor o16, do16, dqkv16, workspace;
+  const Buffer& y = *y_.storage();
+  const void* o = y.packed_dtype() == DType::bf16 ? y.packed_data() : nullptr;
+  if (!o) {
+    ctx.ensure(o16, {s.B, s.T, C}, DType::bf16);
+    kernels.cast(o16.raw(), DType::bf16, y_.f32(), DType::f32, BT * C);
+    o = o16.raw();
+  }
   ctx.ensure(do16, {s.B, s.T, C}, DType::bf16);
   kernels.cast(do16.raw(), DType::bf16, gy.f32(), DType::f32, BT * C);
   ctx.ensure(dqkv16, {s.B, s.T, 3 * C}, DType::bf16);
   if (const int64_t bytes = kernels.fused_attention_workspace_bytes(s, true); bytes > 0)
     ctx.ensure(workspace, {bytes}, DType::u8);
-  kernels.fused_attention_backward(s, static_cast<const uint16_t*>(qkv16.raw()),
-                                   static_cast<const uint16_t*>(o16.raw()), static_cast<const uint16_t*>(do16.raw()),
-                                   lse_.f32(), static_cast<uint16_t*>(dqkv16.raw()),
+  kernels.fused_attention_backward(s, static_cast<const uint16_t*>(qkv16_.raw()), static_cast<const uint16_t*>(o),
+                                   static_cast<const uint16_t*>(do16.raw()), lse_.f32(),
+                                   static_cast<uint16_t*>(dqkv16.raw()),
                                    workspace.defined() ? workspace.raw() : nullptr);
   kernels.cast(dqkv_.f32(), DType::f32, dqkv16.raw(), DType::bf16, BT * 3 * C);
 }

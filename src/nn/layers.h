@@ -251,10 +251,12 @@ class Embeddings : public Layer {
 // per layer shrink by B*H*T*T floats; the scratch of one row block (H, rows, T) lives only during
 // the call. The forward is the same arithmetic as without (the same loss, bitwise); dk and dv sum
 // over row blocks in another order.
-// fused (model.attention: fused; a GPU's): cuDNN's flash attention on bf16 copies of q, k, v (the
+// fused (model.attention: fused; a GPU's): cuDNN's flash attention on a bf16 copy of q, k, v (the
 // f32 projections rounded to nearest even, which train.matmul_precision: medium does to every
-// GEMM operand anyway), f32 softmax and accumulation, o rounded to bf16. Keeps each row's
-// log-sum-exp (B, H, T); the bf16 copies and cuDNN's workspace live only during each call.
+// GEMM operand anyway), f32 softmax and accumulation, o rounded to bf16. Keeps that bf16 copy
+// (B, T, 3C) for the backward instead of the f32 projections (freed once copied), and each row's
+// log-sum-exp (B, H, T); the backward's o is y's bits as the stash packed them where it did, and
+// o's, dO's and dqkv's bf16 buffers and cuDNN's workspace live only during each call.
 class MultiheadAttention : public Layer {
  public:
   MultiheadAttention(const std::string& name, int64_t C, int64_t heads,
@@ -262,7 +264,7 @@ class MultiheadAttention : public Layer {
   const Tensor& do_forward(RunCtx& ctx, const Tensor& x) override;
   const Tensor& do_backward(RunCtx& ctx, const Tensor& dy) override;
   void release_activations() override {
-    x_ = qkv_ = att_ = y_ = dqkv_ = dx_ = dp_ = out_ = row_max_ = row_inv_ = lse_ = Tensor();
+    x_ = qkv_ = att_ = y_ = dqkv_ = dx_ = dp_ = out_ = row_max_ = row_inv_ = lse_ = qkv16_ = Tensor();
     out_proj.release_activations();
   }
   void drop_output() override { out_ = Tensor(); }  // backward starts from dy and out_proj
@@ -283,6 +285,7 @@ class MultiheadAttention : public Layer {
   Tensor row_max_, row_inv_;  // recompute: (B, H, T) each row's softmax max and 1/sum
   Tensor scores_;             // recompute: (H, rows, T) one row block's scores, during a call
   Tensor lse_;                // fused: (B, H, T) each row's log-sum-exp of the scaled scores (cuDNN's stats)
+  Tensor qkv16_;              // fused: (B, T, 3C) bf16, q | k | v as cuDNN read them in the forward
   Tensor out_;                // out_proj's output (a handle: out_proj may be a checkpointed unit of its own)
 };
 
