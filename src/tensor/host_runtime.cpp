@@ -57,10 +57,14 @@ void* HostBlockCache::take(size_t bytes) {
     return p;
   }
   // No block of this size: make room from the cache first, under the high-water mark of live
-  // bytes plus an eighth. Without the eighth, a step whose backward frees each layer's buffers
-  // as it goes (sizes the forward does not use) evicted and remapped ~6 blocks a step on the
-  // bench transformer: 14k page faults a step, none with it, for 22 MB more RSS (2026-11-27).
-  const size_t bound = high_water_ + high_water_ / 8;
+  // bytes plus a quarter. With no slack, a step whose backward frees each layer's buffers as it
+  // goes (sizes the forward does not use) evicted and remapped ~6 blocks a step on the bench
+  // transformer: 14k page faults a step, none with an eighth, for 22 MB more RSS (2026-11-27).
+  // An eighth stopped being enough once saved activations were packed to half size and widened
+  // one at a time, grad shards came per unit and units were gathered again for backward at np 1
+  // (2026-12-02): 133k faults a step, 12% of the step (bf16, np 1); a quarter: none again, and
+  // max RSS 965 MB against 1065 before those changes (the tracked peak 720 against 905 MiB).
+  const size_t bound = high_water_ + high_water_ / 4;
   while (!free_.empty() && live_ + cached_ + size > bound) {
     auto largest = std::prev(free_.end());
     munmap(largest->second, largest->first);

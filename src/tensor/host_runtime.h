@@ -20,7 +20,7 @@ namespace fsdp {
 // output.trace at np 2 the heap grew by ~300 MB a step and clear_page took 22% of the step. The
 // cache holds little more than was once live at the same time: a request that finds no block of
 // its class first unmaps cached blocks, the largest first, until live + cached + the request fit
-// under the most bytes ever live (the high-water mark) plus an eighth.
+// under the most bytes ever live (the high-water mark) plus a quarter.
 class HostBlockCache {
  public:
   static constexpr size_t kMinBytes = size_t{1} << 20;
