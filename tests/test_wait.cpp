@@ -440,6 +440,13 @@ BOOST_AUTO_TEST_CASE(a_module_used_twice_reduces_once_with_both_gradients) {
   const fsdp::Unit& unit = *engine.units()[1];
   BOOST_TEST(fsdp::FsdpEngine::grad_shard(unit)[0] == 18.0f);
   BOOST_TEST(engine.step_traffic().reduce_scatter.calls == 2);  // the root and `scale`, once each
+  // The grad shards live until the next step begins, then are freed (zero_grad(set_to_none=True)):
+  // its forward holds no gradients.
+  const size_t shard_bytes = static_cast<size_t>(engine.units()[0]->shard_numel + unit.shard_numel) * sizeof(float);
+  BOOST_TEST(mem.current_bytes(fsdp::MemCategory::grads) == shard_bytes);
+  engine.begin_step();
+  BOOST_TEST(mem.current_bytes(fsdp::MemCategory::grads) == 0u);
+  BOOST_TEST(fsdp::FsdpEngine::grad_shard(unit).empty());
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -521,7 +521,7 @@ void FsdpEngine::post_backward(Unit& u) {
 void FsdpEngine::complete(PendingReduction& p) {
   const Stream compute = rt_->compute_stream();
   {
-    const auto span = trace_->scope(Track::compute, "wait_reduce_scatter", p.unit ? &p.unit->spec.name : nullptr);
+    const auto span = trace_->scope(Track::compute, "wait_reduce_scatter", &p.unit->spec.name);  // never null
     wait_on_naming(*p.work, compute, p.unit, "post_backward");
   }
   if (!p.output.defined()) return;  // reduced straight into the grad shard
