@@ -300,9 +300,8 @@ void FsdpEngine::unshard(Unit& u, const char* phase) {
   if (n == 1 && !offloaded()) {
     // A shard group of one rank: the gather is the identity. The compute copy is the shard
     // rounded to param_dtype in place (the bits the cast, the all_gather and the cast back would
-    // give), on the compute stream: no collective, no comm-stream work, nothing to wait for. On
-    // the host the collective's progress thread took cores from the compute (the bench
-    // transformer, bf16, np 1: 12% of the step once units were gathered again for backward).
+    // give), on the compute stream: no collective, no comm-stream work, nothing to wait for (one
+    // launch and one copy instead of two casts and an NCCL call on a GPU).
     ensure(u.gathered, {u.padded_numel}, DType::f32, MemCategory::gathered, *rt_);
     u.gathered_lowp = Tensor();
     rt_->copy_async(u.gathered.raw(), mine, static_cast<size_t>(u.shard_numel) * sizeof(float),
